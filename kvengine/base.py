@@ -1,0 +1,173 @@
+"""The KvBackend contract: compile memories into a cartridge, answer from it, and the text baseline.
+
+Everything here is plain Python values; backends hold the model. The Django apps import this module,
+never the other way round.
+"""
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DTYPES = ("f32", "bf16", "f16")
+QUANTS = ("none", "q8", "q4")
+
+
+@dataclass(frozen=True)
+class BackendDescription:
+    """What a backend is; the compatibility part of it is written into every cartridge header."""
+
+    backend: str  # "fake" | "transformers"
+    model_id: str  # e.g. "smollm2-135m-instruct", "gpt2", or a local path / hub id
+    weights_fingerprint: str  # sha256 over the weights (name, shape, dtype, bytes)
+    tokenizer_fingerprint: str  # sha256 over the tokenizer's vocabulary and special tokens
+    template_fingerprint: str  # sha256 over the chat template / prompt layout
+    rope_config: str  # canonical JSON: {"type": ..., "theta": ..., "scaling": ...}
+    dtype: str  # one of DTYPES: the precision the KV state is computed and stored in
+    quant: str  # one of QUANTS: how the stored KV state is quantized
+    device: str  # "cpu", "cuda", "cuda:0" ... (not part of compatibility)
+    max_context_tokens: int  # the model's context window
+
+    def compat_key(self) -> dict[str, str]:
+        """The fields a cartridge must match to be served by this backend."""
+        return {
+            "backend": self.backend,
+            "model_id": self.model_id,
+            "weights_fingerprint": self.weights_fingerprint,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "template_fingerprint": self.template_fingerprint,
+            "rope_config": self.rope_config,
+            "dtype": self.dtype,
+            "quant": self.quant,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CartridgeHeader:
+    """The metadata stored in a cartridge file's safetensors header (all strings on disk).
+
+    It carries the full compatibility key, the token count, the log head the cartridge was
+    compiled at, and the sha256 of the payload. It never carries memory text.
+    """
+
+    format_version: int
+    backend: str
+    model_id: str
+    weights_fingerprint: str
+    tokenizer_fingerprint: str
+    template_fingerprint: str
+    rope_config: str
+    dtype: str
+    quant: str
+    num_tokens: int
+    log_head: int
+    payload_sha256: str
+    # Free-form, caller-provided, non-secret labels (e.g. {"scope": "agent-7"}); never memory text.
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def compat_key(self) -> dict[str, str]:
+        return {
+            "backend": self.backend,
+            "model_id": self.model_id,
+            "weights_fingerprint": self.weights_fingerprint,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "template_fingerprint": self.template_fingerprint,
+            "rope_config": self.rope_config,
+            "dtype": self.dtype,
+            "quant": self.quant,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Cartridge:
+    """A compiled cartridge in memory: its header plus the backend's payload (opaque to callers)."""
+
+    header: CartridgeHeader
+    payload: Any  # backend-specific (e.g. a tuple of per-layer (k, v) tensors)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generated answer and how long it took."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    mode: str  # "cartridge" | "text"
+    num_context_tokens: int  # memory tokens the answer was conditioned on
+    num_prompt_tokens: int  # tokens actually run through the model for this answer before decoding
+    ttft_s: float  # time to first token, seconds
+    total_s: float  # end to end, seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["token_ids"] = list(self.token_ids)
+        return d
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    """Next-token agreement between answering from a cartridge and re-reading the text."""
+
+    num_probes: int
+    top1_agreement: float  # fraction of probes whose first greedy token is the same
+    mean_kl: float  # mean KL(text || cartridge) of the first-token distributions
+    max_kl: float
+    answers_identical: float  # fraction of probes whose whole greedy answers are identical
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class KvBackend(abc.ABC):
+    """A model that can compile memories into KV state and answer questions from it.
+
+    Thread safety is documented by each implementation.
+    """
+
+    @abc.abstractmethod
+    def describe(self) -> BackendDescription:
+        """Say what this backend is (model, fingerprints, rope, dtype, quant, device)."""
+
+    @abc.abstractmethod
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """Count the memory tokens ``texts`` would take in a cartridge (prompt scaffolding included)."""
+
+    @abc.abstractmethod
+    def compile(self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None) -> Cartridge:
+        """Compile ``texts`` (in order) into a cartridge; deterministic for equal inputs.
+
+        Raises EmptyInputError for no texts and ContextTooLongError past the context window.
+        """
+
+    @abc.abstractmethod
+    def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:
+        """Answer ``question`` from ``cartridge`` with greedy decoding; reads no memory text."""
+
+    @abc.abstractmethod
+    def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32) -> Answer:
+        """Answer by re-reading ``texts`` for this one question (the baseline)."""
+
+    @abc.abstractmethod
+    def fidelity(self, cartridge: Cartridge, texts: Sequence[str], questions: Sequence[str]) -> FidelityReport:
+        """Compare next-token distributions of cartridge answering and text re-reading."""
+
+    @abc.abstractmethod
+    def dumps(self, cartridge: Cartridge) -> bytes:
+        """Serialize to the safetensors cartridge format (deterministic bytes)."""
+
+    @abc.abstractmethod
+    def loads(self, data: bytes) -> Cartridge:
+        """Deserialize and verify (sha256, compatibility with describe()); raise on any mismatch."""
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: the form hashed and stored in headers."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,44 @@
+"""The Celery app: a default queue for bookkeeping and a ``gpu`` queue for model work."""
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
+
+app = Celery("mnesio")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+app.conf.update(
+    task_queues=(Queue("default"), Queue("gpu")),
+    task_default_queue="default",
+    # Acknowledge only after the task finished: a worker killed mid-compile leaves the
+    # message unacked, so the broker delivers it again (tasks are idempotent, see cartridges.tasks).
+    task_acks_late=True,
+    # A task whose worker process died (kill -9, OOM) is rejected back onto the queue
+    # instead of being acked and silently dropped.
+    task_reject_on_worker_lost=True,
+    # One message at a time per worker process: a compile takes minutes, and prefetched
+    # messages would sit behind it (and be held hostage by a worker that dies).
+    worker_prefetch_multiplier=1,
+    # Redis redelivers an unacked message after the visibility timeout; it must exceed the
+    # hard time limit (checked in settings) or a long compile would run twice concurrently.
+    broker_transport_options={"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "3600"))},
+    result_backend_transport_options={"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "3600"))},
+    # Keep trying to reach the broker on start instead of exiting (Redis restarts).
+    broker_connection_retry_on_startup=True,
+    # Task arguments are ids, never plaintext; JSON keeps them inspectable.
+    task_serializer="json",
+    accept_content=["json"],
+    result_serializer="json",
+    # Results are only for callers that wait; expire them so Redis does not grow.
+    result_expires=3600,
+    # Report STARTED so operators can see running compiles.
+    task_track_started=True,
+    # A worker recycles a child after many tasks to bound memory growth from model work.
+    worker_max_tasks_per_child=200,
+)
+
+app.autodiscover_tasks()

@@ -1,0 +1,72 @@
+"""One application error type, rendered by one DRF exception handler as ``{"message", "extra"}``."""
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class MnesioError(Exception):
+    """An error a client can act on: a message naming what was wrong, plus structured extras."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+
+    def __init__(self, message: str, *, extra: dict[str, Any] | None = None, status_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.extra = extra or {}
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class NotFound(MnesioError):
+    status_code = status.HTTP_404_NOT_FOUND
+
+
+class PermissionDenied(MnesioError):
+    status_code = status.HTTP_403_FORBIDDEN
+
+
+class Conflict(MnesioError):
+    status_code = status.HTTP_409_CONFLICT
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[str]:
+    """Turn DRF's nested error detail into 'field: message' strings."""
+    if isinstance(detail, dict):
+        out: list[str] = []
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out.extend(_flatten(value, name))
+        return out
+    if isinstance(detail, list):
+        out = []
+        for i, value in enumerate(detail):
+            name = prefix if not isinstance(value, (dict, list)) else f"{prefix}[{i}]"
+            out.extend(_flatten(value, name))
+        return out
+    return [f"`{prefix}`: {detail}" if prefix and prefix != "non_field_errors" else str(detail)]
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Render MnesioError, engine errors and DRF errors as ``{"message": ..., "extra": ...}``."""
+    if isinstance(exc, MnesioError):
+        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+    try:
+        from kvengine.errors import KvError
+    except ImportError:  # the engine is optional for the log-only parts
+        KvError = ()  # type: ignore[assignment]
+    if KvError and isinstance(exc, KvError):
+        return Response({"message": str(exc), "extra": {"kind": type(exc).__name__}}, status=status.HTTP_400_BAD_REQUEST)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ValidationError):
+        messages = _flatten(exc.detail)
+        response.data = {"message": "; ".join(messages), "extra": {"fields": exc.detail}}
+    elif isinstance(exc, APIException):
+        response.data = {"message": str(exc.detail), "extra": {"code": exc.get_codes()}}
+    return response

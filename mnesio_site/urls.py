@@ -1,0 +1,15 @@
+"""URL layout: /api/ (DRF), /api/schema/ (OpenAPI), /admin/, and the app pages."""
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/", include("memories.urls")),
+    path("api/", include("cartridges.urls")),
+    path("", include("cartridges.pages")),
+]
