@@ -7,6 +7,15 @@ import os
 import pytest
 
 
+def pytest_runtest_setup(item):
+    """Skip tests marked ``postgres`` when the database is not PostgreSQL."""
+    if item.get_closest_marker("postgres") is not None:
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            pytest.skip("needs PostgreSQL (set DATABASE_URL=postgres://...)")
+
+
 @pytest.fixture(scope="session")
 def real_backend():
     """The real default model (SmolLM2-135M-Instruct, f32 on CPU), loaded once per session."""
@@ -23,3 +32,73 @@ def artifacts_dir(tmp_path_factory):
     path = Path(os.environ.get("MNESIO_TEST_ARTIFACTS") or tmp_path_factory.mktemp("artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# ---------------------------------------------------------------------------
+# Actors: scope A is alice's (bob is in her team), scope C is charlie's; charlie has no grant on A.
+# ---------------------------------------------------------------------------
+def _user(username: str):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(username=username, email=f"{username}@example.com", password="x-" + username)
+
+
+@pytest.fixture
+def scope_a(db):
+    """Scope A (name ``scope-a``)."""
+    from memories.services import scope_create
+
+    return scope_create(name="scope-a", description="alice's agent")
+
+
+@pytest.fixture
+def scope_c(db):
+    """Scope C (name ``scope-c``)."""
+    from memories.services import scope_create
+
+    return scope_create(name="scope-c", description="charlie's agent")
+
+
+@pytest.fixture
+def alice(scope_a):
+    """The user who owns scope A (granted it)."""
+    from memories.services import scope_grant
+
+    user = _user("alice")
+    scope_grant(scope=scope_a, user=user)
+    return user
+
+
+@pytest.fixture
+def bob(scope_a):
+    """A member of A's team: granted scope A too."""
+    from memories.services import scope_grant
+
+    user = _user("bob")
+    scope_grant(scope=scope_a, user=user)
+    return user
+
+
+@pytest.fixture
+def charlie(scope_c):
+    """Has no grant on scope A; granted scope C."""
+    from memories.services import scope_grant
+
+    user = _user("charlie")
+    scope_grant(scope=scope_c, user=user)
+    return user
+
+
+@pytest.fixture
+def api_client_for(db):
+    """Factory: user -> DRF APIClient authenticated with the user's token."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    def make(user):
+        token, _ = Token.objects.get_or_create(user=user)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        return client
+
+    return make

@@ -1,0 +1,127 @@
+"""Envelope encryption for the log: AES-256-GCM data keys wrapped by the master key.
+
+Every memory is sealed with a data key: its subject's key, or its scope's key when it has no
+subject. Data keys are stored only wrapped (encrypted) by the master key, and each wrapped key
+records the id of the master key that wrapped it, so ``rotate_master_key`` can re-wrap them
+without touching a single memory row. Associated data binds every ciphertext to where it lives
+(a memory to its seq, scope and subject; a wrapped key to its owner), so bytes copied elsewhere
+fail authentication instead of decrypting.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+NONCE_BYTES = 12  # the GCM standard nonce size; random per encryption (2^-32 collision bound is far off)
+KEY_BYTES = 32  # AES-256
+
+__all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES"]
+
+
+class MasterKeyUnavailable(ImproperlyConfigured):
+    """A wrapped key names a master key that is not configured."""
+
+
+def _dev_master_key(path: Path) -> bytes:
+    """Return the development master key, creating it (32 random bytes, mode 0600) on first use."""
+    from mnesio_site.settings import parse_master_key
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".master-key-")
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, base64.urlsafe_b64encode(os.urandom(KEY_BYTES)) + b"\n")
+            os.close(fd)
+            try:
+                # link() fails if another process won the race: everyone then reads the winner's key.
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    return parse_master_key(path.read_text().strip(), name="MNESIO_MASTER_KEY_DEV_FILE")
+
+
+def master_key() -> bytes:
+    """Return the current master key (MNESIO_MASTER_KEY, or the dev file when debugging)."""
+    key = getattr(settings, "MNESIO_MASTER_KEY", None)
+    if key:
+        return key
+    # settings.py already refused to start without a key unless MNESIO_DEBUG was on (settings.DEBUG itself
+    # is not checked here: Django's test runner turns it off).
+    return _dev_master_key(Path(settings.MNESIO_MASTER_KEY_DEV_FILE))
+
+
+def master_key_id(key: bytes) -> str:
+    """Return a short public fingerprint of a master key (what wrapped rows record)."""
+    return hashlib.sha256(b"mnesio master key id\x00" + key).hexdigest()[:16]
+
+
+def known_master_keys() -> dict[str, bytes]:
+    """Return the configured master keys by id: the current one and MNESIO_MASTER_KEY_OLD if set."""
+    keys = {}
+    old = getattr(settings, "MNESIO_MASTER_KEY_OLD", None)
+    if old:
+        keys[master_key_id(old)] = old
+    current = master_key()
+    keys[master_key_id(current)] = current
+    return keys
+
+
+def new_data_key() -> bytes:
+    """Return a fresh random AES-256 data key."""
+    return AESGCM.generate_key(bit_length=256)
+
+
+def seal(key: bytes, plaintext: bytes, *, aad: bytes) -> tuple[bytes, bytes]:
+    """Encrypt ``plaintext`` with AES-256-GCM; return ``(nonce, ciphertext_with_tag)``."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce, AESGCM(key).encrypt(nonce, plaintext, aad)
+
+
+def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
+    """Decrypt and authenticate; raises ``InvalidTag`` when anything (bytes, aad, key) does not match."""
+    return AESGCM(key).decrypt(bytes(nonce), bytes(ciphertext), aad)
+
+
+def wrap(data_key: bytes, *, aad: bytes) -> tuple[bytes, str]:
+    """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``."""
+    current = master_key()
+    nonce, ciphertext = seal(current, data_key, aad=aad)
+    return nonce + ciphertext, master_key_id(current)
+
+
+def unwrap(wrapped: bytes, *, wrapped_by: str, aad: bytes) -> bytes:
+    """Unwrap a data key with whichever configured master key has id ``wrapped_by``."""
+    keys = known_master_keys()
+    if wrapped_by not in keys:
+        raise MasterKeyUnavailable(
+            f"a data key was wrapped by master key id {wrapped_by!r}, but only {sorted(keys)} are configured; "
+            "set `MNESIO_MASTER_KEY_OLD` to the previous key and run `manage.py rotate_master_key`"
+        )
+    wrapped = bytes(wrapped)
+    return unseal(keys[wrapped_by], wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], aad=aad)
+
+
+def memory_aad(*, seq: int, scope_id: int, subject_id: int | None) -> bytes:
+    """Associated data of a memory: its log position, scope and subject (ids never change)."""
+    return f"mnesio:memory:v1|seq={seq}|scope={scope_id}|subject={subject_id if subject_id is not None else '-'}".encode()
+
+
+def subject_key_aad(external_id: str) -> bytes:
+    """Associated data of a wrapped subject key."""
+    return b"mnesio:subject-key:v1|" + external_id.encode()
+
+
+def scope_key_aad(scope_id: int) -> bytes:
+    """Associated data of a wrapped scope key."""
+    return f"mnesio:scope-key:v1|{scope_id}".encode()

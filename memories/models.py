@@ -1,0 +1,284 @@
+"""The memory log and its keys: append-only rows, protected by triggers on PostgreSQL and by the ORM.
+
+What only PostgreSQL guarantees: the ``pgtrigger`` triggers below reject UPDATE, DELETE and TRUNCATE
+from *any* client (raw SQL included). On SQLite the same rules hold only through the ORM: ``save()`` of
+an existing row, ``delete()`` and queryset ``update()``/``delete()`` raise ``ImmutableRowError``, but
+raw SQL can still change rows. Seq allocation without gaps holds on both (see ``services.memory``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pgtrigger
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ImmutableRowError(Exception):
+    """Raised by the ORM when code tries to change or remove an append-only row."""
+
+
+def _reject_truncate(name: str) -> pgtrigger.Trigger:
+    """A statement-level trigger that rejects TRUNCATE (pgtrigger's Protect only covers row operations)."""
+    return pgtrigger.Trigger(
+        name=name,
+        level=pgtrigger.Statement,
+        when=pgtrigger.Before,
+        operation=pgtrigger.Truncate,
+        func="RAISE EXCEPTION 'mnesio: % is append-only; TRUNCATE is not allowed', TG_TABLE_NAME; RETURN NULL;",
+    )
+
+
+def _append_only_triggers() -> list[pgtrigger.Trigger]:
+    """Triggers that make a table insert-only: UPDATE, DELETE and TRUNCATE all raise."""
+    return [
+        pgtrigger.Protect(name="protect_update", operation=pgtrigger.Update),
+        pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
+        _reject_truncate("protect_truncate"),
+    ]
+
+
+# The trigger names the test-database flush may ignore (see memories/management/commands/flush.py).
+TRUNCATE_TRIGGERS = [
+    "memories.Memory:protect_truncate",
+    "memories.LogHead:protect_truncate",
+    "memories.Subject:protect_truncate",
+    "memories.ScopeKey:protect_truncate",
+    "memories.ErasureRequest:protect_truncate",
+    "memories.ErasureEvent:protect_truncate",
+]
+
+
+class AppendOnlyQuerySet(models.QuerySet):
+    """A queryset that refuses bulk changes (the ORM half of append-only, the only half on SQLite)."""
+
+    def update(self, **kwargs: Any) -> int:
+        raise ImmutableRowError(f"{self.model._meta.label} rows are append-only: update() is not allowed")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise ImmutableRowError(f"{self.model._meta.label} rows are append-only: delete() is not allowed")
+
+    def bulk_update(self, objs: Any, fields: Any, batch_size: int | None = None) -> int:
+        raise ImmutableRowError(f"{self.model._meta.label} rows are append-only: bulk_update() is not allowed")
+
+    def _privileged_update(self, **kwargs: Any) -> int:
+        """The one door for the changes a model's trigger allows (shred, re-wrap); callers in services only."""
+        return super().update(**kwargs)
+
+
+class AppendOnlyModel(models.Model):
+    """A row that is written once: saving an existing row or deleting one raises."""
+
+    objects = AppendOnlyQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ImmutableRowError(f"{self._meta.label} rows are append-only: an existing row cannot be saved")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise ImmutableRowError(f"{self._meta.label} rows are append-only: delete() is not allowed")
+
+
+class Scope(models.Model):
+    """A namespace of memories that one cartridge is compiled for (an agent, a tenant)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScopeGrant(models.Model):
+    """Lets a user (an API client) use a scope; staff users get no implicit grant over the API."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="scope_grants")
+    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="grants")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "scope"], name="memories_scopegrant_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} -> {self.scope}"
+
+
+# A wrapped key may change in exactly one way besides a shred: a re-wrap by a new master key.
+_REWRAP_SQL = (
+    "OLD.shredded_at IS NULL AND NEW.shredded_at IS NULL AND NEW.wrapped_key IS NOT NULL"
+    " AND NEW.master_key_id IS DISTINCT FROM OLD.master_key_id"
+)
+_SHRED_SQL = "OLD.shredded_at IS NULL AND NEW.shredded_at IS NOT NULL AND NEW.wrapped_key IS NULL"
+
+
+class ScopeKey(AppendOnlyModel):
+    """The data key that seals a scope's memories without a subject, wrapped by the master key."""
+
+    scope = models.OneToOneField(Scope, on_delete=models.PROTECT, related_name="key")
+    wrapped_key = models.BinaryField()
+    master_key_id = models.CharField(max_length=16)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        triggers = [
+            pgtrigger.Protect(
+                name="protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "NOT (NEW.master_key_id IS DISTINCT FROM OLD.master_key_id AND NEW.id = OLD.id"
+                    " AND NEW.scope_id = OLD.scope_id AND NEW.created_at = OLD.created_at)"
+                ),
+            ),
+            pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
+            _reject_truncate("protect_truncate"),
+        ]
+
+
+class Subject(AppendOnlyModel):
+    """A person memories are about. Holds its wrapped data key until shredded (one way, for good).
+
+    A shredded subject stays shredded: appending for it is refused (409 naming `subject`) rather
+    than silently creating a new key, because new facts filed under an erased person's id would
+    undo the erasure's intent. A client that truly has a new person uses a new external id.
+    """
+
+    external_id = models.CharField(max_length=200, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # nonce (12 bytes) + AES-GCM(master key, data key); NULL once shredded.
+    wrapped_key = models.BinaryField(null=True)
+    master_key_id = models.CharField(max_length=16)
+    shredded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["external_id"]
+        constraints = [
+            # A shredded subject has no key bytes, and a live one has them: the database checks both.
+            models.CheckConstraint(
+                condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
+                | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
+                name="memories_subject_key_xor_shredded",
+            ),
+        ]
+        triggers = [
+            pgtrigger.Protect(
+                name="protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    f"NOT ((({_SHRED_SQL}) OR ({_REWRAP_SQL})) AND NEW.id = OLD.id"
+                    " AND NEW.external_id = OLD.external_id AND NEW.created_at = OLD.created_at)"
+                ),
+            ),
+            pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
+            _reject_truncate("protect_truncate"),
+        ]
+
+    def __str__(self) -> str:
+        return self.external_id
+
+    @property
+    def is_shredded(self) -> bool:
+        return self.shredded_at is not None
+
+
+class LogHead(AppendOnlyModel):
+    """The one-row seq counter: appends lock it, so seqs are handed out in commit order without gaps."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    head = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        triggers = [
+            # The counter only ever moves forward by one.
+            pgtrigger.Protect(
+                name="protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition("NOT (NEW.head = OLD.head + 1 AND NEW.id = OLD.id)"),
+            ),
+            pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
+            _reject_truncate("protect_truncate"),
+        ]
+
+
+class Memory(AppendOnlyModel):
+    """One entry of the log: a global position, where it belongs, and its sealed content (never plaintext)."""
+
+    seq = models.PositiveBigIntegerField(unique=True)
+    scope = models.ForeignKey(Scope, on_delete=models.PROTECT, related_name="memories")
+    subject = models.ForeignKey(Subject, on_delete=models.PROTECT, null=True, blank=True, related_name="memories")
+    created_at = models.DateTimeField(default=timezone.now)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    nonce = models.BinaryField(max_length=12)
+    # AES-256-GCM(data key, utf-8 content, aad=(seq, scope, subject)) with the 16-byte tag appended.
+    ciphertext = models.BinaryField()
+
+    class Meta:
+        ordering = ["seq"]
+        verbose_name_plural = "memories"
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "idempotency_key"], name="memories_memory_idempotency_unique"),
+            models.CheckConstraint(condition=models.Q(seq__gte=1), name="memories_memory_seq_positive"),
+        ]
+        indexes = [models.Index(fields=["scope", "seq"], name="memories_memory_scope_seq")]
+        triggers = _append_only_triggers()
+
+    def __str__(self) -> str:
+        return f"memory #{self.seq}"
+
+
+class ErasureRequest(AppendOnlyModel):
+    """Someone asked for a subject's data to be erased: who, when, why. Its status lives in events."""
+
+    subject = models.ForeignKey(Subject, on_delete=models.PROTECT, related_name="erasure_requests")
+    # The scope an API client filed it through (None when an operator filed it); the erasure is global.
+    scope = models.ForeignKey(Scope, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    reason = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        triggers = _append_only_triggers()
+
+    def __str__(self) -> str:
+        return f"erasure request #{self.pk} for {self.subject_id}"
+
+
+class ErasureStatus(models.TextChoices):
+    REQUESTED = "requested"
+    KEYS_SHREDDED = "keys_shredded"
+    VIEWS_REBUILT = "views_rebuilt"
+    FAILED = "failed"
+
+
+class ErasureEvent(AppendOnlyModel):
+    """One step of an erasure request; the newest event is the request's status."""
+
+    request = models.ForeignKey(ErasureRequest, on_delete=models.PROTECT, related_name="events")
+    status = models.CharField(max_length=20, choices=ErasureStatus.choices)
+    detail = models.TextField(blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # Each step but `failed` happens once; a concurrent second run loses the race here.
+            models.UniqueConstraint(
+                fields=["request", "status"],
+                condition=~models.Q(status="failed"),
+                name="memories_erasureevent_step_once",
+            ),
+        ]
+        triggers = _append_only_triggers()

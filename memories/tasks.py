@@ -1,0 +1,30 @@
+"""Celery tasks of the log: thin interfaces that take ids, load rows and call services."""
+from __future__ import annotations
+
+from celery import shared_task
+
+from memories.models import ErasureRequest, ErasureStatus
+from memories.selectors import erasure_request_status
+from memories.services import erasure_request_process
+
+
+class ErasureNotFinished(Exception):
+    """Raised so Celery retries a request whose view rebuilding failed."""
+
+
+@shared_task(
+    bind=True,
+    # A failed rebuild is retried with backoff; each retry is safe (the service is idempotent).
+    autoretry_for=(ErasureNotFinished,),
+    retry_backoff=30,
+    retry_backoff_max=600,
+    max_retries=5,
+)
+def erasure_request_process_task(self, erasure_request_id: int) -> str:
+    """Process an erasure request by id (shred, rebuild views); returns the resulting status."""
+    erasure_request = ErasureRequest.objects.select_related("subject").get(pk=erasure_request_id)
+    erasure_request_process(erasure_request=erasure_request)
+    status = erasure_request_status(erasure_request=erasure_request)
+    if status == ErasureStatus.FAILED:
+        raise ErasureNotFinished(f"erasure request {erasure_request_id} failed to rebuild views; retrying")
+    return status
