@@ -1,3 +1,19 @@
+"""Memories API routes, mounted at /api/ (see memories.api.views)."""
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path
+
+from memories.api import views
+
+urlpatterns = [
+    path("scopes/", views.ScopeListView.as_view(), name="scope-list"),
+    path("scopes/<str:scope>/head/", views.ScopeHeadView.as_view(), name="scope-head"),
+    path("scopes/<str:scope>/memories/", views.ScopeMemoriesView.as_view(), name="scope-memories"),
+    path("scopes/<str:scope>/memories/<int:seq>/", views.MemoryDetailView.as_view(), name="memory-detail"),
+    path("scopes/<str:scope>/erasure-requests/", views.ErasureRequestsView.as_view(), name="erasure-requests"),
+    path(
+        "scopes/<str:scope>/erasure-requests/<int:pk>/",
+        views.ErasureRequestDetailView.as_view(),
+        name="erasure-request-detail",
+    ),
+]

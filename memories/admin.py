@@ -1,0 +1,139 @@
+"""Admin: the log and key state read-only (metadata only, never plaintext), erasure requests with a
+"process" action, scopes and grants editable."""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db import transaction
+from django.http import HttpRequest
+
+from memories.models import ErasureEvent, ErasureRequest, Memory, Scope, ScopeGrant, Subject
+from memories.selectors import erasure_request_status
+from memories.services import erasure_request_enqueue, erasure_request_file
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """No add, change or delete: rows are shown, never edited (the log is append-only)."""
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Memory)
+class MemoryAdmin(ReadOnlyAdmin):
+    # Metadata only: the admin never decrypts, so plaintext never reaches an operator's screen or logs.
+    list_display = ["seq", "scope", "subject", "erased", "sealed_bytes", "idempotency_key", "created_at"]
+    list_filter = ["scope"]
+    search_fields = ["=seq", "subject__external_id", "scope__name"]
+    list_select_related = ["scope", "subject"]
+    fields = ["seq", "scope", "subject", "erased", "sealed_bytes", "idempotency_key", "created_at"]
+    readonly_fields = fields
+    ordering = ["-seq"]
+
+    @admin.display(boolean=True, description="erased")
+    def erased(self, obj: Memory) -> bool:
+        return bool(obj.subject_id and obj.subject.shredded_at)
+
+    @admin.display(description="sealed size (bytes)")
+    def sealed_bytes(self, obj: Memory) -> int:
+        return len(obj.ciphertext)
+
+
+@admin.register(Subject)
+class SubjectAdmin(ReadOnlyAdmin):
+    list_display = ["external_id", "shredded", "shredded_at", "master_key_id", "created_at"]
+    list_filter = [("shredded_at", admin.EmptyFieldListFilter)]
+    search_fields = ["external_id"]
+    fields = ["external_id", "shredded", "shredded_at", "master_key_id", "created_at"]
+    readonly_fields = fields
+
+    @admin.display(boolean=True, description="shredded")
+    def shredded(self, obj: Subject) -> bool:
+        return obj.shredded_at is not None
+
+
+class ErasureEventInline(admin.TabularInline):
+    model = ErasureEvent
+    fields = ["status", "detail", "actor", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(ErasureRequest)
+class ErasureRequestAdmin(admin.ModelAdmin):
+    """Operators file requests here (add form) and process them with the "process" action; nothing is edited."""
+
+    list_display = ["id", "subject", "status", "requested_by", "scope", "created_at"]
+    list_select_related = ["subject", "requested_by", "scope"]
+    search_fields = ["subject__external_id"]
+    fields = ["subject", "reason"]
+    autocomplete_fields = ["subject"]
+    inlines = [ErasureEventInline]
+    actions = ["process"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
+        return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else []
+
+    def get_fields(self, request: HttpRequest, obj=None) -> list[str]:
+        return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else ["subject", "reason"]
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Viewing is allowed (the change page renders read-only); saving an existing request is not.
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    @admin.display(description="status")
+    def status(self, obj: ErasureRequest) -> str:
+        return erasure_request_status(erasure_request=obj)
+
+    def save_model(self, request: HttpRequest, obj: ErasureRequest, form, change: bool) -> None:
+        # Filing goes through the service (the `requested` event, validation); the form only collects input.
+        created = erasure_request_file(subject=obj.subject.external_id, requested_by=request.user, reason=obj.reason)
+        obj.pk = created.pk
+        obj.created_at = created.created_at
+
+    def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
+        """Nothing related is saved from the form (events are written by the service)."""
+
+    @admin.action(description="Process (shred keys, rebuild views) in the background")
+    def process(self, request: HttpRequest, queryset) -> None:
+        with transaction.atomic():
+            for erasure_request in queryset:
+                erasure_request_enqueue(erasure_request=erasure_request)
+        self.message_user(request, f"Queued {queryset.count()} erasure request(s) for processing.", messages.SUCCESS)
+
+
+class ScopeGrantInline(admin.TabularInline):
+    model = ScopeGrant
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Scope)
+class ScopeAdmin(admin.ModelAdmin):
+    list_display = ["name", "description", "created_at"]
+    search_fields = ["name"]
+    inlines = [ScopeGrantInline]
+
+
+@admin.register(ScopeGrant)
+class ScopeGrantAdmin(admin.ModelAdmin):
+    list_display = ["scope", "user", "created_at"]
+    list_select_related = ["scope", "user"]
+    list_filter = ["scope"]
+    autocomplete_fields = ["user", "scope"]
+

@@ -1,0 +1,137 @@
+"""The memories API: every view resolves its scope with ``scope_get_for_user`` first (grant or 403/404)."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Max
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ParseError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
+from rest_framework.views import APIView
+
+from memories.api.serializers import (
+    ErasureRequestFileSerializer,
+    ErasureRequestSerializer,
+    HeadSerializer,
+    MemoryAppendSerializer,
+    OpenedMemorySerializer,
+    ScopeSerializer,
+)
+from memories.selectors import (
+    as_of_validate,
+    erasure_request_get,
+    log_head,
+    memories_open,
+    memory_open,
+    scope_erasure_requests,
+    scope_get_for_user,
+    scope_memories,
+    scope_memory_get,
+    user_scopes,
+)
+from memories.services import erasure_request_file, memory_append
+from mnesio_site.exceptions import MnesioError
+
+
+def request_body(request: Request) -> dict[str, Any]:
+    """Return the parsed JSON object body, or raise a 400 naming `body` (malformed JSON, not an object)."""
+    try:
+        data = request.data
+    except ParseError as exc:
+        raise MnesioError(f"`body` has to be a JSON object but is not valid JSON: {exc.detail}", extra={"field": "body"}) from None
+    if not isinstance(data, dict):
+        raise MnesioError(f"`body` has to be a JSON object but got {type(data).__name__}", extra={"field": "body"})
+    return data
+
+
+class ScopeListView(APIView):
+    @extend_schema(responses=ScopeSerializer(many=True), summary="List the scopes you are granted")
+    def get(self, request: Request) -> Response:
+        return Response(ScopeSerializer(user_scopes(user=request.user), many=True).data)
+
+
+class ScopeHeadView(APIView):
+    @extend_schema(responses=HeadSerializer, summary="Read the log head")
+    def get(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        scope_head = scope_row.memories.aggregate(head=Max("seq"))["head"] or 0
+        return Response({"scope": scope_row.name, "head": log_head(), "scope_head": scope_head})
+
+
+class ScopeMemoriesView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("as_of", int, description="Read as of this log head (default: the current head)."),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("offset", int),
+        ],
+        responses=OpenedMemorySerializer(many=True),
+        summary="List a scope's memories (erased ones have erased=true and no text)",
+    )
+    def get(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        raw = request.query_params.get("as_of")
+        as_of = as_of_validate(raw) if raw is not None else log_head()
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(scope_memories(scope=scope_row, as_of=as_of), request, view=self)
+        response = paginator.get_paginated_response(OpenedMemorySerializer(memories_open(page), many=True).data)
+        # Pin the head in the page links so paging through a growing log stays one consistent view.
+        for link in ("next", "previous"):
+            if response.data.get(link):
+                response.data[link] = replace_query_param(response.data[link], "as_of", as_of)
+        response.data["as_of"] = as_of
+        return response
+
+    @extend_schema(
+        request=MemoryAppendSerializer,
+        responses={201: OpenedMemorySerializer, 200: OpenedMemorySerializer},
+        summary="Append a memory (200 with the original row when the idempotency key was seen)",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        serializer = MemoryAppendSerializer(data=request_body(request))
+        serializer.is_valid(raise_exception=True)
+        memory = memory_append(scope=scope_row, actor=request.user, **serializer.validated_data)
+        body = OpenedMemorySerializer(memory_open(memory=memory)).data
+        return Response(body, status=status.HTTP_201_CREATED if memory.appended else status.HTTP_200_OK)
+
+
+class MemoryDetailView(APIView):
+    @extend_schema(responses=OpenedMemorySerializer, summary="Read one memory of a scope")
+    def get(self, request: Request, scope: str, seq: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        return Response(OpenedMemorySerializer(memory_open(memory=scope_memory_get(scope=scope_row, seq=seq))).data)
+
+
+class ErasureRequestsView(APIView):
+    @extend_schema(responses=ErasureRequestSerializer(many=True), summary="List erasure requests filed through a scope")
+    def get(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(scope_erasure_requests(scope=scope_row), request, view=self)
+        return paginator.get_paginated_response(ErasureRequestSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=ErasureRequestFileSerializer,
+        responses={201: ErasureRequestSerializer},
+        summary="File an erasure request for a subject with memories in this scope (processed asynchronously)",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        serializer = ErasureRequestFileSerializer(data=request_body(request))
+        serializer.is_valid(raise_exception=True)
+        erasure_request = erasure_request_file(
+            scope=scope_row, requested_by=request.user, enqueue=True, **serializer.validated_data
+        )
+        return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_201_CREATED)
+
+
+class ErasureRequestDetailView(APIView):
+    @extend_schema(responses=ErasureRequestSerializer, summary="Read an erasure request and its status")
+    def get(self, request: Request, scope: str, pk: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        return Response(ErasureRequestSerializer(erasure_request_get(scope=scope_row, pk=pk)).data)
