@@ -1,0 +1,126 @@
+"""Settings of the cartridge lifecycle, each read at call time with a documented default.
+
+A value comes from django.conf.settings when the project defines it, else from the environment
+variable of the same name, else from the default here. Reading at call time keeps them overridable in
+tests (``settings`` fixture) and in worker processes (environment) without touching mnesio_site/settings.py.
+"""
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _raw(name: str) -> object | None:
+    """Return the setting, or the environment variable, or None when neither is set."""
+    if hasattr(settings, name):
+        return getattr(settings, name)
+    value = os.environ.get(name, "")
+    return value if value != "" else None
+
+
+def _float(name: str, default: float, *, minimum: float = 0.0, maximum: float | None = None) -> float:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ImproperlyConfigured(f"`{name}` has to be a number but got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"`{name}` has to be between {minimum} and {maximum} but got {value}")
+    return value
+
+
+def _int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ImproperlyConfigured(f"`{name}` has to be an integer but got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"`{name}` has to be >= {minimum} but got {value}")
+    return value
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"`{name}` has to be true or false but got {raw!r}")
+
+
+def _list(name: str, default: list[str]) -> list[str]:
+    raw = _raw(name)
+    if raw is None:
+        return default
+    if isinstance(raw, (list, tuple)):
+        return [str(v) for v in raw]
+    return [v.strip() for v in str(raw).split(",") if v.strip()]
+
+
+def gate_min_fidelity() -> float:
+    """Least top-1 next-token agreement with text re-reading on the probes (f32 agrees fully; q4 may not)."""
+    return _float("MNESIO_GATE_MIN_FIDELITY", 0.95, maximum=1.0)
+
+
+def gate_accuracy_tolerance() -> float:
+    """How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed)."""
+    return _float("MNESIO_GATE_ACCURACY_TOLERANCE", 0.0, maximum=1.0)
+
+
+def gate_require_retrieval_baseline() -> bool:
+    """Whether the cartridge must also match the top-k text retrieval baseline (off: it is recorded only)."""
+    return _bool("MNESIO_GATE_REQUIRE_RETRIEVAL", False)
+
+
+def gate_retrieval_top_k() -> int:
+    """How many memories the BM25 retrieval baseline re-reads per question."""
+    return _int("MNESIO_GATE_RETRIEVAL_TOP_K", 3, minimum=1)
+
+
+def gate_num_auto_probes() -> int:
+    """How many probe questions are made from the memories (evenly spaced over the log; bounds gate time)."""
+    return _int("MNESIO_GATE_NUM_AUTO_PROBES", 4, minimum=1)
+
+
+def gate_max_new_tokens() -> int:
+    """Greedy answer length when scoring evaluation cases (short keeps the gate cheap on CPU)."""
+    return _int("MNESIO_GATE_MAX_NEW_TOKENS", 16, minimum=1)
+
+
+def answer_max_new_tokens() -> int:
+    """Greedy answer length of cartridge_answer."""
+    return _int("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, minimum=1)
+
+
+def cartridge_cache_size() -> int:
+    """How many loaded cartridges one process keeps (LRU); 0 disables the cache."""
+    return _int("MNESIO_CARTRIDGE_CACHE_SIZE", 8, minimum=0)
+
+
+def allowed_models() -> list[str]:
+    """Model ids an operator may switch to (the configured default is always allowed)."""
+    models = _list("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-instruct", "fake-model"])
+    default = str(getattr(settings, "MNESIO_KV_MODEL", "smollm2-135m-instruct"))
+    return models if default in models else [*models, default]
+
+
+def orphan_blob_grace_s() -> int:
+    """Age after which an unclaimed blob is certainly dead: a compile cannot outlive the task's hard limit."""
+    return _int("MNESIO_ORPHAN_BLOB_GRACE_S", int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 1800)) + 60, minimum=0)
+
+
+def compile_pause_s() -> float:
+    """Fault injection for tests: sleep this long between opening the log and compiling (0 in production)."""
+    return _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, maximum=600.0)

@@ -1,0 +1,237 @@
+"""Cartridge lifecycle rows: configurations, versions and the immutable records of what happened to them.
+
+A version row is never edited: evaluations, activations and destructions are new rows, and a version's
+state is derived from them (cartridges.selectors.version_state). On PostgreSQL triggers reject UPDATE and
+DELETE of these rows (also through raw SQL); on SQLite the ORM refuses them (ImmutableRowError).
+The only mutable-by-deletion table is CartridgeBlob: the wrapped blob key, deleted when a version is
+destroyed so that no copy of the ciphertext can ever be opened again.
+"""
+from __future__ import annotations
+
+import pgtrigger
+from django.conf import settings
+from django.db import models
+
+from mnesio_site.exceptions import Conflict
+
+
+class ImmutableRowError(Conflict):
+    """An attempt to change or delete an immutable lifecycle row."""
+
+
+class ImmutableQuerySet(models.QuerySet):
+    """A queryset that refuses bulk update and delete (the ORM half of immutability)."""
+
+    def update(self, **kwargs):  # noqa: D401 - Django signature
+        raise ImmutableRowError(f"{self.model.__name__} rows are immutable; record a new row instead of updating")
+
+    def delete(self):
+        raise ImmutableRowError(f"{self.model.__name__} rows are immutable and cannot be deleted")
+
+
+class ImmutableModel(models.Model):
+    """Base of rows that are inserted once and never changed."""
+
+    objects = ImmutableQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs) -> None:
+        """Insert only; a second save of a stored row is refused."""
+        if not self._state.adding:
+            raise ImmutableRowError(f"{type(self).__name__} rows are immutable; record a new row instead of updating")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ImmutableRowError(f"{type(self).__name__} rows are immutable and cannot be deleted")
+
+
+def _protect(prefix: str) -> list[pgtrigger.Protect]:
+    """Database triggers that reject UPDATE and DELETE of every row (raw SQL included)."""
+    return [pgtrigger.Protect(name=f"{prefix}_protect", operation=pgtrigger.Update | pgtrigger.Delete)]
+
+
+class KvConfiguration(ImmutableModel):
+    """One operator switch of the engine configuration; the newest row is the active configuration."""
+
+    backend = models.CharField(max_length=32)
+    model = models.CharField(max_length=200)
+    dtype = models.CharField(max_length=8)
+    quant = models.CharField(max_length=8)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        triggers = _protect("kvconfiguration")
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.model}/{self.dtype}/{self.quant}"
+
+
+class CartridgeVersion(ImmutableModel):
+    """A compiled cartridge of a scope: its key, where its encrypted blob lives, and what went into it."""
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="cartridge_versions")
+    # The operator configuration it was compiled under (null: the settings default, no row existed).
+    configuration = models.ForeignKey(KvConfiguration, null=True, blank=True, on_delete=models.PROTECT, related_name="versions")
+    config_backend = models.CharField(max_length=32)
+    config_model = models.CharField(max_length=200)
+    config_dtype = models.CharField(max_length=8)
+    config_quant = models.CharField(max_length=8)
+    # The compatibility key, copied from the cartridge header.
+    format_version = models.PositiveIntegerField()
+    backend = models.CharField(max_length=32)
+    model_id = models.CharField(max_length=200)
+    weights_fingerprint = models.CharField(max_length=64)
+    tokenizer_fingerprint = models.CharField(max_length=64)
+    template_fingerprint = models.CharField(max_length=64)
+    rope_config = models.CharField(max_length=500)
+    dtype = models.CharField(max_length=8)
+    quant = models.CharField(max_length=8)
+    key_digest = models.CharField(max_length=64, help_text="sha256 of the canonical compatibility key")
+    log_head = models.PositiveBigIntegerField()
+    num_tokens = models.PositiveIntegerField()
+    num_memories = models.PositiveIntegerField()
+    # sha256 of the cartridge file itself (deterministic: the replay identity) and of the stored ciphertext.
+    sha256 = models.CharField(max_length=64)
+    payload_sha256 = models.CharField(max_length=64)
+    size_bytes = models.PositiveBigIntegerField()
+    stored_sha256 = models.CharField(max_length=64)
+    stored_size_bytes = models.PositiveBigIntegerField()
+    storage_name = models.CharField(max_length=300, unique=True)
+    # {"entries": [[seq, subject external id or null], ...], "left_out": [seq, ...]} and its sha256.
+    manifest = models.JSONField()
+    manifest_digest = models.CharField(max_length=64)
+    supersedes = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="superseded_by")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        triggers = _protect("cartridgeversion")
+        constraints = [
+            # Idempotent compile: one version per scope, key, head and set of memories (a redelivered
+            # task, or a concurrent duplicate, finds this row instead of making a second one).
+            models.UniqueConstraint(
+                fields=["scope", "key_digest", "log_head", "manifest_digest"], name="cartridge_version_unique_content"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"cartridge v{self.pk} of scope {self.scope_id} at head {self.log_head}"
+
+    def config_tuple(self) -> tuple[str, str, str, str]:
+        """The (backend, model, dtype, quant) it was compiled under."""
+        return (self.config_backend, self.config_model, self.config_dtype, self.config_quant)
+
+
+class CartridgeVersionSubject(ImmutableModel):
+    """A subject whose memories went into a version (an index of the manifest for erasure lookups)."""
+
+    version = models.ForeignKey(CartridgeVersion, on_delete=models.PROTECT, related_name="subjects")
+    subject = models.CharField(max_length=200, db_index=True, help_text="the subject's external id")
+
+    class Meta:
+        triggers = _protect("cartridgeversionsubject")
+        constraints = [models.UniqueConstraint(fields=["version", "subject"], name="cartridge_version_subject_unique")]
+
+
+class CartridgeBlob(models.Model):
+    """The blob key of one stored blob (wrapped by the master key); deleting the row destroys the key.
+
+    A row is written (committed) before its blob, so every blob in storage is accounted for: a row
+    without a CartridgeVersion of the same storage_name is an unfinished or dead compile, which
+    cartridge_blobs_sweep removes once it is older than any compile can run.
+    """
+
+    storage_name = models.CharField(max_length=300, unique=True)
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="+")
+    wrapped_key = models.BinaryField()
+    wrapped_by = models.CharField(max_length=32, help_text="id of the master key that wrapped it")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # Keys are write-once: the one allowed change is deletion (destruction).
+        triggers = [pgtrigger.Protect(name="cartridgeblob_protect_update", operation=pgtrigger.Update)]
+
+
+class CartridgeEvaluation(ImmutableModel):
+    """One gate run over a version: passed or not, every reason, and the figures measured."""
+
+    version = models.ForeignKey(CartridgeVersion, on_delete=models.PROTECT, related_name="evaluations")
+    passed = models.BooleanField()
+    reasons = models.JSONField(default=list)
+    figures = models.JSONField(default=dict)
+    # (backend, model, dtype, quant) active when it ran: a pass under another configuration does not count.
+    config_key = models.CharField(max_length=300)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        triggers = _protect("cartridgeevaluation")
+
+
+class CartridgeActivation(ImmutableModel):
+    """A version put into service for its scope; the scope's newest activation is what serves."""
+
+    KINDS = ["activate", "rollback", "erasure", "recompile"]
+
+    version = models.ForeignKey(CartridgeVersion, on_delete=models.PROTECT, related_name="activations")
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="cartridge_activations")
+    evaluation = models.ForeignKey(CartridgeEvaluation, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=16, default="activate")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        triggers = _protect("cartridgeactivation")
+
+
+class CartridgeDestruction(ImmutableModel):
+    """The blob and blob key of a version were destroyed (by an erasure, or an operator's reason)."""
+
+    version = models.OneToOneField(CartridgeVersion, on_delete=models.PROTECT, related_name="destruction")
+    erasure_request = models.ForeignKey(
+        "memories.ErasureRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="cartridge_destructions"
+    )
+    reason = models.CharField(max_length=500)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        triggers = _protect("cartridgedestruction")
+
+
+class EvaluationCase(models.Model):
+    """An operator's question with accepted answers, used by the gate for a scope's task accuracy."""
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="evaluation_cases")
+    question = models.TextField()
+    answers = models.JSONField(help_text="accepted answers; a case counts as correct when one appears in the answer")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class AnswerRecord(models.Model):
+    """That a question was answered for a scope: version, mode, timings. Never the question or answer text."""
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="answer_records")
+    version = models.ForeignKey(CartridgeVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="answer_records")
+    mode = models.CharField(max_length=16)
+    ttft_s = models.FloatField()
+    total_s = models.FloatField()
+    num_context_tokens = models.PositiveIntegerField(default=0)
+    num_prompt_tokens = models.PositiveIntegerField(default=0)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

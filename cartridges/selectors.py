@@ -1,0 +1,180 @@
+"""Reads of the cartridge lifecycle: the active configuration, what serves a scope, a version's state."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import QuerySet
+
+from kvengine.base import canonical_json
+from mnesio_site.exceptions import NotFound
+
+from .models import (
+    CartridgeActivation,
+    CartridgeDestruction,
+    CartridgeEvaluation,
+    CartridgeVersion,
+    EvaluationCase,
+    KvConfiguration,
+)
+
+
+@dataclass(frozen=True)
+class ActiveConfiguration:
+    """The engine configuration in force: the newest KvConfiguration row, else the MNESIO_KV_* settings."""
+
+    backend: str
+    model: str
+    dtype: str
+    quant: str
+    device: str  # per process, from MNESIO_KV_DEVICE; not part of compatibility
+    row: KvConfiguration | None  # None: no operator switch yet, the settings default applies
+
+    def as_tuple(self) -> tuple[str, str, str, str]:
+        """(backend, model, dtype, quant): what a version must have been compiled under to serve."""
+        return (self.backend, self.model, self.dtype, self.quant)
+
+    def key(self) -> str:
+        """A readable key of the configuration, stored with evaluations."""
+        return ":".join(self.as_tuple())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "dtype": self.dtype,
+            "quant": self.quant,
+            "device": self.device,
+            "id": self.row.pk if self.row else None,
+            "source": "row" if self.row else "settings",
+        }
+
+
+def active_configuration() -> ActiveConfiguration:
+    """Return the configuration in force (the newest operator switch, else the settings)."""
+    device = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
+    row = KvConfiguration.objects.order_by("-created_at", "-id").first()
+    if row is not None:
+        return ActiveConfiguration(row.backend, row.model, row.dtype, row.quant, device, row)
+    return ActiveConfiguration(
+        str(settings.MNESIO_KV_BACKEND),
+        str(settings.MNESIO_KV_MODEL),
+        str(settings.MNESIO_KV_DTYPE),
+        str(settings.MNESIO_KV_QUANT),
+        device,
+        None,
+    )
+
+
+def kv_configurations() -> QuerySet[KvConfiguration]:
+    """Every configuration switch, newest first."""
+    return KvConfiguration.objects.order_by("-created_at", "-id")
+
+
+def latest_activation(*, scope) -> CartridgeActivation | None:
+    """The scope's newest activation (what the scope has been told to serve), or None."""
+    return (
+        CartridgeActivation.objects.filter(scope=scope)
+        .select_related("version", "version__destruction")
+        .order_by("-created_at", "-id")
+        .first()
+    )
+
+
+def version_is_destroyed(*, version: CartridgeVersion) -> bool:
+    """Whether the version's blob and blob key were destroyed."""
+    return CartridgeDestruction.objects.filter(version=version).exists()
+
+
+def active_version(*, scope, configuration: ActiveConfiguration | None = None) -> CartridgeVersion | None:
+    """The version that serves ``scope`` now, or None.
+
+    That is the version of the scope's newest activation, as long as it is not destroyed and was compiled
+    under the active configuration. There is no silent fallback to an older activation: a destroyed or
+    out-of-configuration cartridge leaves the scope without one until a new version is activated
+    (or an operator rolls back explicitly).
+    """
+    activation = latest_activation(scope=scope)
+    if activation is None:
+        return None
+    version = activation.version
+    if version_is_destroyed(version=version):
+        return None
+    config = configuration or active_configuration()
+    if version.config_tuple() != config.as_tuple():
+        return None
+    return version
+
+
+def scope_versions(*, scope) -> QuerySet[CartridgeVersion]:
+    """The scope's versions, newest first."""
+    return CartridgeVersion.objects.filter(scope=scope).select_related("configuration").order_by("-id")
+
+
+def version_get(*, scope, pk: int) -> CartridgeVersion:
+    """Return the scope's version ``pk`` or raise NotFound naming `version`."""
+    version = CartridgeVersion.objects.filter(scope=scope, pk=pk).first()
+    if version is None:
+        raise NotFound(f"`version` {pk} is not a cartridge version of scope '{scope.name}'", extra={"field": "version"})
+    return version
+
+
+def version_latest_evaluation(*, version: CartridgeVersion, config_key: str | None = None) -> CartridgeEvaluation | None:
+    """The newest evaluation of ``version`` (under ``config_key`` when given)."""
+    rows = CartridgeEvaluation.objects.filter(version=version)
+    if config_key is not None:
+        rows = rows.filter(config_key=config_key)
+    return rows.order_by("-created_at", "-id").first()
+
+
+def version_state(*, version: CartridgeVersion) -> str:
+    """Derive the state: "destroyed", "active", "superseded", "failed", "passed" or "compiled"."""
+    if version_is_destroyed(version=version):
+        return "destroyed"
+    if active_version(scope=version.scope) == version:
+        return "active"
+    if CartridgeActivation.objects.filter(version=version).exists():
+        return "superseded"
+    evaluation = version_latest_evaluation(version=version)
+    if evaluation is not None:
+        return "passed" if evaluation.passed else "failed"
+    return "compiled"
+
+
+def version_history(*, version: CartridgeVersion) -> list[dict[str, Any]]:
+    """Every recorded event of the version, oldest first: compiled, evaluated, activated, destroyed."""
+    events: list[dict[str, Any]] = [
+        {"event": "compiled", "at": version.created_at, "actor": version.created_by_id, "log_head": version.log_head}
+    ]
+    for ev in CartridgeEvaluation.objects.filter(version=version).order_by("created_at", "id"):
+        events.append(
+            {"event": "evaluated", "at": ev.created_at, "actor": ev.created_by_id, "passed": ev.passed, "reasons": ev.reasons, "evaluation": ev.pk}
+        )
+    for act in CartridgeActivation.objects.filter(version=version).order_by("created_at", "id"):
+        events.append({"event": "activated", "at": act.created_at, "actor": act.actor_id, "kind": act.kind, "activation": act.pk})
+    destruction = CartridgeDestruction.objects.filter(version=version).first()
+    if destruction is not None:
+        events.append(
+            {
+                "event": "destroyed",
+                "at": destruction.created_at,
+                "actor": destruction.actor_id,
+                "reason": destruction.reason,
+                "erasure_request": destruction.erasure_request_id,
+            }
+        )
+    events.sort(key=lambda e: e["at"])
+    return events
+
+
+def scope_evaluation_cases(*, scope) -> QuerySet[EvaluationCase]:
+    """The operator's evaluation cases of ``scope``, oldest first."""
+    return EvaluationCase.objects.filter(scope=scope).order_by("id")
+
+
+def evaluation_cases_digest(*, scope) -> str:
+    """A digest of the scope's cases: an evaluation made before a case was added or changed is stale."""
+    rows = list(scope_evaluation_cases(scope=scope).values_list("id", "question", "answers"))
+    return hashlib.sha256(canonical_json([[i, q, a] for i, q, a in rows]).encode()).hexdigest()

@@ -1,0 +1,239 @@
+"""Compile a scope's log into a cartridge version, and rebuild (replay) any version from the log alone.
+
+Decisions (see also the module docstrings of gate/activate/erase):
+- The head defaults to the global log head (memories.selectors.log_head) and is written into the header;
+  the version is unique per (scope, compatibility key, head, manifest digest), so a redelivered or
+  concurrent compile returns the existing row, and an erasure at an unchanged head still gets a new
+  version (its manifest lacks the erased seqs).
+- What goes into the backend is only the surviving texts in seq order and the head; no scope name or
+  other label, so two logs with the same surviving texts compile to the same bytes at the same head.
+- Over the context window: a refusal (422) naming the model's limit and the token count, with what to do
+  (split the scope into several scopes, or switch to a model with a longer window). No automatic split:
+  a split cartridge would answer from a part of the memories and silently break parity with re-reading.
+- No blob without a row: the blob key row is committed first (an intent record), the blob written, then
+  the version row in a transaction; any failure deletes the blob and its key. A process killed between
+  the two leaves an intent row that cartridge_blobs_sweep removes after the task's hard time limit.
+  Call it outside an outer transaction (tasks and commands do): a rollback around it could not undo a file.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from kvengine import ContextTooLongError, EmptyInputError
+from kvengine.base import canonical_json
+from kvengine.format import FORMAT_VERSION, read_header
+from memories.selectors import log_head as current_log_head
+from memories.selectors import scope_memories_open
+from mnesio_site.exceptions import Conflict, MnesioError
+
+from .. import conf, engine
+from ..models import CartridgeVersion, CartridgeVersionSubject
+from ..selectors import ActiveConfiguration, active_configuration, active_version
+from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep
+from .errors import ContextTooLong, NothingToCompile
+
+log = logging.getLogger("cartridges")
+
+
+@dataclass(frozen=True)
+class CompileInput:
+    """What a compile depends on: the surviving texts in seq order, the head, and the manifest."""
+
+    head: int
+    texts: list[str]
+    manifest: dict
+    manifest_digest: str
+    subjects: list[str]
+
+
+def _sha256(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def head_validate(log_head: object) -> int:
+    """Return ``log_head`` (None: the current head) as an int in [1, current head], or raise naming `log_head`."""
+    head = current_log_head()
+    if log_head is None:
+        return head
+    if isinstance(log_head, bool) or not isinstance(log_head, int):
+        if isinstance(log_head, str) and log_head.strip().isdigit():
+            log_head = int(log_head)
+        else:
+            raise MnesioError(f"`log_head` has to be an integer but got {log_head!r}", extra={"field": "log_head"})
+    if log_head < 0 or log_head > head:
+        raise MnesioError(
+            f"`log_head` has to be between 0 and the current log head {head} but got {log_head}",
+            extra={"field": "log_head", "head": head},
+        )
+    return log_head
+
+
+def compile_input(*, scope, head: int) -> CompileInput:
+    """Open the scope's memories up to ``head`` and leave out the erased ones."""
+    opened = scope_memories_open(scope=scope, as_of=head)
+    surviving = [m for m in opened if not m.erased]
+    manifest = {"entries": [[m.seq, m.subject] for m in surviving], "left_out": [m.seq for m in opened if m.erased]}
+    if not surviving:
+        raise NothingToCompile(
+            f"`scope` '{scope.name}' has no memories to compile at log head {head}"
+            + (f" ({len(opened)} erased)" if opened else "")
+            + "; append memories first",
+            extra={"field": "scope", "log_head": head, "num_erased": len(opened)},
+        )
+    return CompileInput(
+        head=head,
+        texts=[m.text for m in surviving],  # type: ignore[misc]
+        manifest=manifest,
+        manifest_digest=_sha256(canonical_json(manifest)),
+        subjects=sorted({m.subject for m in surviving if m.subject}),
+    )
+
+
+def key_digest(compat_key: dict[str, str]) -> str:
+    """The digest of a compatibility key (plus the file format version)."""
+    return _sha256(canonical_json({**compat_key, "format_version": FORMAT_VERSION}))
+
+
+def compile_bytes(*, backend, data: CompileInput) -> bytes:
+    """Run the backend over the texts and return the cartridge file (deterministic for equal inputs)."""
+    limit = backend.describe().max_context_tokens
+    num_tokens = backend.count_tokens(data.texts)
+    if num_tokens > limit:
+        raise ContextTooLong(
+            f"the memories take {num_tokens} tokens but the model's context window allows {limit}; "
+            "split the scope into several scopes (by topic or time) or switch to a model with a longer window",
+            extra={"field": "scope", "num_tokens": num_tokens, "limit": limit},
+        )
+    try:
+        cartridge = backend.compile(data.texts, log_head=data.head)
+    except ContextTooLongError as exc:
+        raise ContextTooLong(str(exc), extra={"field": "scope", "num_tokens": exc.num_tokens, "limit": exc.limit}) from None
+    except EmptyInputError as exc:
+        raise NothingToCompile(str(exc), extra={"field": "scope"}) from None
+    return backend.dumps(cartridge)
+
+
+def _existing(*, scope, digest: str, head: int, manifest_digest: str) -> CartridgeVersion | None:
+    return CartridgeVersion.objects.filter(
+        scope=scope, key_digest=digest, log_head=head, manifest_digest=manifest_digest
+    ).first()
+
+
+def cartridge_compile(*, scope, log_head: int | None = None, actor=None) -> CartridgeVersion:
+    """Compile ``scope`` at ``log_head`` (default: now) under the active configuration; idempotent."""
+    head = head_validate(log_head)
+    config: ActiveConfiguration = active_configuration()
+    data = compile_input(scope=scope, head=head)
+    backend = engine.backend_for(config)
+    desc = backend.describe()
+    digest = key_digest(desc.compat_key())
+    found = _existing(scope=scope, digest=digest, head=head, manifest_digest=data.manifest_digest)
+    if found is not None:
+        return found
+    blobs_sweep(older_than_s=conf.orphan_blob_grace_s())
+    pause = conf.compile_pause_s()
+    if pause:
+        time.sleep(pause)  # fault injection (tests kill the worker here); 0 in production
+    started = time.perf_counter()
+    blob = compile_bytes(backend=backend, data=data)
+    compile_s = time.perf_counter() - started
+    header = read_header(blob)  # verifies structure and payload sha256 before anything is stored
+    supersedes = active_version(scope=scope, configuration=config)
+    version = _version_store(
+        scope=scope, config=config, header=header, blob=blob, data=data, digest=digest, supersedes=supersedes, actor=actor
+    )
+    log.info(
+        "cartridge compiled version=%s scope=%s head=%s num_memories=%s num_tokens=%s compile_s=%.3f",
+        version.pk, scope.pk, head, len(data.texts), header.num_tokens, compile_s,
+    )
+    return version
+
+
+def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, digest: str, supersedes, actor) -> CartridgeVersion:
+    """Write the encrypted blob and its version row: both or neither."""
+    blob_row, key = blob_reserve(scope=scope)
+    try:
+        stored = blob_write(blob=blob_row, key=key, data=blob)
+        with transaction.atomic():
+            version = CartridgeVersion.objects.create(
+                scope=scope,
+                configuration=config.row,
+                config_backend=config.backend,
+                config_model=config.model,
+                config_dtype=config.dtype,
+                config_quant=config.quant,
+                format_version=header.format_version,
+                **header.compat_key(),
+                key_digest=digest,
+                log_head=header.log_head,
+                num_tokens=header.num_tokens,
+                num_memories=len(data.texts),
+                sha256=_sha256(blob),
+                payload_sha256=header.payload_sha256,
+                size_bytes=len(blob),
+                stored_sha256=stored.stored_sha256,
+                stored_size_bytes=stored.stored_size_bytes,
+                storage_name=stored.name,
+                manifest=data.manifest,
+                manifest_digest=data.manifest_digest,
+                supersedes=supersedes,
+                created_by=actor,
+            )
+            CartridgeVersionSubject.objects.bulk_create(
+                [CartridgeVersionSubject(version=version, subject=s) for s in data.subjects]
+            )
+    except IntegrityError:
+        # a concurrent compile of the same content won the unique constraint: keep its row, drop our blob
+        blob_destroy(storage_name=blob_row.storage_name)
+        found = _existing(scope=scope, digest=digest, head=data.head, manifest_digest=data.manifest_digest)
+        if found is None:
+            raise
+        return found
+    except BaseException:
+        blob_destroy(storage_name=blob_row.storage_name)
+        raise
+    return version
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    """The outcome of recompiling a version from the log alone."""
+
+    version_id: int
+    expected_sha256: str
+    rebuilt_sha256: str
+    size_bytes: int
+
+    @property
+    def matches(self) -> bool:
+        return self.expected_sha256 == self.rebuilt_sha256
+
+
+def cartridge_rebuild(*, version: CartridgeVersion) -> RebuildResult:
+    """Recompile ``version`` from the log (same scope, head and configuration) and compare the sha256.
+
+    Writes nothing. Refuses (409) when the log no longer yields the version's memories (a subject was
+    erased since: such a version must not be rebuilt) or when this process cannot build its key.
+    """
+    data = compile_input(scope=version.scope, head=version.log_head)
+    if data.manifest_digest != version.manifest_digest:
+        raise Conflict(
+            f"the log at head {version.log_head} no longer yields the memories of version {version.pk} "
+            "(a subject was erased since); it cannot be rebuilt",
+            extra={"version": version.pk},
+        )
+    backend = engine.backend_for(version.config_tuple())
+    digest = key_digest(backend.describe().compat_key())
+    if digest != version.key_digest:
+        raise Conflict(
+            f"this process's {':'.join(version.config_tuple())} backend has another compatibility key than version "
+            f"{version.pk} (other weights, tokenizer or template); it cannot reproduce it",
+            extra={"version": version.pk},
+        )
+    blob = compile_bytes(backend=backend, data=data)
+    return RebuildResult(version_id=version.pk, expected_sha256=version.sha256, rebuilt_sha256=_sha256(blob), size_bytes=len(blob))

@@ -1,0 +1,90 @@
+"""Erase by recompile: the view rebuilder registered with memories.registry, and version destruction.
+
+After memories shreds a subject's key it calls ``cartridge_views_rebuild(erasure_request)``:
+1. destroy the blob and blob key of every version whose manifest includes the subject (the row stays,
+   with a CartridgeDestruction naming the erasure request);
+2. for every scope whose serving version was destroyed, compile at the current log head (the erased
+   memories now open as erased and are left out), gate and activate (kind "erasure").
+A scope left with no surviving memories simply has no cartridge afterwards. Any compile or gate failure
+is raised after all destruction is done, so memories records the request as failed with the reason; the
+subject is already forgotten by every cartridge, and processing the request again retries the rebuild.
+Safe to run twice: destruction is idempotent and a second compile at the same head finds the first.
+
+Why the rebuilt blob equals one compiled from a log that never held the subject: a compile depends only
+on the surviving texts in seq order and the head written into the header (no scope name, no labels), so
+another scope holding the same other memories, compiled at the same head, gives the same bytes.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db import IntegrityError, transaction
+
+from memories.models import ErasureRequest
+from mnesio_site.exceptions import Conflict, MnesioError
+
+from .. import engine
+from ..models import CartridgeActivation, CartridgeDestruction, CartridgeVersion
+from ..storage import blob_destroy
+from .activate import cartridge_activate
+from .compile import cartridge_compile
+from .errors import NothingToCompile
+
+log = logging.getLogger("cartridges")
+
+
+def cartridge_destroy(
+    *, version: CartridgeVersion, reason: str, erasure_request: ErasureRequest | None = None, actor=None
+) -> CartridgeDestruction:
+    """Delete the version's blob and blob key and record why; the row stays. Safe to run twice."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise MnesioError("`reason` has to be non-empty text", extra={"field": "reason"})
+    blob_destroy(storage_name=version.storage_name)
+    engine.cartridge_forget(version_id=version.pk)
+    existing = CartridgeDestruction.objects.filter(version=version).first()
+    if existing is not None:
+        return existing
+    try:
+        with transaction.atomic():
+            destruction = CartridgeDestruction.objects.create(
+                version=version, erasure_request=erasure_request, reason=reason.strip()[:500], actor=actor
+            )
+    except IntegrityError:  # a concurrent run recorded it first
+        return CartridgeDestruction.objects.get(version=version)
+    log.info("cartridge destroyed version=%s erasure_request=%s", version.pk, getattr(erasure_request, "pk", None))
+    return destruction
+
+
+def _serving_version_id(scope_id: int) -> int | None:
+    activation = CartridgeActivation.objects.filter(scope_id=scope_id).order_by("-created_at", "-id").first()
+    return activation.version_id if activation else None
+
+
+def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
+    """Destroy every cartridge holding the erased subject, then recompile, gate and activate its scopes."""
+    subject = erasure_request.subject.external_id
+    versions = list(CartridgeVersion.objects.filter(subjects__subject=subject).select_related("scope").order_by("id"))
+    affected = {}
+    for version in versions:
+        if _serving_version_id(version.scope_id) == version.pk:
+            affected[version.scope_id] = version.scope
+        cartridge_destroy(version=version, erasure_request=erasure_request, reason=f"erasure request #{erasure_request.pk}")
+    failures = []
+    for scope in affected.values():
+        try:
+            version = cartridge_compile(scope=scope)
+            cartridge_activate(version=version, kind="erasure")
+        except NothingToCompile:
+            log.info("scope=%s has no surviving memories after erasure request=%s", scope.pk, erasure_request.pk)
+        except MnesioError as exc:
+            failures.append(f"scope '{scope.name}': {exc.message}")
+    log.info(
+        "erasure rebuild request=%s destroyed=%d rebuilt_scopes=%d failures=%d",
+        erasure_request.pk, len(versions), len(affected) - len(failures), len(failures),
+    )
+    if failures:
+        raise Conflict(
+            f"every cartridge holding the subject is destroyed, but {len(failures)} scope(s) could not be rebuilt: "
+            + "; ".join(failures),
+            extra={"failures": failures},
+        )

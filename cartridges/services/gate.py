@@ -1,0 +1,237 @@
+"""The gate: is_committable() and the evaluations it records.
+
+Checks, in order (every failing one is a reason; the model checks run only when the cheap ones pass,
+because they need a loadable cartridge and the version's texts):
+1. not destroyed;
+2. compiled under the active configuration, and its compatibility key equals the active backend's
+   (model, weights, tokenizer, template, rope, dtype, quant);
+3. blob intact: stored sha256, AES-GCM tag, file sha256, then kvengine's header check (payload sha256)
+   and the header agrees with the row (key, head, token count);
+4. no erased subject in the manifest;
+5. fidelity: top-1 next-token agreement with re-reading the same memories as text, over probes made from
+   the memories (``gate_num_auto_probes``, evenly spaced over the log) plus the scope's EvaluationCase
+   questions, at or above ``MNESIO_GATE_MIN_FIDELITY``;
+6. task accuracy on the EvaluationCases (an answer is correct when a normalized expected answer appears
+   in the normalized answer): cartridge >= text re-reading - ``MNESIO_GATE_ACCURACY_TOLERANCE``; the
+   BM25 top-k retrieval baseline (the k best memories re-read as text) is recorded beside it and is
+   required too when ``MNESIO_GATE_REQUIRE_RETRIEVAL`` is on. With no cases the accuracy check has
+   nothing to compare and passes (recorded as ``num_cases: 0``).
+Figures hold numbers only, never memory or question text.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvError
+from kvengine.format import read_header
+from memories.models import Subject
+from memories.selectors import scope_memories_open
+from mnesio_site.exceptions import MnesioError
+
+from .. import conf, engine
+from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
+from ..selectors import active_configuration, evaluation_cases_digest, scope_evaluation_cases
+from ..storage import BlobTampered, BlobUnavailable, blob_read
+from .compile import key_digest
+
+_WORD_RE = re.compile(r"\w+")
+
+
+@dataclass
+class GateResult:
+    """The outcome of is_committable(): passed, every reason, and the figures measured."""
+
+    passed: bool = True
+    reasons: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def fail(self, reason: str) -> None:
+        self.passed = False
+        self.reasons.append(reason)
+
+
+def normalize(text: str) -> str:
+    """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD-style answer normalization)."""
+    words = [w for w in _WORD_RE.findall(text.lower()) if w not in ("a", "an", "the")]
+    return " ".join(words)
+
+
+def answer_correct(answer: str, expected: list[str]) -> bool:
+    """Whether any expected answer appears (normalized, on word boundaries) in the answer."""
+    got = f" {normalize(answer)} "
+    return any(normalize(e) and f" {normalize(e)} " in got for e in expected)
+
+
+def bm25_top_k(texts: list[str], question: str, k: int, *, k1: float = 1.5, b: float = 0.75) -> list[str]:
+    """The ``k`` memories that best match ``question`` by BM25, returned in log order."""
+    docs = [_WORD_RE.findall(t.lower()) for t in texts]
+    query = set(_WORD_RE.findall(question.lower()))
+    n = len(docs)
+    avg = sum(len(d) for d in docs) / max(n, 1)
+    df = Counter(w for d in docs for w in set(d))
+    scores = []
+    for i, d in enumerate(docs):
+        tf = Counter(d)
+        s = 0.0
+        for w in query:
+            if tf[w]:
+                idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+                s += idf * tf[w] * (k1 + 1) / (tf[w] + k1 * (1 - b + b * len(d) / max(avg, 1e-9)))
+        scores.append((s, i))
+    best = sorted(scores, key=lambda p: (-p[0], -p[1]))[:k]
+    return [texts[i] for i in sorted(i for _, i in best)]
+
+
+def auto_probes(texts: list[str], num: int) -> list[str]:
+    """Probe questions made from the memories: evenly spaced memories, asked about by their opening words."""
+    if not texts:
+        return []
+    num = min(num, len(texts))
+    picks = sorted({round(i * (len(texts) - 1) / max(num - 1, 1)) for i in range(num)})
+    probes = []
+    for i in picks:
+        words = texts[i].split()[:6]
+        probes.append(f"What do you remember about: {' '.join(words)}?")
+    return probes
+
+
+def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) -> GateResult:
+    """Run the gate over ``version``; ``full=False`` runs only the cheap checks (1-4), no model work."""
+    result = GateResult()
+    config = active_configuration()
+    result.figures["configuration"] = config.as_dict()
+    destruction = CartridgeDestruction.objects.filter(version=version).first()
+    if destruction is not None:
+        result.fail(f"version {version.pk} is destroyed ({destruction.reason}); its blob and key no longer exist")
+        return result
+    if version.config_tuple() != config.as_tuple():
+        result.fail(
+            f"version {version.pk} was compiled for configuration {':'.join(version.config_tuple())} "
+            f"but the active configuration is {config.key()}; recompile the scope"
+        )
+        return result
+    backend = engine.backend_for(config)
+    compat = backend.describe().compat_key()
+    diffs = [k for k, v in compat.items() if getattr(version, k) != v]
+    if diffs:
+        result.fail(f"version {version.pk} has another compatibility key than the active backend (differs in: {', '.join(diffs)})")
+    try:
+        data = blob_read(version=version)
+    except (BlobUnavailable, BlobTampered) as exc:
+        result.fail(exc.message)
+        return result
+    try:
+        header = read_header(data)
+    except CorruptCartridgeError as exc:
+        result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
+        return result
+    if key_digest(header.compat_key()) != version.key_digest or header.log_head != version.log_head or header.num_tokens != version.num_tokens:
+        result.fail(f"the cartridge header of version {version.pk} disagrees with its version row (key, head or token count)")
+    subjects = list(version.subjects.values_list("subject", flat=True))
+    erased = list(Subject.objects.filter(external_id__in=subjects, shredded_at__isnull=False).values_list("external_id", flat=True))
+    if erased:
+        result.fail(f"the manifest of version {version.pk} includes {len(erased)} erased subject(s): {sorted(erased)}")
+    result.figures["blob"] = {"size_bytes": version.size_bytes, "sha256_ok": True}
+    if not full or not result.passed:
+        if not result.passed and full:
+            result.figures["model_checks"] = "skipped: the checks above failed"
+        return result
+    _model_checks(version=version, backend=backend, data=data, result=result)
+    return result
+
+
+def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: GateResult) -> None:
+    """Fidelity on probes and task accuracy against text re-reading and the retrieval baseline."""
+    try:
+        cartridge = backend.loads(data)
+    except (IncompatibleCartridgeError, CorruptCartridgeError) as exc:
+        result.fail(f"the backend refuses to load version {version.pk}: {exc}")
+        return
+    seqs = [entry[0] for entry in version.manifest["entries"]]
+    opened = {m.seq: m for m in scope_memories_open(scope=version.scope, as_of=version.log_head)}
+    if any(s not in opened or opened[s].erased for s in seqs):
+        result.fail(f"the log no longer yields every memory of version {version.pk}; it cannot be compared with text")
+        return
+    texts = [opened[s].text for s in seqs]
+    cases = list(scope_evaluation_cases(scope=version.scope))
+    probes = auto_probes(texts, conf.gate_num_auto_probes()) + [c.question for c in cases]
+    started = time.perf_counter()
+    try:
+        fid = backend.fidelity(cartridge, texts, probes)
+    except KvError as exc:
+        result.fail(f"the fidelity probe failed: {exc}")
+        return
+    threshold = conf.gate_min_fidelity()
+    result.figures["fidelity"] = {**fid.as_dict(), "threshold": threshold, "seconds": round(time.perf_counter() - started, 3)}
+    if fid.top1_agreement < threshold:
+        result.fail(
+            f"fidelity {fid.top1_agreement:.3f} (top-1 agreement with text re-reading on {fid.num_probes} probes) "
+            f"is below the threshold {threshold}"
+        )
+    tolerance = conf.gate_accuracy_tolerance()
+    k = conf.gate_retrieval_top_k()
+    max_new = conf.gate_max_new_tokens()
+    correct = {"cartridge": 0, "text": 0, "retrieval": 0}
+    ttft = {"cartridge": 0.0, "text": 0.0, "retrieval": 0.0}
+    for case in cases:
+        answers = {
+            "cartridge": backend.answer(cartridge, case.question, max_new_tokens=max_new),
+            "text": backend.answer_from_text(texts, case.question, max_new_tokens=max_new),
+            "retrieval": backend.answer_from_text(bm25_top_k(texts, case.question, k), case.question, max_new_tokens=max_new),
+        }
+        for mode, ans in answers.items():
+            correct[mode] += answer_correct(ans.text, list(case.answers))
+            ttft[mode] += ans.ttft_s
+    n = len(cases)
+    accuracy = {mode: (correct[mode] / n if n else None) for mode in correct}
+    result.figures["accuracy"] = {
+        "num_cases": n,
+        **accuracy,
+        "tolerance": tolerance,
+        "retrieval_top_k": k,
+        "retrieval_required": conf.gate_require_retrieval_baseline(),
+        "mean_ttft_s": {mode: (ttft[mode] / n if n else None) for mode in ttft},
+        "cases_digest": evaluation_cases_digest(scope=version.scope),
+    }
+    if n:
+        if accuracy["cartridge"] < accuracy["text"] - tolerance - 1e-9:
+            result.fail(
+                f"task accuracy {accuracy['cartridge']:.3f} on {n} cases is below text re-reading's "
+                f"{accuracy['text']:.3f} minus the tolerance {tolerance}"
+            )
+        if conf.gate_require_retrieval_baseline() and accuracy["cartridge"] < accuracy["retrieval"] - tolerance - 1e-9:
+            result.fail(
+                f"task accuracy {accuracy['cartridge']:.3f} on {n} cases is below the top-{k} retrieval baseline's "
+                f"{accuracy['retrieval']:.3f} minus the tolerance {tolerance}"
+            )
+
+
+def cartridge_evaluate(*, version: CartridgeVersion, actor=None) -> CartridgeEvaluation:
+    """Run the gate over ``version`` and record the evaluation (passed or not, every reason, the figures)."""
+    if not isinstance(version, CartridgeVersion):
+        raise MnesioError("`version` has to be a cartridge version", extra={"field": "version"})
+    result = cartridge_is_committable(version=version)
+    return evaluation_record(version=version, result=result, actor=actor)
+
+
+def evaluation_record(*, version: CartridgeVersion, result: GateResult, actor=None, stage: str = "evaluate") -> CartridgeEvaluation:
+    """Write a gate result as an evaluation row."""
+    figures = {**result.figures, "stage": stage}
+    figures.setdefault("accuracy", {}).setdefault("cases_digest", evaluation_cases_digest(scope=version.scope))
+    return CartridgeEvaluation.objects.create(
+        version=version,
+        passed=result.passed,
+        reasons=result.reasons,
+        figures=figures,
+        config_key=active_configuration().key(),
+        created_by=actor,
+    )
+
+
+# The contract's name for the gate.
+is_committable = cartridge_is_committable

@@ -1,0 +1,80 @@
+"""Celery tasks of the cartridge lifecycle: thin interfaces that take ids, load rows and call services.
+
+Compile and evaluate run on the ``gpu`` queue (model work). Every task is safe to run twice: a compile
+is unique per scope + key + head + manifest (a redelivered one returns the existing version), an evaluate
+task reuses an evaluation already made under the same configuration and cases, and activating the
+version that already serves writes nothing. Late acks and reject-on-worker-lost (mnesio_site/celery.py)
+put a message back on the queue when the worker process dies mid-task.
+
+Application errors (nothing to compile, context too long, gate failed) are outcomes, not crashes: the
+task returns ``{"ok": False, "error": ...}`` (messages never hold memory text) and is not retried.
+Answering has no task on purpose (see services/answer.py: a question must not sit in the broker).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+from django.db import transaction
+
+from memories.models import Scope
+from mnesio_site.exceptions import MnesioError
+
+from .models import CartridgeVersion
+from .selectors import active_configuration, evaluation_cases_digest, version_latest_evaluation
+from .services import cartridge_activate, cartridge_compile, cartridge_evaluate
+from .storage import blobs_sweep
+
+log = logging.getLogger("cartridges")
+
+_RELIABLE: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+def _error(exc: MnesioError) -> dict[str, Any]:
+    return {"ok": False, "error": exc.message, "kind": type(exc).__name__}
+
+
+@shared_task(queue="gpu", **_RELIABLE)
+def cartridge_compile_task(scope_id: int, log_head: int | None = None, then_activate: bool = False) -> dict[str, Any]:
+    """Compile scope ``scope_id`` at ``log_head`` (None: now); with ``then_activate`` queue evaluate + activate."""
+    scope = Scope.objects.get(pk=scope_id)
+    try:
+        version = cartridge_compile(scope=scope, log_head=log_head)
+    except MnesioError as exc:
+        log.info("compile task scope=%s refused: %s", scope_id, type(exc).__name__)
+        return _error(exc)
+    if then_activate:
+        version_id = version.pk
+        transaction.on_commit(lambda: cartridge_evaluate_task.delay(version_id, True))
+    return {"ok": True, "version": version.pk}
+
+
+@shared_task(queue="gpu", **_RELIABLE)
+def cartridge_evaluate_task(version_id: int, then_activate: bool = False) -> dict[str, Any]:
+    """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation."""
+    version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
+    evaluation = version_latest_evaluation(version=version, config_key=active_configuration().key())
+    digest = evaluation_cases_digest(scope=version.scope)
+    if evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest:
+        evaluation = cartridge_evaluate(version=version)
+    if then_activate and evaluation.passed:
+        transaction.on_commit(lambda: cartridge_activate_task.delay(version_id))
+    return {"ok": True, "evaluation": evaluation.pk, "passed": evaluation.passed}
+
+
+@shared_task(queue="default", **_RELIABLE)
+def cartridge_activate_task(version_id: int) -> dict[str, Any]:
+    """Activate version ``version_id`` through the gate."""
+    version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
+    try:
+        activation = cartridge_activate(version=version)
+    except MnesioError as exc:
+        return _error(exc)
+    return {"ok": True, "activation": activation.pk}
+
+
+@shared_task(queue="default", **_RELIABLE)
+def cartridge_blobs_sweep_task(older_than_s: int) -> dict[str, Any]:
+    """Remove blobs of compiles that died before writing their version row."""
+    return {"ok": True, "swept": len(blobs_sweep(older_than_s=older_than_s))}
