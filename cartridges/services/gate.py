@@ -120,28 +120,32 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) ->
     diffs = [k for k, v in compat.items() if getattr(version, k) != v]
     if diffs:
         result.fail(f"version {version.pk} has another compatibility key than the active backend (differs in: {', '.join(diffs)})")
-    try:
-        data = blob_read(version=version)
-    except (BlobUnavailable, BlobTampered) as exc:
-        result.fail(exc.message)
-        return result
-    try:
-        header = read_header(data)
-    except CorruptCartridgeError as exc:
-        result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
-        return result
-    if key_digest(header.compat_key()) != version.key_digest or header.log_head != version.log_head or header.num_tokens != version.num_tokens:
-        result.fail(f"the cartridge header of version {version.pk} disagrees with its version row (key, head or token count)")
     subjects = list(version.subjects.values_list("subject", flat=True))
     erased = list(Subject.objects.filter(external_id__in=subjects, shredded_at__isnull=False).values_list("external_id", flat=True))
     if erased:
         result.fail(f"the manifest of version {version.pk} includes {len(erased)} erased subject(s): {sorted(erased)}")
-    result.figures["blob"] = {"size_bytes": version.size_bytes, "sha256_ok": True}
+    try:
+        data = blob_read(version=version)
+    except (BlobUnavailable, BlobTampered) as exc:
+        result.fail(exc.message)
+        return _finish(result, full)
+    try:
+        header = read_header(data)
+    except CorruptCartridgeError as exc:
+        result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
+        return _finish(result, full)
+    if key_digest(header.compat_key()) != version.key_digest or header.log_head != version.log_head or header.num_tokens != version.num_tokens:
+        result.fail(f"the cartridge header of version {version.pk} disagrees with its version row (key, head or token count)")
+    result.figures["blob"] = {"size_bytes": version.size_bytes, "intact": True}
     if not full or not result.passed:
-        if not result.passed and full:
-            result.figures["model_checks"] = "skipped: the checks above failed"
-        return result
+        return _finish(result, full)
     _model_checks(version=version, backend=backend, data=data, result=result)
+    return result
+
+
+def _finish(result: GateResult, full: bool) -> GateResult:
+    if full and not result.passed:
+        result.figures["model_checks"] = "skipped: the checks above failed"
     return result
 
 

@@ -1,0 +1,76 @@
+"""Fixtures of the cartridge tests: blobs in a temp dir, the fake engine by default, helpers to build logs."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def blob_root(settings, tmp_path):
+    """Keep every test's cartridge blobs in its own temp dir (STORAGES["cartridges"])."""
+    root = tmp_path / "blobs"
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "cartridges": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(root)}},
+    }
+    return root
+
+
+@pytest.fixture(autouse=True)
+def fresh_engine():
+    """Empty this process's cartridge LRU around each test (backends stay loaded)."""
+    from cartridges import engine
+
+    engine.cache_clear()
+    yield
+    engine.cache_clear()
+
+
+@pytest.fixture
+def fake_engine(settings):
+    """The settings default configuration: the torch-free fake backend."""
+    settings.MNESIO_KV_BACKEND = "fake"
+    settings.MNESIO_KV_MODEL = "fake-model"
+    settings.MNESIO_KV_DTYPE = "f32"
+    settings.MNESIO_KV_QUANT = "none"
+    return ("fake", "fake-model", "f32", "none")
+
+
+@pytest.fixture
+def real_engine(settings, real_backend):
+    """The real default model (shared session instance) as the active configuration."""
+    from cartridges import engine
+
+    settings.MNESIO_KV_BACKEND = "transformers"
+    settings.MNESIO_KV_MODEL = "smollm2-135m-instruct"
+    settings.MNESIO_KV_DTYPE = "f32"
+    settings.MNESIO_KV_QUANT = "none"
+    config = ("transformers", "smollm2-135m-instruct", "f32", "none")
+    engine.register_backend(config, real_backend)
+    return config
+
+
+@pytest.fixture
+def eager_tasks():
+    """Run Celery tasks in-process (the embedded default's mode) for tests that do not start a worker."""
+    from mnesio_site.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def append():
+    """Append memories: append(scope, "text", subject=None) -> Memory."""
+    from memories.services import memory_append
+
+    def do(scope, content, subject=None):
+        return memory_append(scope=scope, subject=subject, content=content)
+
+    return do
+
+
+def stored_files(root) -> list:
+    """Every blob file under the storage root."""
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
