@@ -30,12 +30,21 @@ log = logging.getLogger("cartridges")
 
 _RELIABLE: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
 
+# Model work on the gpu queue (merged into the Celery app's task_routes by CartridgesConfig.ready;
+# Celery 5 deprecates the per-task ``queue`` attribute).
+TASK_ROUTES = {
+    "cartridges.tasks.cartridge_compile_task": {"queue": "gpu"},
+    "cartridges.tasks.cartridge_evaluate_task": {"queue": "gpu"},
+    "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
+    "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},
+}
+
 
 def _error(exc: MnesioError) -> dict[str, Any]:
     return {"ok": False, "error": exc.message, "kind": type(exc).__name__}
 
 
-@shared_task(queue="gpu", **_RELIABLE)
+@shared_task(**_RELIABLE)
 def cartridge_compile_task(scope_id: int, log_head: int | None = None, then_activate: bool = False) -> dict[str, Any]:
     """Compile scope ``scope_id`` at ``log_head`` (None: now); with ``then_activate`` queue evaluate + activate."""
     scope = Scope.objects.get(pk=scope_id)
@@ -50,7 +59,7 @@ def cartridge_compile_task(scope_id: int, log_head: int | None = None, then_acti
     return {"ok": True, "version": version.pk}
 
 
-@shared_task(queue="gpu", **_RELIABLE)
+@shared_task(**_RELIABLE)
 def cartridge_evaluate_task(version_id: int, then_activate: bool = False) -> dict[str, Any]:
     """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation."""
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
@@ -63,7 +72,7 @@ def cartridge_evaluate_task(version_id: int, then_activate: bool = False) -> dic
     return {"ok": True, "evaluation": evaluation.pk, "passed": evaluation.passed}
 
 
-@shared_task(queue="default", **_RELIABLE)
+@shared_task(**_RELIABLE)
 def cartridge_activate_task(version_id: int) -> dict[str, Any]:
     """Activate version ``version_id`` through the gate."""
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
@@ -74,7 +83,7 @@ def cartridge_activate_task(version_id: int) -> dict[str, Any]:
     return {"ok": True, "activation": activation.pk}
 
 
-@shared_task(queue="default", **_RELIABLE)
+@shared_task(**_RELIABLE)
 def cartridge_blobs_sweep_task(older_than_s: int) -> dict[str, Any]:
     """Remove blobs of compiles that died before writing their version row."""
     return {"ok": True, "swept": len(blobs_sweep(older_than_s=older_than_s))}
