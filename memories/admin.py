@@ -83,6 +83,9 @@ class ErasureRequestAdmin(admin.ModelAdmin):
     inlines = [ErasureEventInline]
     actions = ["process"]
 
+    def get_inlines(self, request: HttpRequest, obj=None) -> list:
+        return self.inlines if obj else []  # the add form has no events yet
+
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
         return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else []
 
