@@ -65,7 +65,6 @@ def test_it_stops_old_cartridges_and_queues_recompiles_on_a_switch(
 
 def test_it_routes_compile_and_evaluate_to_the_gpu_queue():
     from cartridges.tasks import cartridge_activate_task, cartridge_compile_task, cartridge_evaluate_task
-
     from mnesio_site.celery import app
 
     def queue(task) -> str:
