@@ -1,0 +1,1 @@
+"""The cartridge, question, configuration and metrics endpoints of the DRF API (mounted at /api/)."""

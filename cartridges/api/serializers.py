@@ -1,0 +1,281 @@
+"""Serializers for the cartridge API: every request body is validated here, unknown keys rejected."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from cartridges import conf
+from kvengine import DTYPES, QUANTS
+
+MODES = ("cartridge", "text")
+BACKENDS = ("fake", "transformers")
+# Bounds on evaluation cases (a case is a question plus the answers counted as correct).
+MAX_ANSWERS_PER_CASE = 20
+MAX_ANSWER_CHARS = 500
+
+
+class StrictFieldsMixin:
+    """Reject request keys the serializer does not accept for writing, naming each one."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            writable = sorted(name for name, field in self.fields.items() if not field.read_only)
+            unknown = sorted(str(key) for key in data if key not in writable)
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: [f"unknown field; the accepted fields are {writable}"] for key in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class StrictSerializer(StrictFieldsMixin, serializers.Serializer):
+    """A plain Serializer that rejects unknown fields."""
+
+
+def _check_question(value: str) -> str:
+    """Refuse questions over MNESIO_MAX_QUESTION_CHARS (read at call time, so tests can override it)."""
+    limit = settings.MNESIO_MAX_QUESTION_CHARS
+    if len(value) > limit:
+        raise serializers.ValidationError(
+            f"has {len(value)} characters but at most {limit} are allowed (MNESIO_MAX_QUESTION_CHARS)"
+        )
+    return value
+
+
+class CompileRequestSerializer(StrictSerializer):
+    """Ask for a compile of the scope at ``log_head`` (default: the log head now)."""
+
+    log_head = serializers.IntegerField(required=False, min_value=1, allow_null=True)
+    activate = serializers.BooleanField(
+        required=False, default=False, help_text="Queue evaluate + activate (through the gate) after the compile."
+    )
+
+
+class CompileAcceptedSerializer(serializers.Serializer):
+    """The 202 answer to a compile request."""
+
+    scope = serializers.CharField()
+    log_head = serializers.IntegerField()
+    task_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=["queued", "done"])
+    version_id = serializers.IntegerField(allow_null=True, help_text="Known when the task already ran (eager mode).")
+    activate = serializers.BooleanField()
+
+
+class EvaluateAcceptedSerializer(serializers.Serializer):
+    """The 202 answer to an evaluation request."""
+
+    scope = serializers.CharField()
+    version_id = serializers.IntegerField()
+    task_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=["queued", "done"])
+    evaluation_id = serializers.IntegerField(allow_null=True)
+    passed = serializers.BooleanField(allow_null=True)
+
+
+class ActivationSerializer(serializers.Serializer):
+    """An activation: which version now serves the scope, on which evaluation, by whom."""
+
+    id = serializers.IntegerField()
+    scope = serializers.CharField()
+    version_id = serializers.IntegerField()
+    evaluation_id = serializers.IntegerField()
+    kind = serializers.CharField()
+    actor = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class HistoryEventSerializer(serializers.Serializer):
+    """One event of a version: compiled, evaluated (passed, reasons), activated (kind), destroyed (reason)."""
+
+    event = serializers.ChoiceField(choices=["compiled", "evaluated", "activated", "destroyed"])
+    at = serializers.DateTimeField()
+    actor = serializers.CharField(allow_null=True)
+
+
+class VersionSerializer(serializers.Serializer):
+    """A cartridge version (documentation of the shape built by ``views.version_body``)."""
+
+    id = serializers.IntegerField()
+    scope = serializers.CharField()
+    state = serializers.ChoiceField(choices=["compiled", "passed", "failed", "active", "superseded", "destroyed"])
+    log_head = serializers.IntegerField()
+    num_tokens = serializers.IntegerField()
+    num_memories = serializers.IntegerField()
+    size_bytes = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    manifest_digest = serializers.CharField()
+    key = serializers.DictField()
+    configuration = serializers.DictField()
+    supersedes = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    created_by = serializers.CharField(allow_null=True)
+    history = HistoryEventSerializer(many=True)
+
+
+class EmptyRequestSerializer(StrictSerializer):
+    """An action that takes no parameters (anything sent is an unknown field)."""
+
+
+class AskSerializer(StrictSerializer):
+    """A question for a scope; ``mode=text`` re-reads the memories instead of using the cartridge."""
+
+    question = serializers.CharField(trim_whitespace=True, allow_blank=False)
+    mode = serializers.ChoiceField(choices=MODES, default="cartridge")
+
+    def validate_question(self, value: str) -> str:
+        return _check_question(value)
+
+
+class AnswerSerializer(serializers.Serializer):
+    """An answer, the cartridge version it came from (None when re-read as text) and its timings."""
+
+    answer = serializers.CharField()
+    mode = serializers.ChoiceField(choices=MODES)
+    version_id = serializers.IntegerField(allow_null=True)
+    ttft_s = serializers.FloatField()
+    total_s = serializers.FloatField()
+    num_context_tokens = serializers.IntegerField()
+    num_prompt_tokens = serializers.IntegerField()
+    note = serializers.CharField(allow_blank=True)
+
+
+class EvaluationCaseSerializer(StrictFieldsMixin, serializers.Serializer):
+    """An evaluation case of a scope: a question and the answers that count as correct."""
+
+    id = serializers.IntegerField(read_only=True)
+    question = serializers.CharField(trim_whitespace=True, allow_blank=False)
+    answers = serializers.ListField(
+        child=serializers.CharField(allow_blank=False, max_length=MAX_ANSWER_CHARS),
+        min_length=1,
+        max_length=MAX_ANSWERS_PER_CASE,
+        allow_empty=False,
+    )
+    created_at = serializers.DateTimeField(read_only=True)
+
+    def validate_question(self, value: str) -> str:
+        return _check_question(value)
+
+
+class KvConfigurationSwitchSerializer(StrictSerializer):
+    """Switch the active KV configuration: a known backend, model, precision (dtype) and quant."""
+
+    backend = serializers.ChoiceField(choices=BACKENDS)
+    model = serializers.CharField(max_length=200, allow_blank=False)
+    dtype = serializers.ChoiceField(choices=DTYPES)
+    quant = serializers.ChoiceField(choices=QUANTS, default="none")
+
+    def validate_model(self, value: str) -> str:
+        allowed = conf.allowed_models()
+        if value not in allowed:
+            raise serializers.ValidationError(
+                f"has to be one of {allowed} but got {value!r} (operators extend the list with MNESIO_KV_ALLOWED_MODELS)"
+            )
+        return value
+
+
+class KvConfigurationSerializer(serializers.Serializer):
+    """The active KV configuration (``source``: "switch" for an operator's row, "settings" for the default)."""
+
+    id = serializers.IntegerField(allow_null=True)
+    source = serializers.ChoiceField(choices=["switch", "settings"])
+    backend = serializers.CharField()
+    model = serializers.CharField()
+    dtype = serializers.CharField()
+    quant = serializers.CharField()
+    device = serializers.CharField()
+    created_at = serializers.DateTimeField(allow_null=True)
+    created_by = serializers.CharField(allow_null=True)
+
+
+class ActiveVersionMetricsSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    log_head = serializers.IntegerField()
+    num_tokens = serializers.IntegerField()
+    num_memories = serializers.IntegerField()
+    size_bytes = serializers.IntegerField()
+    dtype = serializers.CharField()
+    quant = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    age_s = serializers.FloatField()
+    log_head_lag = serializers.IntegerField(help_text="Global log head minus the version's head.")
+
+
+class ScopeMetricsSerializer(serializers.Serializer):
+    scope = serializers.CharField()
+    num_memories = serializers.IntegerField()
+    scope_head = serializers.IntegerField()
+    lag = serializers.IntegerField(help_text="Memories of the scope the serving cartridge does not hold.")
+    serving = serializers.BooleanField()
+    activated_version_id = serializers.IntegerField(allow_null=True)
+    active_version = ActiveVersionMetricsSerializer(allow_null=True)
+
+
+class GateResultMetricsSerializer(serializers.Serializer):
+    evaluation_id = serializers.IntegerField()
+    version_id = serializers.IntegerField()
+    scope = serializers.CharField()
+    passed = serializers.BooleanField()
+    reasons = serializers.ListField(child=serializers.CharField())
+    stage = serializers.CharField()
+    fidelity = serializers.FloatField(allow_null=True)
+    accuracy_cartridge = serializers.FloatField(allow_null=True)
+    accuracy_text = serializers.FloatField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class GateMetricsSerializer(serializers.Serializer):
+    passed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    recent = GateResultMetricsSerializer(many=True)
+
+
+class LatencySummarySerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    ttft_p50_s = serializers.FloatField(allow_null=True)
+    ttft_p95_s = serializers.FloatField(allow_null=True)
+    total_p50_s = serializers.FloatField(allow_null=True)
+    total_p95_s = serializers.FloatField(allow_null=True)
+
+
+class LatencyMetricsSerializer(serializers.Serializer):
+    window = serializers.IntegerField(help_text="Newest answers per mode the percentiles (nearest rank) cover.")
+    cartridge = LatencySummarySerializer()
+    text = LatencySummarySerializer()
+
+
+class VersionCountsSerializer(serializers.Serializer):
+    compiled = serializers.IntegerField()
+    failed = serializers.IntegerField(help_text="Versions whose newest evaluation failed.")
+    destroyed = serializers.IntegerField()
+    active = serializers.IntegerField(help_text="Scopes with a serving version.")
+
+
+class QuantSizeSerializer(serializers.Serializer):
+    quant = serializers.CharField()
+    count = serializers.IntegerField()
+    total_bytes = serializers.IntegerField()
+    mean_bytes = serializers.IntegerField()
+
+
+class ErasureCountsSerializer(serializers.Serializer):
+    pending = serializers.IntegerField()
+    done = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class KvMetricsSerializer(serializers.Serializer):
+    """The shape of GET /api/kv/metrics (built by ``cartridges.metrics.kv_metrics``)."""
+
+    generated_at = serializers.DateTimeField()
+    log_head = serializers.IntegerField()
+    configuration = KvConfigurationSerializer()
+    scopes = ScopeMetricsSerializer(many=True)
+    gate = GateMetricsSerializer()
+    latency = LatencyMetricsSerializer()
+    versions = VersionCountsSerializer()
+    sizes_by_quant = QuantSizeSerializer(many=True)
+    erasures = ErasureCountsSerializer()

@@ -1,0 +1,314 @@
+"""The cartridge API: versions and their history, compile, evaluate, activate, rollback, ask, evaluation
+cases, the KV configuration switch and the KV metrics.
+
+Every scoped view resolves its scope with ``memories.selectors.scope_get_for_user`` first (grant, else
+403/404), validates its body with a serializer that rejects unknown fields, calls one service or selector
+with ``actor=request.user``, and returns. Errors are MnesioErrors rendered as ``{"message", "extra"}``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import permissions, renderers, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from cartridges import metrics, selectors, services
+from cartridges.api import serializers as s
+from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
+from memories.api.views import request_body
+from memories.selectors import scope_get_for_user, scope_memories, user_scopes
+from mnesio_site.exceptions import MnesioError
+
+ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
+# How a task's refusal (returned, not raised: see cartridges.tasks) maps to an HTTP status when it ran eagerly.
+TASK_ERROR_STATUS = {"ContextTooLong": 422, "GateFailed": 409, "NoActiveCartridge": 409}
+
+
+def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
+    """Validate the JSON object body with ``serializer_class`` (unknown fields, types, bounds) and return it."""
+    serializer = serializer_class(data=request_body(request))
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+def _actor_kwargs(task: Any, request: Request) -> dict[str, Any]:
+    """Pass the requesting user's id to a task that records who asked (attribution), when the task takes one."""
+    if "actor_id" in inspect.signature(task.run).parameters:
+        return {"actor_id": request.user.pk}
+    return {}
+
+
+def _usernames(ids: set[int | None]) -> dict[int, str]:
+    """Map user ids to usernames in one query (history rows carry ids)."""
+    wanted = {i for i in ids if i is not None}
+    if not wanted:
+        return {}
+    User = get_user_model()
+    return {pk: name for pk, name in User.objects.filter(pk__in=wanted).values_list("pk", User.USERNAME_FIELD)}
+
+
+def version_body(version: Any, *, detail: bool = False) -> dict[str, Any]:
+    """A version with its derived state and its history (the manifest itself only in detail)."""
+    history = selectors.version_history(version=version)
+    names = _usernames({e.get("actor") for e in history} | {version.created_by_id})
+    body = {
+        "id": version.pk,
+        "scope": version.scope.name,
+        "state": selectors.version_state(version=version),
+        "log_head": version.log_head,
+        "num_tokens": version.num_tokens,
+        "num_memories": version.num_memories,
+        "size_bytes": version.size_bytes,
+        "sha256": version.sha256,
+        "manifest_digest": version.manifest_digest,
+        "key": {
+            "backend": version.backend, "model_id": version.model_id, "dtype": version.dtype, "quant": version.quant,
+            "rope_config": version.rope_config, "weights_fingerprint": version.weights_fingerprint,
+            "tokenizer_fingerprint": version.tokenizer_fingerprint,
+            "template_fingerprint": version.template_fingerprint, "format_version": version.format_version,
+        },
+        "configuration": {
+            "id": version.configuration_id, "backend": version.config_backend, "model": version.config_model,
+            "dtype": version.config_dtype, "quant": version.config_quant,
+        },
+        "supersedes": version.supersedes_id,
+        "created_at": version.created_at,
+        "created_by": names.get(version.created_by_id),
+        "history": [{**e, "actor": names.get(e.get("actor"))} for e in history],
+    }
+    if detail:
+        body["manifest"] = version.manifest
+    return body
+
+
+def _activation_body(activation: Any) -> dict[str, Any]:
+    return {
+        "id": activation.pk,
+        "scope": activation.scope.name,
+        "version_id": activation.version_id,
+        "evaluation_id": activation.evaluation_id,
+        "kind": activation.kind,
+        "actor": activation.actor.get_username() if activation.actor else None,
+        "created_at": activation.created_at,
+    }
+
+
+def _task_outcome(result: Any) -> dict[str, Any] | None:
+    """The task's returned dict when it already ran (eager mode), raising its refusal; None while queued."""
+    if not result.ready():
+        return None
+    outcome = result.get(propagate=True)
+    if not outcome.get("ok"):
+        raise MnesioError(outcome.get("error", "the task refused"), extra={"kind": outcome.get("kind")},
+                          status_code=TASK_ERROR_STATUS.get(outcome.get("kind"), 400))
+    return outcome
+
+
+class VersionPagination(LimitOffsetPagination):
+    # Each version carries its derived state and history (a few queries each): keep pages short.
+    default_limit = 20
+    max_limit = 100
+
+
+class CartridgeVersionListView(APIView):
+    @extend_schema(
+        summary="List a scope's cartridge versions, newest first, with state and history",
+        parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+        responses={200: s.VersionSerializer(many=True), 403: ERROR, 404: ERROR},
+    )
+    def get(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        paginator = VersionPagination()
+        page = paginator.paginate_queryset(
+            selectors.scope_versions(scope=scope_row).select_related("scope"), request, view=self
+        )
+        response = paginator.get_paginated_response([version_body(v) for v in page])
+        active = selectors.active_version(scope=scope_row)
+        response.data["active_version"] = active.pk if active else None
+        return response
+
+
+class CartridgeVersionDetailView(APIView):
+    @extend_schema(
+        summary="Read one cartridge version: key, manifest, state and history",
+        responses={200: s.VersionSerializer, 403: ERROR, 404: ERROR},
+    )
+    def get(self, request: Request, scope: str, pk: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        return Response(version_body(selectors.version_get(scope=scope_row, pk=pk), detail=True))
+
+
+class CartridgeCompileView(APIView):
+    @extend_schema(
+        summary="Request a compile of the scope at a log head (queued on the gpu queue)",
+        request=s.CompileRequestSerializer,
+        responses={202: s.CompileAcceptedSerializer, 400: ERROR, 403: ERROR, 404: ERROR, 422: ERROR},
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        data = _validated(s.CompileRequestSerializer, request)
+        head = services.head_validate(data.get("log_head"))
+        if not scope_memories(scope=scope_row, as_of=head).exists():
+            raise MnesioError(f"`scope` '{scope_row.name}' has no memories at log head {head}; append memories first",
+                              extra={"field": "scope", "log_head": head})
+        result = cartridge_compile_task.apply_async(
+            args=[scope_row.pk, head, data.get("activate", False)], kwargs=_actor_kwargs(cartridge_compile_task, request)
+        )
+        outcome = _task_outcome(result)
+        body = {"scope": scope_row.name, "log_head": head, "task_id": result.id,
+                "status": "done" if outcome else "queued", "version_id": outcome["version"] if outcome else None,
+                "activate": data.get("activate", False)}
+        return Response(body, status=status.HTTP_202_ACCEPTED)
+
+
+class CartridgeEvaluateView(APIView):
+    @extend_schema(
+        summary="Request a gate evaluation of a version (queued on the gpu queue)",
+        request=s.EmptyRequestSerializer,
+        responses={202: s.EvaluateAcceptedSerializer, 400: ERROR, 403: ERROR, 404: ERROR},
+    )
+    def post(self, request: Request, scope: str, pk: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        _validated(s.EmptyRequestSerializer, request)
+        version = selectors.version_get(scope=scope_row, pk=pk)
+        result = cartridge_evaluate_task.apply_async(
+            args=[version.pk], kwargs=_actor_kwargs(cartridge_evaluate_task, request)
+        )
+        outcome = _task_outcome(result)
+        body = {"scope": scope_row.name, "version_id": version.pk, "task_id": result.id,
+                "status": "done" if outcome else "queued",
+                "evaluation_id": outcome.get("evaluation") if outcome else None,
+                "passed": outcome.get("passed") if outcome else None}
+        return Response(body, status=status.HTTP_202_ACCEPTED)
+
+
+class CartridgeActivateView(APIView):
+    @extend_schema(
+        summary="Activate a version through the gate (409 with every reason when it fails)",
+        request=s.EmptyRequestSerializer,
+        responses={200: s.ActivationSerializer, 403: ERROR, 404: ERROR, 409: ERROR},
+    )
+    def post(self, request: Request, scope: str, pk: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        _validated(s.EmptyRequestSerializer, request)
+        version = selectors.version_get(scope=scope_row, pk=pk)
+        activation = services.cartridge_activate(version=version, actor=request.user)
+        return Response(_activation_body(activation))
+
+
+class CartridgeRollbackView(APIView):
+    @extend_schema(
+        summary="Roll back: activate the previous still-existing version, through the gate again",
+        request=s.EmptyRequestSerializer,
+        responses={200: s.ActivationSerializer, 403: ERROR, 404: ERROR, 409: ERROR},
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        _validated(s.EmptyRequestSerializer, request)
+        return Response(_activation_body(services.cartridge_rollback(scope=scope_row, actor=request.user)))
+
+
+class AskView(APIView):
+    @extend_schema(
+        summary="Ask a scope a question (mode=cartridge by default; mode=text re-reads the memories)",
+        request=s.AskSerializer,
+        responses={200: s.AnswerSerializer, 400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        data = _validated(s.AskSerializer, request)
+        result = services.cartridge_answer(scope=scope_row, question=data["question"], mode=data["mode"],
+                                           actor=request.user)
+        return Response(s.AnswerSerializer(result).data)
+
+
+class EvaluationCaseListView(APIView):
+    @extend_schema(summary="List a scope's evaluation cases",
+                   responses={200: s.EvaluationCaseSerializer(many=True), 403: ERROR, 404: ERROR})
+    def get(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(selectors.scope_evaluation_cases(scope=scope_row), request, view=self)
+        return paginator.get_paginated_response(s.EvaluationCaseSerializer(page, many=True).data)
+
+    @extend_schema(summary="Attach an evaluation case (a question and its accepted answers) for the gate",
+                   request=s.EvaluationCaseSerializer,
+                   responses={201: s.EvaluationCaseSerializer, 400: ERROR, 403: ERROR, 404: ERROR})
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        data = _validated(s.EvaluationCaseSerializer, request)
+        case = services.evaluation_case_add(scope=scope_row, question=data["question"], answers=data["answers"],
+                                            actor=request.user)
+        return Response(s.EvaluationCaseSerializer(case).data, status=status.HTTP_201_CREATED)
+
+
+class IsOperatorForWrites(permissions.BasePermission):
+    """Anyone authenticated reads; only staff (operators) write."""
+
+    message = "switching the KV configuration needs an operator (staff) account"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return bool(request.user and request.user.is_authenticated)
+        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+
+
+class KvConfigurationView(APIView):
+    permission_classes = [IsOperatorForWrites]
+
+    @extend_schema(summary="Read the active KV configuration",
+                   responses={200: s.KvConfigurationSerializer})
+    def get(self, request: Request) -> Response:
+        return Response(metrics.configuration_summary())
+
+    @extend_schema(
+        summary="Switch the active KV configuration (operators only); old cartridges stop serving, "
+                "recompiles are queued for every scope",
+        request=s.KvConfigurationSwitchSerializer,
+        responses={201: s.KvConfigurationSerializer, 400: ERROR, 403: ERROR},
+    )
+    def post(self, request: Request) -> Response:
+        data = _validated(s.KvConfigurationSwitchSerializer, request)
+        services.kv_configuration_switch(**data, actor=request.user)
+        return Response(metrics.configuration_summary(), status=status.HTTP_201_CREATED)
+
+
+class PrometheusRenderer(renderers.BaseRenderer):
+    """Render the KV metrics (or an error) in the Prometheus text exposition format."""
+
+    media_type = "text/plain"
+    format = "prometheus"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        response = (renderer_context or {}).get("response")
+        if response is not None:
+            response["Content-Type"] = metrics.PROMETHEUS_CONTENT_TYPE
+        if response is not None and response.status_code >= 400:
+            message = data.get("message", "error") if isinstance(data, dict) else str(data)
+            return f"# error: {message}\n".encode()
+        return metrics.render_prometheus(data).encode()
+
+
+class KvMetricsView(APIView):
+    renderer_classes = [renderers.JSONRenderer, renderers.BrowsableAPIRenderer, PrometheusRenderer]
+
+    @extend_schema(
+        summary="KV metrics: configuration, per-scope cartridges and lag, gate outcomes, latency, counts, "
+                "erasures (?format=prometheus for Prometheus text). Operators see every scope, clients theirs.",
+        parameters=[OpenApiParameter("format", str, enum=["json", "prometheus"])],
+        responses={200: s.KvMetricsSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        unknown = sorted(set(request.query_params) - {"format"})
+        if unknown:
+            raise MnesioError(f"unknown query parameter(s) {unknown}; the accepted one is ['format']",
+                              extra={"fields": unknown})
+        scopes = None if request.user.is_staff else list(user_scopes(user=request.user))
+        return Response(metrics.kv_metrics(scopes=scopes))

@@ -1,0 +1,312 @@
+"""KV metrics: one selector read by /api/kv/metrics, the dashboard and the admin panel, plus Prometheus text.
+
+``kv_metrics()`` returns plain JSON-ready values (ints, floats, strings, ISO timestamps); its shape is the
+API's documented response (see ``cartridges.api.serializers.KvMetricsSerializer``) and
+``render_prometheus()`` turns the same dict into the Prometheus text exposition format (version 0.0.4).
+No memory text, question or answer ever appears here: only counts, ids, sizes and timings.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Count, Max, OuterRef, Q, Subquery, Sum
+from django.utils import timezone
+
+from cartridges import engine, selectors
+from cartridges.models import AnswerRecord, CartridgeEvaluation, CartridgeVersion
+from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Scope
+from memories.selectors import log_head
+
+# How many recent answers per mode the latency percentiles are computed over (the "recent window").
+LATENCY_WINDOW = 200
+# How many gate results the "recent" list shows.
+RECENT_GATE_RESULTS = 10
+MODES = ("cartridge", "text")
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Return the nearest-rank ``p``-th percentile (0 < p <= 100) of ``values``, or None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))  # nearest rank: the smallest value with >= p% at or below it
+    return float(ordered[rank - 1])
+
+
+def latency_summary(rows: Iterable[tuple[float | None, float]]) -> dict[str, Any]:
+    """Summarize (ttft_s, total_s) pairs as count plus p50/p95 of each."""
+    rows = list(rows)
+    ttft = [t for t, _ in rows if t is not None]
+    total = [t for _, t in rows if t is not None]
+    return {
+        "count": len(rows),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p95_s": percentile(ttft, 95),
+        "total_p50_s": percentile(total, 50),
+        "total_p95_s": percentile(total, 95),
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def configuration_summary() -> dict[str, Any]:
+    """Describe the active KV configuration: the newest operator switch, else the MNESIO_KV_* settings."""
+    config = selectors.active_configuration()
+    device = config.device
+    # The real device ("cpu", "cuda:0") is known once this process loaded the backend; never load it here.
+    if ":".join(config.as_tuple()) in engine.cache_info()["backends_loaded"]:
+        device = engine.backend_for(config).describe().device
+    row = config.row
+    return {
+        "id": row.pk if row else None,
+        "source": "switch" if row else "settings",
+        "backend": config.backend,
+        "model": config.model,
+        "dtype": config.dtype,
+        "quant": config.quant,
+        "device": device,
+        "created_at": _iso(row.created_at) if row else None,
+        "created_by": row.created_by.get_username() if row and row.created_by else None,
+    }
+
+
+def kv_metrics(*, scopes: Iterable[Any] | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """Collect the KV metrics over ``scopes`` (None: every scope, the operator's view)."""
+    now = now or timezone.now()
+    scope_qs = Scope.objects.all() if scopes is None else Scope.objects.filter(pk__in=[s.pk for s in scopes])
+    scope_list = list(scope_qs.order_by("name"))
+    scope_ids = [s.pk for s in scope_list]
+    erasures = ErasureRequest.objects.all() if scopes is None else ErasureRequest.objects.filter(scope_id__in=scope_ids)
+    head = log_head()
+    scope_rows = [_scope_row(scope, now, head) for scope in scope_list]
+    return {
+        "generated_at": _iso(now),
+        "log_head": head,
+        "configuration": configuration_summary(),
+        "scopes": scope_rows,
+        "gate": _gate(CartridgeEvaluation.objects.filter(version__scope_id__in=scope_ids)),
+        "latency": _latency(AnswerRecord.objects.filter(scope_id__in=scope_ids)),
+        "versions": {
+            **_version_counts(CartridgeVersion.objects.filter(scope_id__in=scope_ids)),
+            "active": sum(1 for row in scope_rows if row["serving"]),
+        },
+        "sizes_by_quant": _sizes_by_quant(CartridgeVersion.objects.filter(scope_id__in=scope_ids)),
+        "erasures": _erasures(erasures),
+    }
+
+
+def _scope_row(scope: Any, now: datetime, head: int) -> dict[str, Any]:
+    """One scope: the version serving it (if any), the latest activation's version, and the lag."""
+    activation = selectors.latest_activation(scope=scope)
+    version = selectors.active_version(scope=scope)
+    counted_from = version.log_head if version is not None else 0
+    agg = scope.memories.aggregate(
+        head=Max("seq"), num=Count("id"), after=Count("id", filter=Q(seq__gt=counted_from))
+    )
+    return {
+        "scope": scope.name,
+        "num_memories": agg["num"],
+        "scope_head": agg["head"] or 0,
+        # memories of the scope the serving cartridge does not hold (all of them when none serves)
+        "lag": agg["after"],
+        "serving": version is not None,
+        "activated_version_id": activation.version_id if activation else None,
+        "active_version": None if version is None else {
+            "id": version.pk,
+            "log_head": version.log_head,
+            "num_tokens": version.num_tokens,
+            "num_memories": version.num_memories,
+            "size_bytes": version.size_bytes,
+            "dtype": version.dtype,
+            "quant": version.quant,
+            "created_at": _iso(version.created_at),
+            "age_s": round((now - version.created_at).total_seconds(), 3),
+            # how far behind the global log head it was compiled (other scopes' appends count too)
+            "log_head_lag": head - version.log_head,
+        },
+    }
+
+
+def _gate(evaluations: Any) -> dict[str, Any]:
+    """Gate outcomes: counts of passed/failed evaluations and the most recent ones with their reasons."""
+    counts = evaluations.aggregate(
+        num_passed=Count("id", filter=Q(passed=True)), num_failed=Count("id", filter=Q(passed=False))
+    )
+    recent = []
+    for ev in evaluations.select_related("version__scope").order_by("-created_at", "-id")[:RECENT_GATE_RESULTS]:
+        figures = ev.figures or {}
+        fidelity = figures.get("fidelity") if isinstance(figures.get("fidelity"), dict) else {}
+        accuracy = figures.get("accuracy") if isinstance(figures.get("accuracy"), dict) else {}
+        recent.append({
+            "evaluation_id": ev.pk,
+            "version_id": ev.version_id,
+            "scope": ev.version.scope.name,
+            "passed": ev.passed,
+            "reasons": list(ev.reasons or []),
+            "stage": figures.get("stage", "evaluate"),
+            "fidelity": fidelity.get("top1_agreement"),
+            "accuracy_cartridge": accuracy.get("cartridge"),
+            "accuracy_text": accuracy.get("text"),
+            "created_at": _iso(ev.created_at),
+        })
+    return {"passed": counts["num_passed"], "failed": counts["num_failed"], "recent": recent}
+
+
+def _recent_answers(records: Any, mode: str, window: int) -> list[tuple[float, float]]:
+    """(ttft_s, total_s) of the newest ``window`` answers of ``mode``, oldest first."""
+    rows = list(records.filter(mode=mode).order_by("-created_at", "-id").values_list("ttft_s", "total_s")[:window])
+    return rows[::-1]
+
+
+def _latency(records: Any, *, window: int = LATENCY_WINDOW) -> dict[str, Any]:
+    """p50/p95 of time-to-first-token and total answer time per mode over the recent window."""
+    return {"window": window, **{mode: latency_summary(_recent_answers(records, mode, window)) for mode in MODES}}
+
+
+def latency_series(*, scopes: Iterable[Any] | None = None, window: int = 50) -> dict[str, list[float]]:
+    """Total seconds of the newest ``window`` answers per mode, oldest first (the dashboard's chart)."""
+    records = AnswerRecord.objects.all()
+    if scopes is not None:
+        records = records.filter(scope_id__in=[s.pk for s in scopes])
+    return {mode: [total for _, total in _recent_answers(records, mode, window)] for mode in MODES}
+
+
+def _version_counts(versions: Any) -> dict[str, int]:
+    """Versions compiled (every row), failed (newest evaluation failed) and destroyed."""
+    newest = CartridgeEvaluation.objects.filter(version=OuterRef("pk")).order_by("-created_at", "-id").values("passed")[:1]
+    counts = versions.annotate(last_passed=Subquery(newest)).aggregate(
+        compiled=Count("id"),
+        failed=Count("id", filter=Q(last_passed=False)),
+        destroyed=Count("id", filter=Q(destruction__isnull=False)),
+    )
+    return counts
+
+
+def _sizes_by_quant(versions: Any) -> list[dict[str, Any]]:
+    """Stored (not destroyed) cartridge blobs per quant: count, total and mean size in bytes."""
+    rows = (
+        versions.filter(destruction__isnull=True)
+        .values("quant")
+        .annotate(count=Count("id"), total_bytes=Sum("size_bytes"))
+        .order_by("quant")
+    )
+    return [
+        {"quant": r["quant"], "count": r["count"], "total_bytes": r["total_bytes"] or 0,
+         "mean_bytes": round((r["total_bytes"] or 0) / r["count"]) if r["count"] else 0}
+        for r in rows
+    ]
+
+
+def _erasures(requests: Any) -> dict[str, int]:
+    """Count erasure requests by their newest event: pending (requested / keys shredded), done, failed."""
+    latest = ErasureEvent.objects.filter(request=OuterRef("pk")).order_by("-id").values("status")[:1]
+    rows = requests.annotate(status=Subquery(latest)).values("status").annotate(n=Count("id"))
+    by_status = {row["status"]: row["n"] for row in rows}
+    done = by_status.pop(ErasureStatus.VIEWS_REBUILT, 0)
+    failed = by_status.pop(ErasureStatus.FAILED, 0)
+    return {"pending": sum(by_status.values()), "done": done, "failed": failed}
+
+
+# ---------------------------------------------------------------------------
+# Prometheus text exposition format (0.0.4)
+# ---------------------------------------------------------------------------
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label_value(value: Any) -> str:
+    """Escape a label value the way the exposition format requires (backslash, quote, newline)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _sample(name: str, value: float | int | None, labels: dict[str, Any] | None = None) -> str | None:
+    if value is None:
+        return None
+    label_text = ",".join(f'{k}="{_label_value(v)}"' for k, v in (labels or {}).items())
+    number = repr(float(value)) if isinstance(value, float) else str(int(value))
+    return f"{name}{{{label_text}}} {number}" if label_text else f"{name} {number}"
+
+
+class _Family:
+    """One metric family: its HELP and TYPE lines followed by its samples."""
+
+    def __init__(self, name: str, kind: str, help_text: str):
+        self.name, self.kind, self.help_text = name, kind, help_text
+        self.samples: list[str] = []
+
+    def add(self, value: float | int | None, **labels: Any) -> None:
+        line = _sample(self.name, value, labels)
+        if line is not None:
+            self.samples.append(line)
+
+    def lines(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}", *self.samples]
+
+
+def render_prometheus(data: dict[str, Any]) -> str:
+    """Render a ``kv_metrics()`` dict as Prometheus text (one family per measurement, labelled)."""
+    families: list[_Family] = []
+
+    def family(name: str, kind: str, help_text: str) -> _Family:
+        f = _Family(name, kind, help_text)
+        families.append(f)
+        return f
+
+    info = family("mnesio_kv_configuration_info", "gauge", "The active KV configuration (value is always 1).")
+    config = data.get("configuration")
+    if config:
+        info.add(1, backend=config["backend"], model=config["model"], dtype=config["dtype"], quant=config["quant"],
+                 device=config["device"])
+    family("mnesio_log_head", "gauge", "The newest position in the memory log.").add(data["log_head"])
+
+    has_active = family("mnesio_scope_activated", "gauge", "1 if the scope has ever had a version activated.")
+    serving = family("mnesio_scope_serving", "gauge", "1 if the scope's active version matches the active configuration.")
+    lag = family("mnesio_scope_lag_memories", "gauge", "Memories of the scope appended after its active version's head.")
+    head = family("mnesio_scope_active_log_head", "gauge", "Log head the scope's active version was compiled at.")
+    tokens = family("mnesio_scope_active_tokens", "gauge", "Tokens in the scope's active cartridge.")
+    size = family("mnesio_scope_active_size_bytes", "gauge", "Blob size of the scope's active cartridge.")
+    age = family("mnesio_scope_active_age_seconds", "gauge", "Age of the scope's active cartridge version.")
+    for row in data["scopes"]:
+        version = row["active_version"]
+        has_active.add(1 if row["activated_version_id"] else 0, scope=row["scope"])
+        serving.add(1 if row["serving"] else 0, scope=row["scope"])
+        lag.add(row["lag"], scope=row["scope"])
+        if version:
+            head.add(version["log_head"], scope=row["scope"])
+            tokens.add(version["num_tokens"], scope=row["scope"])
+            size.add(version["size_bytes"], scope=row["scope"])
+            age.add(float(version["age_s"]), scope=row["scope"])
+
+    gate = family("mnesio_gate_evaluations_total", "counter", "Gate evaluations by outcome.")
+    gate.add(data["gate"]["passed"], outcome="passed")
+    gate.add(data["gate"]["failed"], outcome="failed")
+
+    latency = family("mnesio_answer_latency_seconds", "gauge",
+                     f"Answer latency percentiles over the last {data['latency']['window']} answers per mode.")
+    answers = family("mnesio_answer_latency_window_answers", "gauge", "Answers in the latency window, per mode.")
+    for mode in MODES:
+        summary = data["latency"][mode]
+        answers.add(summary["count"], mode=mode)
+        for measure in ("ttft", "total"):
+            for q in ("50", "95"):
+                latency.add(summary[f"{measure}_p{q}_s"], mode=mode, measure=measure, quantile=f"0.{q}")
+
+    versions = family("mnesio_cartridge_versions", "gauge", "Cartridge versions by state.")
+    for state in ("compiled", "active", "failed", "destroyed"):
+        versions.add(data["versions"][state], state=state)
+
+    quant_count = family("mnesio_cartridge_blobs", "gauge", "Stored (not destroyed) cartridge blobs per quant.")
+    quant_bytes = family("mnesio_cartridge_blob_bytes", "gauge", "Bytes of stored cartridge blobs per quant.")
+    for row in data["sizes_by_quant"]:
+        quant_count.add(row["count"], quant=row["quant"])
+        quant_bytes.add(row["total_bytes"], quant=row["quant"])
+
+    erasures = family("mnesio_erasure_requests", "gauge", "Erasure requests by status.")
+    for status in ("pending", "done", "failed"):
+        erasures.add(data["erasures"][status], status=status)
+
+    return "\n".join(line for f in families for line in f.lines()) + "\n"
