@@ -35,6 +35,23 @@ class StrictSerializer(StrictFieldsMixin, serializers.Serializer):
     """A plain Serializer that rejects unknown fields."""
 
 
+class TextField(serializers.CharField):
+    """A CharField that accepts only JSON strings (DRF's own turns numbers into text silently)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class Choice(serializers.ChoiceField):
+    """A ChoiceField whose error lists the allowed values and what was received."""
+
+    def __init__(self, choices: Any, **kwargs: Any):
+        super().__init__(choices, **kwargs)
+        self.error_messages["invalid_choice"] = f"has to be one of {list(self.choices)} but got {{input!r}}"
+
+
 def _check_question(value: str) -> str:
     """Refuse questions over MNESIO_MAX_QUESTION_CHARS (read at call time, so tests can override it)."""
     limit = settings.MNESIO_MAX_QUESTION_CHARS
@@ -123,8 +140,8 @@ class EmptyRequestSerializer(StrictSerializer):
 class AskSerializer(StrictSerializer):
     """A question for a scope; ``mode=text`` re-reads the memories instead of using the cartridge."""
 
-    question = serializers.CharField(trim_whitespace=True, allow_blank=False)
-    mode = serializers.ChoiceField(choices=MODES, default="cartridge")
+    question = TextField(trim_whitespace=True, allow_blank=False)
+    mode = Choice(MODES, default="cartridge")
 
     def validate_question(self, value: str) -> str:
         return _check_question(value)
@@ -147,9 +164,9 @@ class EvaluationCaseSerializer(StrictFieldsMixin, serializers.Serializer):
     """An evaluation case of a scope: a question and the answers that count as correct."""
 
     id = serializers.IntegerField(read_only=True)
-    question = serializers.CharField(trim_whitespace=True, allow_blank=False)
+    question = TextField(trim_whitespace=True, allow_blank=False)
     answers = serializers.ListField(
-        child=serializers.CharField(allow_blank=False, max_length=MAX_ANSWER_CHARS),
+        child=TextField(allow_blank=False, max_length=MAX_ANSWER_CHARS),
         min_length=1,
         max_length=MAX_ANSWERS_PER_CASE,
         allow_empty=False,
@@ -163,10 +180,10 @@ class EvaluationCaseSerializer(StrictFieldsMixin, serializers.Serializer):
 class KvConfigurationSwitchSerializer(StrictSerializer):
     """Switch the active KV configuration: a known backend, model, precision (dtype) and quant."""
 
-    backend = serializers.ChoiceField(choices=BACKENDS)
-    model = serializers.CharField(max_length=200, allow_blank=False)
-    dtype = serializers.ChoiceField(choices=DTYPES)
-    quant = serializers.ChoiceField(choices=QUANTS, default="none")
+    backend = Choice(BACKENDS)
+    model = TextField(max_length=200, allow_blank=False)
+    dtype = Choice(DTYPES)
+    quant = Choice(QUANTS, default="none")
 
     def validate_model(self, value: str) -> str:
         allowed = conf.allowed_models()

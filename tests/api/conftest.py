@@ -75,3 +75,24 @@ def served(append):
         return version
 
     return do
+
+
+def token_client(user):
+    """A DRF APIClient authenticated with ``user``'s token (for tests that need one without the fixture)."""
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    token, _ = Token.objects.get_or_create(user=user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+def tamper(version) -> None:
+    """Flip one byte of a version's stored blob in place (the gate must refuse it)."""
+    from cartridges.storage import blob_storage
+
+    path = blob_storage().path(version.storage_name)
+    data = bytearray(open(path, "rb").read())
+    data[-5] ^= 0xFF
+    open(path, "wb").write(bytes(data))

@@ -1,0 +1,18 @@
+"""Assertions shared by the API tests."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def assert_error(response: Any, status: int, field: str | None = None) -> dict[str, Any]:
+    """Assert an error response in the house shape ({"message", "extra"}) with ``status``, naming ``field``."""
+    assert response.status_code == status, (response.status_code, response.content[:500])
+    body = response.json()
+    assert set(body) == {"message", "extra"}, body
+    if field is not None:
+        named = f"`{field}`" in body["message"] or body["extra"].get("field") == field or field in body["extra"].get(
+            "fields", {}
+        )
+        assert named, body
+        assert field in body["message"], body
+    return body
