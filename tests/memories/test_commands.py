@@ -35,6 +35,20 @@ def test_commands_name_what_is_wrong(alice, args, fragment):
         call_command(*args, stdout=io.StringIO())
 
 
+def test_flush_refuses_to_empty_a_non_test_log(scope_a, monkeypatch):
+    from memories.management.commands import flush
+    from memories.services import memory_append
+
+    memory_append(scope=scope_a, content="kept")
+    monkeypatch.setitem(flush.connections["default"].settings_dict, "NAME", "mnesio")
+    with pytest.raises(CommandError, match="append-only: flushing would erase its 1 memories"):
+        call_command("flush", interactive=False, stdout=io.StringIO())
+    monkeypatch.undo()
+    from memories.models import Memory
+
+    assert Memory.objects.count() == 1
+
+
 @pytest.mark.postgres
 def test_flush_ignores_the_truncate_triggers_only_on_a_test_database(monkeypatch):
     import pgtrigger
@@ -45,5 +59,5 @@ def test_flush_ignores_the_truncate_triggers_only_on_a_test_database(monkeypatch
     monkeypatch.setattr(pgtrigger, "ignore", lambda *uris, **kw: used.append(uris) or pytest.fail("ignored"))
     monkeypatch.setattr(flush.FlushCommand, "handle", lambda self, **options: "flushed")
     monkeypatch.setitem(flush.connections["default"].settings_dict, "NAME", "mnesio")
-    assert flush.Command().handle(database="default") == "flushed"
+    assert flush.Command().handle(database="default") == "flushed"  # empty log: allowed, triggers not ignored
     assert used == []
