@@ -292,8 +292,8 @@ def render_prometheus(data: dict[str, Any]) -> str:
         summary = data["latency"][mode]
         answers.add(summary["count"], mode=mode)
         for measure in ("ttft", "total"):
-            for q in ("50", "95"):
-                latency.add(summary[f"{measure}_p{q}_s"], mode=mode, measure=measure, quantile=f"0.{q}")
+            for p, quantile in (("50", "0.5"), ("95", "0.95")):
+                latency.add(summary[f"{measure}_p{p}_s"], mode=mode, measure=measure, quantile=quantile)
 
     versions = family("mnesio_cartridge_versions", "gauge", "Cartridge versions by state.")
     for state in ("compiled", "active", "failed", "destroyed"):

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import path
 
 from cartridges import metrics
+from cartridges.api.views import KvMetricsView, PrometheusRenderer
 
 # Seconds between the dashboard's self-refreshes (overridable with ?refresh=N, at least 1).
 DEFAULT_REFRESH_S = 10
@@ -100,11 +101,8 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("dashboard")
 
 
-def prometheus_metrics(request: HttpRequest) -> HttpResponse:
-    """Serve the KV metrics in Prometheus text format (token or session auth, like /api/kv/metrics)."""
-    from cartridges.api.views import KvMetricsView
-
-    return KvMetricsView.as_view(default_format="prometheus")(request)
+# The scrape path: /api/kv/metrics rendered only as Prometheus text (token or session auth, same scoping).
+prometheus_metrics = KvMetricsView.as_view(renderer_classes=[PrometheusRenderer])
 
 
 urlpatterns = [
