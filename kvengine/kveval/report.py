@@ -11,6 +11,7 @@ MODE_LABELS = {
     "text": "text re-reading",
     "bm25": "BM25 top-k text",
     "dense": "dense top-k text",
+    "closed_book": "no memory (floor)",
 }
 
 

@@ -6,6 +6,7 @@ cartridges of the same scopes are compared token for token with the main cartrid
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -21,7 +22,8 @@ from .data import Article, Question, Scope, build_scopes, sample_questions
 from .metrics import squad_scores
 from .retrieval import Bm25, DenseEncoder, DenseIndex
 
-MODES = ("cartridge", "text", "bm25", "dense")
+# closed_book: the question with no memories at all (the floor both for accuracy and for latency)
+MODES = ("cartridge", "text", "bm25", "dense", "closed_book")
 # q8's agreement floor with the f32 cartridge, set by the kvengine issue (#3): >= 98% identical answers.
 Q8_MIN_AGREEMENT = 0.98
 # Asked after every question, in every mode alike: SQuAD answers are short spans, and F1 punishes the
@@ -98,11 +100,17 @@ class BackendPool:
     def get(self, dtype: str, quant: str) -> KvBackend:
         key = (dtype, quant)
         if key not in self._backends:
-            options: dict[str, Any] = {"dtype": dtype, "quant": quant, "device": self.config.device}
-            if self.config.model:
-                options["model"] = self.config.model
             start = time.perf_counter()
-            self._backends[key] = self.factory(self.config.backend, **options)
+            main_key = (self.config.dtype, "none")
+            main = self._backends.get(main_key)
+            if main is not None and hasattr(main, "variant"):
+                # TransformersKvBackend.variant shares the weights (or casts a copy): no second model load
+                self._backends[key] = main.variant(dtype=dtype, quant=quant)
+            else:
+                options: dict[str, Any] = {"dtype": dtype, "quant": quant, "device": self.config.device}
+                if self.config.model:
+                    options["model"] = self.config.model
+                self._backends[key] = self.factory(self.config.backend, **options)
             self.load_s[f"{dtype}/{quant}"] = round(time.perf_counter() - start, 3)
         return self._backends[key]
 
@@ -238,6 +246,10 @@ def run_eval(config: EvalConfig, articles: Sequence[Article], *, pool: BackendPo
     run = EvalRun(config=config, machine=machine_info(),
                   started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)))
     main = pool.get(config.dtype, "none")
+    if "closed_book" in config.modes and not hasattr(main, "answer_without_memory"):
+        log(f"the {config.backend} backend cannot answer without memories; skipping the closed_book mode")
+        config = dataclasses.replace(config, modes=tuple(m for m in config.modes if m != "closed_book"))
+        run.config = config
     run.backend_description = main.describe().as_dict()
     if "dense" in config.modes and encoder is None:
         start = time.perf_counter()
@@ -298,6 +310,8 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
                     main_answers[question.qid] = answer.token_ids
                 elif mode == "text":
                     answer = main.answer_from_text(texts, prompt, max_new_tokens=config.max_new_tokens)
+                elif mode == "closed_book":
+                    answer = main.answer_without_memory(prompt, max_new_tokens=config.max_new_tokens)
                 else:
                     index = bm25 if mode == "bm25" else dense
                     start = time.perf_counter()

@@ -1,0 +1,116 @@
+"""A cartridge's KV state in memory, and the per-call cache view the model writes the question into.
+
+Layout: per layer, key and value buffers ``[1, num_kv_heads, capacity, head_dim]``. Positions
+``[0, num_tokens)`` hold the cartridge and are never written after compile/load; positions from
+``num_tokens`` on are scratch for one question and its answer at a time.
+
+Why not transformers' DynamicCache: its update() concatenates, copying the whole cache at every decoded
+token, and the documented reuse pattern deep-copies the prefilled cache per question. Here a question costs
+only writing its own tokens into the scratch tail and reading views; "cropping back" is resetting the
+length to ``num_tokens`` (the next call starts from the cartridge's own length; answer() relies on it).
+
+Thread safety: the buffers' cartridge region is read-only and the model is read-only under
+torch.inference_mode(), so both may be shared between threads. The scratch tail is not: KvState.lock
+serializes questions to one cartridge (different cartridges answer in parallel).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+# Scratch positions allocated past the cartridge: a question plus its answer rarely exceeds this; longer
+# ones grow the buffers once (one copy) under the lock.
+DEFAULT_ROOM = 512
+
+
+class KvState:
+    """The loaded KV state of one cartridge (see the module docstring for layout and thread safety)."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], *, room: int = DEFAULT_ROOM):
+        """Copy per-layer ``[1, num_kv_heads, num_tokens, head_dim]`` tensors into buffers with ``room`` spare."""
+        self.num_tokens = int(keys[0].shape[-2])
+        self.lock = threading.Lock()
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.capacity = 0
+        self._fill(keys, values, self.num_tokens + room)
+
+    def _fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int) -> None:
+        new_keys, new_values = [], []
+        for k, v in zip(keys, values, strict=True):
+            b, h, _, d = k.shape
+            kb = torch.empty((b, h, capacity, d), dtype=k.dtype, device=k.device)  # (1, H, capacity, D)
+            vb = torch.empty((b, h, capacity, v.shape[-1]), dtype=v.dtype, device=v.device)
+            kb[:, :, : self.num_tokens].copy_(k[:, :, : self.num_tokens])
+            vb[:, :, : self.num_tokens].copy_(v[:, :, : self.num_tokens])
+            new_keys.append(kb)
+            new_values.append(vb)
+        self.keys, self.values, self.capacity = new_keys, new_values, capacity
+
+    def ensure_capacity(self, num_positions: int) -> None:
+        """Grow the buffers (one copy) if a call needs more than ``capacity`` positions; hold ``lock``."""
+        if num_positions > self.capacity:
+            self._fill(self.keys, self.values, num_positions + DEFAULT_ROOM)
+
+    def prefix(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of layer ``layer``'s cartridge keys and values ``[1, num_kv_heads, num_tokens, head_dim]``."""
+        n = self.num_tokens
+        return self.keys[layer][:, :, :n], self.values[layer][:, :, :n]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    def nbytes(self) -> int:
+        """Bytes held by the cartridge region (not the scratch room)."""
+        return sum(2 * k[:, :, : self.num_tokens].numel() * k.element_size() for k in self.keys)
+
+
+class BufferLayer(DynamicLayer):
+    """A cache layer over preallocated buffers: update() writes the new positions and returns views."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+        super().__init__()
+        self.kbuf, self.vbuf = keys, values  # [1, num_kv_heads, capacity, head_dim]
+        self.length = length
+        self.device = keys.device
+        self.is_initialized = True
+        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: the buffers exist already."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``key_states``/``value_states`` [1, H, n, D] at the end and return views of all positions."""
+        end = self.length + key_states.shape[-2]
+        assert end <= self.kbuf.shape[-2], "KvState.ensure_capacity() must run before the forward pass"
+        self.kbuf[:, :, self.length : end].copy_(key_states)
+        self.vbuf[:, :, self.length : end].copy_(value_states)
+        self.length = end
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions (transformers' convention: a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError("`tokens_to_remove` has to be <= 0 (the number of tokens to drop, negated)")
+        self.length = max(0, self.length + tokens_to_remove)
+        self.keys, self.values = self.kbuf[:, :, : self.length], self.vbuf[:, :, : self.length]
+
+
+class CartridgeCache(DynamicCache):
+    """A per-call cache starting at the cartridge's length, writing only into the scratch tail."""
+
+    def __init__(self, state: KvState):
+        Cache.__init__(self, layers=[BufferLayer(k, v, state.num_tokens) for k, v in zip(state.keys, state.values, strict=True)])
+        self.base_length = state.num_tokens
+
+    def crop_back(self) -> None:
+        """Reset to the cartridge's own length (what DynamicCache.crop(num_tokens) does, without copying)."""
+        for layer in self.layers:
+            layer.crop(self.base_length - layer.length)

@@ -1,0 +1,130 @@
+"""The real default model (SmolLM2-135M-Instruct, f32, CPU): parity with re-reading, bytes, refusals."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvengine import make_backend
+from kvengine.errors import ContextTooLongError, CorruptCartridgeError, EmptyInputError, IncompatibleCartridgeError
+from kvengine.format import read_header, write_cartridge
+
+pytestmark = pytest.mark.model
+
+MEMORIES = [
+    "Alice Moreau lives in Lisbon and works as a baker at the corner shop on Rua Augusta.",
+    "Bob Tanaka keeps the spare key to the office under the blue flower pot by the back door.",
+    "The quarterly review meeting with Carol is on Friday at three in the afternoon, in room 4B.",
+    "Dmitri's daughter is called Anya; she turned seven in March and loves drawing horses.",
+    "The wifi password for the guest network is written on the whiteboard in the kitchen.",
+    "Eva prefers her coffee black with no sugar, and she is allergic to peanuts.",
+    "The company's annual retreat will take place in Porto from the 12th to the 14th of June.",
+    "Farid drives a green 2009 Volvo estate and parks it in space number 17.",
+]
+QUESTIONS = ["Where does Alice live?", "Where is the spare key?", "When is the meeting with Carol?", "What is Eva allergic to?"]
+
+
+@pytest.fixture(scope="module")
+def cartridge(real_backend):
+    return real_backend.compile(MEMORIES, log_head=8, labels={"scope": "test"})
+
+
+def test_the_cartridge_prefix_is_exactly_the_token_prefix_of_the_text_prompt(real_backend):
+    full = real_backend.encode(real_backend.full_text(MEMORIES, QUESTIONS[0]))
+    prefix = real_backend.encode(real_backend.prefix_text(MEMORIES))
+    suffix = real_backend.encode(real_backend.suffix_text(QUESTIONS[0]))
+    assert full == prefix + suffix
+    assert real_backend.count_tokens(MEMORIES) == len(prefix)
+    assert "Lisbon" not in real_backend.suffix_text(QUESTIONS[0])  # the question path holds no memory text
+
+
+def test_f32_cartridge_answers_are_token_for_token_those_of_re_reading(real_backend, cartridge):
+    assert 150 < cartridge.header.num_tokens < 400
+    for question in QUESTIONS:
+        from_cartridge = real_backend.answer(cartridge, question, max_new_tokens=24)
+        from_text = real_backend.answer_from_text(MEMORIES, question, max_new_tokens=24)
+        assert from_cartridge.token_ids == from_text.token_ids, question
+        assert from_cartridge.text == from_text.text and from_cartridge.token_ids
+        assert from_cartridge.num_prompt_tokens < 30 < from_text.num_prompt_tokens
+    assert "Lisbon" in real_backend.answer(cartridge, QUESTIONS[0], max_new_tokens=24).text
+
+
+def test_answering_leaves_the_cartridge_as_it_was(real_backend, cartridge):
+    before = real_backend.dumps(cartridge)
+    first = real_backend.answer(cartridge, QUESTIONS[1], max_new_tokens=12)
+    real_backend.answer(cartridge, "Tell me a long story about dragons.", max_new_tokens=12)
+    assert real_backend.answer(cartridge, QUESTIONS[1], max_new_tokens=12).token_ids == first.token_ids
+    assert real_backend.dumps(cartridge) == before
+
+
+def test_fidelity_reports_agreement_of_both_ways_of_asking(real_backend, cartridge):
+    report = real_backend.fidelity(cartridge, MEMORIES, QUESTIONS[:2], max_new_tokens=8)
+    assert report.num_probes == 2 and report.top1_agreement == 1.0 and report.answers_identical == 1.0
+    assert 0.0 <= report.mean_kl <= report.max_kl < 1e-4
+
+
+def test_compiling_twice_gives_identical_bytes_and_a_verified_header(real_backend, cartridge):
+    data = real_backend.dumps(cartridge)
+    assert real_backend.dumps(real_backend.compile(MEMORIES, log_head=8, labels={"scope": "test"})) == data
+    header = read_header(data)
+    assert header == cartridge.header
+    assert header.model_id == "smollm2-135m-instruct" and header.dtype == "f32" and header.quant == "none"
+    assert '"theta":100000.0' in header.rope_config and header.num_tokens == cartridge.header.num_tokens
+    loaded = real_backend.loads(data)
+    assert real_backend.answer(loaded, QUESTIONS[0], max_new_tokens=12).token_ids == real_backend.answer(cartridge, QUESTIONS[0], max_new_tokens=12).token_ids
+
+
+def test_it_refuses_cartridges_of_another_model_or_quant(real_backend, cartridge, tiny_model_dir):
+    data = real_backend.dumps(cartridge)
+    tiny = make_backend("transformers", model=tiny_model_dir("qwen2"), dtype="f32", device="cpu")
+    with pytest.raises(IncompatibleCartridgeError, match="weights_fingerprint"):
+        tiny.loads(data)
+    with pytest.raises(IncompatibleCartridgeError, match="model_id"):
+        tiny.answer(cartridge, QUESTIONS[0])
+    with pytest.raises(IncompatibleCartridgeError, match="quant"):
+        real_backend.variant(quant="q8").loads(data)
+    with pytest.raises(IncompatibleCartridgeError, match="backend"):
+        make_backend("fake").loads(data)
+
+
+def test_it_refuses_corrupt_truncated_and_forged_files(real_backend, cartridge):
+    data = real_backend.dumps(cartridge)
+    with pytest.raises(CorruptCartridgeError, match="truncated"):
+        real_backend.loads(data[:-100])
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x40
+    with pytest.raises(CorruptCartridgeError, match="sha256"):
+        real_backend.loads(bytes(flipped))
+    # a re-signed file whose tensors lost a layer passes the sha256 but not the shape check
+    from kvengine.format import read_cartridge
+
+    header, tensors = read_cartridge(data)
+    del tensors["layers.029.v"]
+    with pytest.raises(CorruptCartridgeError, match="layers.029.v"):
+        real_backend.loads(write_cartridge(dataclasses.replace(header, payload_sha256=""), tensors))
+
+
+def test_it_refuses_bad_input_with_clear_errors(real_backend, cartridge):
+    with pytest.raises(EmptyInputError, match="texts"):
+        real_backend.compile([])
+    with pytest.raises(EmptyInputError, match="texts"):
+        real_backend.compile(["   ", ""])
+    with pytest.raises(EmptyInputError, match="question"):
+        real_backend.answer(cartridge, "  ")
+    with pytest.raises(ContextTooLongError) as err:
+        real_backend.compile(["the quick brown fox jumps over the lazy dog " * 1000])
+    assert err.value.limit == 8192 and err.value.num_tokens > 8192
+    assert "8192" in str(err.value) and str(err.value.num_tokens) in str(err.value)
+    assert "fox" not in str(err.value)  # no memory text in errors
+
+
+def test_q8_and_q4_cartridges_are_small_and_q8_answers_like_f32(real_backend, cartridge):
+    f32_size = len(real_backend.dumps(cartridge))
+    q8, q4 = real_backend.variant(quant="q8"), real_backend.variant(quant="q4")
+    c8, c4 = q8.compile(MEMORIES), q4.compile(MEMORIES)
+    d8, d4 = q8.dumps(c8), q4.dumps(c4)
+    assert len(d8) / f32_size <= 0.27 and len(d4) / f32_size <= 0.15
+    assert read_header(d8).quant == "q8" and q8.dumps(q8.loads(d8)) == d8
+    for question in QUESTIONS[:2]:
+        assert q8.answer(c8, question, max_new_tokens=12).token_ids == real_backend.answer(cartridge, question, max_new_tokens=12).token_ids
+    assert q4.answer(q4.loads(d4), QUESTIONS[0], max_new_tokens=12).token_ids == q4.answer(c4, QUESTIONS[0], max_new_tokens=12).token_ids
