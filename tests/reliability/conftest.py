@@ -1,0 +1,83 @@
+"""Fixtures of the reliability tests: blobs in a temp dir, the fake engine, eager tasks on demand, a figures
+recorder, and the real Celery worker harness of tests/cartridges (imported, not copied)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+# The worker harness of the cartridges tests: a real ``celery worker`` process against the test database.
+from tests.cartridges.test_worker import Worker, _database_url, _wait, redis_clean, start_worker  # noqa: F401
+
+FIGURES_FILE = "reliability-figures.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def blob_root(settings, tmp_path):
+    """Keep every test's cartridge blobs in its own temp dir (STORAGES["cartridges"])."""
+    root = tmp_path / "blobs"
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "cartridges": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(root)}},
+    }
+    return root
+
+
+@pytest.fixture(autouse=True)
+def fresh_engine():
+    """Empty this process's cartridge LRU around each test (loaded backends stay)."""
+    from cartridges import engine
+
+    engine.cache_clear()
+    yield
+    engine.cache_clear()
+
+
+@pytest.fixture
+def fake_engine(settings):
+    """The torch-free fake backend as the settings-default configuration."""
+    settings.MNESIO_KV_BACKEND = "fake"
+    settings.MNESIO_KV_MODEL = "fake-model"
+    settings.MNESIO_KV_DTYPE = "f32"
+    settings.MNESIO_KV_QUANT = "none"
+    return ("fake", "fake-model", "f32", "none")
+
+
+@pytest.fixture
+def fake_row(fake_engine):
+    """Make the fake engine the active configuration as a row (a worker process reads it too)."""
+    from cartridges.services import kv_configuration_switch
+
+    return kv_configuration_switch(backend="fake", model="fake-model", dtype="f32", quant="none", actor=None)
+
+
+@pytest.fixture
+def eager_tasks():
+    """Run Celery tasks in-process for tests that start no worker."""
+    from mnesio_site.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def record_figures(request, artifacts_dir):
+    """record_figures(**numbers): print the scenario's figures and append them to the artifacts' JSONL file."""
+
+    def record(**figures):
+        line = {"test": request.node.nodeid, **figures}
+        print("FIGURES " + json.dumps(line, sort_keys=True))
+        with open(Path(artifacts_dir) / FIGURES_FILE, "a") as fh:
+            fh.write(json.dumps(line, sort_keys=True) + "\n")
+        return line
+
+    return record
+
+
+def needs_redis() -> pytest.MarkDecorator:
+    """Skip unless REDIS_URL is set (the worker and broker tests)."""
+    return pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (set REDIS_URL)")
