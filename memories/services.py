@@ -297,7 +297,9 @@ def erasure_request_enqueue(*, erasure_request: ErasureRequest) -> None:
     from memories.tasks import erasure_request_process_task
 
     pk = erasure_request.pk
-    transaction.on_commit(lambda: erasure_request_process_task.delay(pk))
+    # robust: with tasks run in-process (no broker), a failing rebuild must not turn the caller's
+    # committed filing into an error; the failure is logged and recorded as a `failed` event.
+    transaction.on_commit(lambda: erasure_request_process_task.delay(pk), robust=True)
 
 
 def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> ErasureRequest:

@@ -203,3 +203,28 @@ def test_it_logs_no_plaintext(client_a, caplog):
     assert r.status_code == 201
     assert "31-41-59" not in caplog.text
     assert "memory appended seq=1" in caplog.text
+
+
+def test_filing_succeeds_and_shows_failed_when_rebuilding_fails_in_process(
+    client_a, scope_a, django_capture_on_commit_callbacks, monkeypatch
+):
+    from memories import registry
+
+    memory_append(scope=scope_a, subject="p-1", content="p-1 lives in Ghent.")
+    # As with no broker configured: the task runs in-process, retries included.
+    monkeypatch.setattr(erasure_request_process_task, "delay", lambda pk: erasure_request_process_task.apply(args=[pk], throw=True))
+
+    def broken(erasure_request):
+        raise RuntimeError("cartridge store offline")
+
+    registry.register_view_rebuilder(broken)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            r = client_a.post("/api/scopes/scope-a/erasure-requests/", {"subject": "p-1", "reason": "asked"}, format="json")
+    finally:
+        registry.unregister_view_rebuilder(broken)
+    assert r.status_code == 201
+    status = client_a.get(f"/api/scopes/scope-a/erasure-requests/{r.json()['id']}/").json()
+    assert status["status"] == "failed"
+    assert "RuntimeError: cartridge store offline" in status["events"][-1]["detail"]
+    assert client_a.get("/api/scopes/scope-a/memories/1/").json()["erased"] is True  # the shred still happened

@@ -139,3 +139,12 @@ def test_it_refuses_truncate_of_committed_log_rows_outside_any_transaction():
             cursor.execute("DELETE FROM memories_memory")
     assert Memory.objects.count() == 1
     # Teardown flushes the test database through memories' `flush`, which may ignore the triggers there only.
+
+
+@pytest.mark.postgres
+def test_the_database_rejects_changes_even_when_the_orm_guard_is_bypassed(two_memories):
+    with pytest.raises(DatabaseError, match="Cannot update"), transaction.atomic():
+        Memory.objects.filter(seq=1)._privileged_update(idempotency_key="forged")
+    with pytest.raises(DatabaseError, match="Cannot delete"), transaction.atomic():
+        Memory.objects.filter(seq=1)._raw_delete(using="default")
+    assert Memory.objects.count() == 2 and Memory.objects.get(seq=1).idempotency_key is None
