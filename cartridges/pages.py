@@ -14,6 +14,7 @@ from django.urls import path
 
 from cartridges import metrics
 from cartridges.api.views import KvMetricsView, PrometheusRenderer
+from cartridges.templatetags.kv_admin import seconds
 
 # Seconds between the dashboard's self-refreshes (overridable with ?refresh=N, at least 1).
 DEFAULT_REFRESH_S = 10
@@ -36,7 +37,7 @@ def _nice_ceiling(value: float) -> float:
 
 def latency_chart(series: dict[str, list[float]], *, width: int = 560, height: int = 220) -> dict[str, Any]:
     """Lay out the cartridge-vs-text latency line chart: SVG polylines, points and y ticks (seconds)."""
-    left, right, top, bottom = 48, 12, 12, 28
+    left, right, top, bottom = 64, 12, 12, 28
     plot_w, plot_h = width - left - right, height - top - bottom
     longest = max((len(v) for v in series.values()), default=0)
     y_max = _nice_ceiling(max((max(v) for v in series.values() if v), default=0.0))
@@ -53,9 +54,7 @@ def latency_chart(series: dict[str, list[float]], *, width: int = 560, height: i
             "points": points,
             "polyline": " ".join(f"{p['x']},{p['y']}" for p in points),
         })
-    ticks = [
-        {"y": round(top + plot_h - plot_h * f, 1), "label": f"{y_max * f:.3g}s"} for f in (0, 0.25, 0.5, 0.75, 1)
-    ]
+    ticks = [{"y": round(top + plot_h - plot_h * f, 1), "label": seconds(y_max * f)} for f in (0, 0.5, 1)]
     return {
         "width": width, "height": height, "left": left, "right": width - right, "top": top,
         "bottom": top + plot_h, "mid_x": left + plot_w // 2, "mid_y": top + plot_h // 2, "lines": lines, "ticks": ticks, "empty": longest == 0, "count": longest,
