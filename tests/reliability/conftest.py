@@ -81,3 +81,13 @@ def record_figures(request, artifacts_dir):
 def needs_redis() -> pytest.MarkDecorator:
     """Skip unless REDIS_URL is set (the worker and broker tests)."""
     return pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (set REDIS_URL)")
+
+
+@pytest.fixture
+def operator(db):
+    """A staff user (an operator) with no scope grants."""
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(
+        username="olga", email="olga@example.com", password="x-olga-operator", is_staff=True
+    )
