@@ -41,7 +41,14 @@ from .base import (
     KvBackend,
     canonical_json,
 )
-from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError, KvError
+from .errors import (
+    ConfigError,
+    ContextTooLongError,
+    CorruptCartridgeError,
+    EmptyInputError,
+    IncompatibleCartridgeError,
+    KvError,
+)
 from .format import FORMAT_VERSION, RawTensor, check_compatible, read_cartridge, tensors_sha256, write_cartridge
 from .kvcache import CartridgeCache, KvState
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
@@ -246,8 +253,33 @@ class TransformersKvBackend(KvBackend):
         )
         return Cartridge(header=header, payload=KvPayload(state=state, stored=stored))
 
-    def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:
-        """Feed only the question suffix on top of the cartridge, decode greedily, crop back."""
+    def convert(self, cartridge: Cartridge) -> Cartridge:
+        """Quantize an unquantized cartridge of the same model and dtype to this backend's quant.
+
+        Gives the same bytes as compile() with this backend (compile quantizes the same prefill), without
+        running the prefill again: a quant switch needs no model pass.
+        """
+        header = cartridge.header
+        check_compatible(dataclasses.replace(header, quant=self.quant), self._description)
+        if header.quant != "none":
+            raise IncompatibleCartridgeError(f"only unquantized cartridges can be converted but this one is {header.quant!r}")
+        state = self._payload(cartridge).state
+        keys, values = map(list, zip(*(state.prefix(i) for i in range(state.num_layers)), strict=True))
+        with torch.inference_mode():
+            stored = None
+            if self.quant != "none":
+                stored = self._quantize(keys, values)
+                keys, values = self._dequantize(stored, len(keys))
+            sha = tensors_sha256(stored if stored is not None else self._raw(keys, values))
+            new_state = KvState(keys, values)
+        new_header = dataclasses.replace(header, quant=self.quant, payload_sha256=sha)
+        return Cartridge(header=new_header, payload=KvPayload(state=new_state, stored=stored))
+
+    def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
+        """Feed only the question suffix on top of the cartridge, decode greedily, crop back.
+
+        ``stop_at_eos=False`` always decodes ``max_new_tokens`` tokens (benchmarks compare equal lengths).
+        """
         start = time.perf_counter()
         check_compatible(cartridge.header, self._description)
         payload = self._payload(cartridge)
@@ -258,12 +290,12 @@ class TransformersKvBackend(KvBackend):
             payload.state.ensure_capacity(n + len(suffix) + max_new_tokens)
             cache = CartridgeCache(payload.state)
             try:
-                ids, _, ttft = self._greedy(suffix, cache, max_new_tokens, start)
+                ids, _, ttft = self._greedy(suffix, cache, max_new_tokens, start, stop_at_eos=stop_at_eos)
             finally:
                 cache.crop_back()  # the scratch tail is free for the next question (answer() relies on it)
         return self._answer(ids, "cartridge", n, len(suffix), ttft, time.perf_counter() - start)
 
-    def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32) -> Answer:
+    def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """Re-read the whole prompt (memories + question) for this one question: the baseline."""
         start = time.perf_counter()
         memories = self._memories(texts)
@@ -271,16 +303,16 @@ class TransformersKvBackend(KvBackend):
         num_context = len(self.encode(self.prefix_text(memories)))
         self._check_room(len(ids), max_new_tokens, "memories plus the question and answer")
         with torch.inference_mode():
-            out, _, ttft = self._greedy(ids, None, max_new_tokens, start)
+            out, _, ttft = self._greedy(ids, None, max_new_tokens, start, stop_at_eos=stop_at_eos)
         return self._answer(out, "text", num_context, len(ids), ttft, time.perf_counter() - start)
 
-    def answer_without_memory(self, question: str, *, max_new_tokens: int = 32) -> Answer:
+    def answer_without_memory(self, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """Answer with no memories at all (the model's default system turn): the speed floor."""
         start = time.perf_counter()
         ids = self.encode(self.no_memory_text(self._question(question)))
         self._check_room(len(ids), max_new_tokens, "question and answer")
         with torch.inference_mode():
-            out, _, ttft = self._greedy(ids, None, max_new_tokens, start)
+            out, _, ttft = self._greedy(ids, None, max_new_tokens, start, stop_at_eos=stop_at_eos)
         return self._answer(out, "none", 0, len(ids), ttft, time.perf_counter() - start)
 
     def fidelity(
@@ -349,7 +381,7 @@ class TransformersKvBackend(KvBackend):
 
     # -- internals --------------------------------------------------------------------------------
     def _greedy(
-        self, ids: list[int], cache: CartridgeCache | None, max_new_tokens: int, start: float
+        self, ids: list[int], cache: CartridgeCache | None, max_new_tokens: int, start: float, *, stop_at_eos: bool = True
     ) -> tuple[list[int], torch.Tensor, float]:
         """Run ``ids`` (on top of ``cache`` if given), then greedy-decode; return ids, first log-probs, ttft."""
         if cache is None:
@@ -360,7 +392,7 @@ class TransformersKvBackend(KvBackend):
         token = int(logits.argmax())
         ttft = time.perf_counter() - start
         out: list[int] = []
-        while token not in self._eos_ids and len(out) < max_new_tokens:
+        while (not stop_at_eos or token not in self._eos_ids) and len(out) < max_new_tokens:
             out.append(token)
             if len(out) == max_new_tokens:
                 break

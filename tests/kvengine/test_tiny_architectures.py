@@ -115,3 +115,12 @@ def test_it_refuses_unknown_options(tiny_model_dir):
         make_backend("transformers", model=tiny_model_dir("gpt2"), device="tpu")
     with pytest.raises(ConfigError, match="quant"):
         make_backend("transformers", model=tiny_model_dir("gpt2"), quant="q2", device="cpu")
+
+
+def test_converting_to_q8_or_q4_gives_the_bytes_compile_gives(tiny):
+    cartridge = tiny.compile(MEMORIES, log_head=2)
+    for quant in ("q8", "q4"):
+        backend = tiny.variant(quant=quant)
+        assert backend.dumps(backend.convert(cartridge)) == backend.dumps(backend.compile(MEMORIES, log_head=2))
+    with pytest.raises(IncompatibleCartridgeError, match="dtype"):
+        tiny.variant(dtype="bf16", quant="q8").convert(cartridge)
