@@ -37,7 +37,7 @@ def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
     return dict(serializer.validated_data)
 
 
-def _actor_kwargs(task: Any, request: Request) -> dict[str, Any]:
+def task_actor_kwargs(task: Any, request: Any) -> dict[str, Any]:
     """Pass the requesting user's id to a task that records who asked (attribution), when the task takes one."""
     if "actor_id" in inspect.signature(task.run).parameters:
         return {"actor_id": request.user.pk}
@@ -158,7 +158,8 @@ class CartridgeCompileView(APIView):
             raise MnesioError(f"`scope` '{scope_row.name}' has no memories at log head {head}; append memories first",
                               extra={"field": "scope", "log_head": head})
         result = cartridge_compile_task.apply_async(
-            args=[scope_row.pk, head, data.get("activate", False)], kwargs=_actor_kwargs(cartridge_compile_task, request)
+            args=[scope_row.pk, head, data.get("activate", False)],
+            kwargs=task_actor_kwargs(cartridge_compile_task, request),
         )
         outcome = _task_outcome(result)
         body = {"scope": scope_row.name, "log_head": head, "task_id": result.id,
@@ -178,7 +179,7 @@ class CartridgeEvaluateView(APIView):
         _validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
         result = cartridge_evaluate_task.apply_async(
-            args=[version.pk], kwargs=_actor_kwargs(cartridge_evaluate_task, request)
+            args=[version.pk], kwargs=task_actor_kwargs(cartridge_evaluate_task, request)
         )
         outcome = _task_outcome(result)
         body = {"scope": scope_row.name, "version_id": version.pk, "task_id": result.id,
