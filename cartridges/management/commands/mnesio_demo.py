@@ -1,0 +1,207 @@
+"""`manage.py mnesio_demo [--base-url URL]`: a ready-to-try demo, safe to run again.
+
+Creates (or finds) the demo scope, an operator account (staff, for the admin and the dashboard) with an
+API token granted the scope, appends a dozen memories of a small fictional office assistant about a few
+people (idempotency keys: a second run appends nothing), attaches evaluation cases, compiles the scope,
+runs the gate, activates the cartridge, asks one question through the API's own view (token auth,
+serializer, service), and prints the token, sample curl commands and the dashboard's address.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIRequestFactory
+
+from cartridges import selectors
+from cartridges.api.views import AskView
+from cartridges.services import (
+    GateFailed,
+    cartridge_activate,
+    cartridge_compile,
+    cartridge_evaluate,
+    evaluation_case_add,
+)
+from memories.models import Scope
+from memories.selectors import log_head
+from memories.services import memory_append, scope_create, scope_grant
+from mnesio_site.exceptions import MnesioError
+
+# (idempotency key, subject or None, content): what "Pip", a small office assistant, remembers.
+MEMORIES = [
+    ("demo-01", "mira", "Mira Okafor is allergic to peanuts."),
+    ("demo-02", "mira", "Mira Okafor's birthday is on 14 March."),
+    ("demo-03", "mira", "Mira takes her coffee black, without sugar."),
+    ("demo-04", "tomas", "Tomás Reyes plays the cello in a community orchestra."),
+    ("demo-05", "tomas", "Tomás Reyes is learning Japanese before a trip to Osaka in May."),
+    ("demo-06", "tomas", "Tomás parks his green bicycle behind the bakery."),
+    ("demo-07", "lena", "Lena Park is the team's on-call engineer this week."),
+    ("demo-08", "lena", "Lena Park's dog is a beagle called Biscuit."),
+    ("demo-09", "lena", "Lena asked to be reminded to renew her passport in June."),
+    ("demo-10", None, "The spare office key is kept under the blue flowerpot."),
+    ("demo-11", None, "The team lunch is every Friday at the noodle bar on Elm Street."),
+    ("demo-12", None, "The guest Wi-Fi network is called Lighthouse."),
+]
+# Evaluation cases the gate scores (cartridge accuracy must match re-reading the same memories).
+CASES = [
+    ("What is the name of the dog Lena Park owns?", ["Biscuit"]),
+    ("Where is the spare office key kept?", ["flowerpot"]),
+    ("Which instrument does Tomás Reyes play in the orchestra?", ["cello"]),
+]
+QUESTION = "What is the name of the dog Lena Park owns?"
+
+
+class Command(BaseCommand):
+    help = "Create a demo scope, operator and token, append demo memories, compile, gate, activate, and ask."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--scope", default="demo", help="the demo scope's name (default: demo)")
+        parser.add_argument("--username", default="operator", help="the operator account (default: operator)")
+        parser.add_argument(
+            "--password",
+            default=os.environ.get("MNESIO_DEMO_PASSWORD", ""),
+            help="set the operator's password (default: $MNESIO_DEMO_PASSWORD, else generated once and kept "
+            "in DATA_DIR/demo-operator-password)",
+        )
+        parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="where the server will listen")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        base = options["base_url"].rstrip("/")
+        scope = Scope.objects.filter(name=options["scope"]).first() or scope_create(
+            name=options["scope"], description="Pip, a small office assistant: what it remembers about the team (demo)"
+        )
+        user, password_note = self._operator(options["username"], options["password"])
+        scope_grant(scope=scope, user=user, actor=user)
+        token, _ = Token.objects.get_or_create(user=user)
+
+        appended = sum(
+            memory_append(scope=scope, subject=subject, content=text, idempotency_key=key, actor=user).appended
+            for key, subject, text in MEMORIES
+        )
+        known = set(selectors.scope_evaluation_cases(scope=scope).values_list("question", flat=True))
+        for question, answers in CASES:
+            if question not in known:
+                evaluation_case_add(scope=scope, question=question, answers=answers, actor=user)
+        self.stdout.write(f"scope '{scope.name}': {appended} memories appended ({scope.memories.count()} in all), "
+                          f"log head {log_head()}")
+
+        config = selectors.active_configuration()
+        self.stdout.write(f"KV configuration: {config.key()} on {config.device}; compiling (the first run loads the model)")
+        try:
+            version = cartridge_compile(scope=scope, actor=user)
+        except MnesioError as exc:
+            raise CommandError(f"compiling scope '{scope.name}' failed: {exc.message}") from None
+        self._gate(version, user)
+        self._ask(scope, token, base)
+        self._instructions(scope, user, token, password_note, base)
+
+    def _operator(self, username: str, password: str) -> tuple[Any, str]:
+        """Find or create the operator (staff + superuser: admin actions and the dashboard); say how to log in."""
+        User = get_user_model()
+        user = User.objects.filter(username=username).first()
+        stored = Path(settings.DATA_DIR) / "demo-operator-password"
+        if user is None:
+            generated = not password
+            password = password or secrets.token_urlsafe(12)
+            user = User.objects.create_superuser(username=username, email="", password=password)
+            if generated:  # kept (owner-only) so a second run can print it again
+                stored.parent.mkdir(parents=True, exist_ok=True)
+                stored.write_text(password + "\n")
+                stored.chmod(0o600)
+            return user, f"password {password}"
+        if password:
+            user.set_password(password)
+            user.save(update_fields=["password"])
+            return user, f"password {password}"
+        if stored.exists() and user.check_password(stored.read_text().strip()):
+            return user, f"password {stored.read_text().strip()}"
+        return user, "password unchanged (set one with --password or `manage.py changepassword`)"
+
+    def _gate(self, version: Any, user: Any) -> None:
+        """Evaluate (unless a current evaluation exists) and activate through the gate; report the figures."""
+        state = selectors.version_state(version=version)
+        self.stdout.write(f"cartridge version {version.pk}: {version.num_memories} memories, {version.num_tokens} "
+                          f"tokens, {version.size_bytes} bytes ({state})")
+        if state != "active":
+            evaluation = selectors.version_latest_evaluation(version=version, config_key=selectors.active_configuration().key())
+            if evaluation is None:
+                evaluation = cartridge_evaluate(version=version, actor=user)
+            figures = evaluation.figures or {}
+            fidelity = (figures.get("fidelity") or {}).get("top1_agreement")
+            accuracy = figures.get("accuracy") or {}
+            self.stdout.write(
+                f"gate: {'passed' if evaluation.passed else 'FAILED'}; fidelity {fidelity}, accuracy on "
+                f"{accuracy.get('num_cases', 0)} cases: cartridge {accuracy.get('cartridge')}, "
+                f"text {accuracy.get('text')}, top-k retrieval {accuracy.get('retrieval')}"
+            )
+            try:
+                cartridge_activate(version=version, actor=user)
+            except GateFailed as exc:
+                self.stdout.write(self.style.WARNING(f"not activated: {exc.message}"))
+                for reason in exc.reasons:
+                    self.stdout.write(self.style.WARNING(f"  - {reason}"))
+                return
+        self.stdout.write(self.style.SUCCESS(f"cartridge version {version.pk} is active"))
+
+    def _ask(self, scope: Scope, token: Token, base: str) -> None:
+        """Ask one question through the API's view (token auth, serializer, service), in both modes."""
+        factory = APIRequestFactory()
+        view = AskView.as_view()
+        for mode in ("cartridge", "text"):
+            request = factory.post(
+                f"/api/scopes/{scope.name}/ask/", {"question": QUESTION, "mode": mode}, format="json",
+                HTTP_AUTHORIZATION=f"Token {token.key}",
+            )
+            response = view(request, scope=scope.name)
+            body = response.data
+            if response.status_code != 200:
+                self.stdout.write(self.style.WARNING(f"ask ({mode}): {response.status_code} {body.get('message')}"))
+                continue
+            self.stdout.write(
+                f"asked {QUESTION!r} (mode={mode}): {body['answer']!r} "
+                f"[version {body['version_id']}, first token {body['ttft_s']:.3f} s, total {body['total_s']:.3f} s]"
+            )
+
+    def _instructions(self, scope: Scope, user: Any, token: Token, password_note: str, base: str) -> None:
+        auth = f'-H "Authorization: Token {token.key}"'
+        json_header = "-H 'Content-Type: application/json'"
+        api = f"{base}/api/scopes/{scope.name}"
+
+        def body(data: dict[str, Any]) -> str:
+            return f"{json_header} -d {shlex.quote(json.dumps(data))}"
+
+        new_memory = body({"content": "Mira moved to the third floor.", "subject": "mira"})
+        compile_body = body({"activate": True})
+        ask = body({"question": QUESTION})
+        ask_text = body({"question": QUESTION, "mode": "text"})
+
+        lines = [
+            "",
+            self.style.SUCCESS("mnesio demo ready"),
+            f"  operator login (admin, dashboard): {user.get_username()} / {password_note}",
+            f"  API token: {token.key}",
+            "",
+            "Try it:",
+            f"  curl {auth} {api}/memories/",
+            f"  curl {auth} {new_memory} {api}/memories/",
+            f"  curl {auth} {compile_body} {api}/cartridges/compile/",
+            f"  curl {auth} {api}/cartridges/",
+            f"  curl {auth} {ask} {api}/ask/",
+            f"  curl {auth} {ask_text} {api}/ask/",
+            f"  curl {auth} {base}/api/kv/metrics",
+            f"  curl {auth} {base}/metrics",
+            "",
+            f"Dashboard: {base}/dashboard/",
+            f"Admin:     {base}/admin/",
+            f"API docs:  {base}/api/docs/",
+        ]
+        self.stdout.write("\n".join(lines))
+
