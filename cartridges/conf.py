@@ -99,6 +99,11 @@ def gate_max_new_tokens() -> int:
     return _int("MNESIO_GATE_MAX_NEW_TOKENS", 16, minimum=1)
 
 
+def gate_fidelity_max_new_tokens() -> int:
+    """Greedy length of each fidelity probe (the threshold is on the first token; the rest feeds answers_identical)."""
+    return _int("MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS", 8, minimum=1)
+
+
 def answer_max_new_tokens() -> int:
     """Greedy answer length of cartridge_answer."""
     return _int("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, minimum=1)

@@ -235,3 +235,22 @@ class AnswerRecord(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+class AnswerRequest(models.Model):
+    """A question waiting for a worker to answer it, sealed at rest; deleted (with its key) once collected.
+
+    The question and the answer are sealed with a key of the request's own (wrapped by the master key),
+    so the broker carries only the row's id and nothing readable is left once the caller has collected.
+    """
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="+")
+    mode = models.CharField(max_length=16, default="cartridge")
+    wrapped_key = models.BinaryField()
+    wrapped_by = models.CharField(max_length=32)
+    sealed_question = models.BinaryField()
+    sealed_answer = models.BinaryField(null=True, blank=True)  # JSON of the AnswerResult, sealed
+    error = models.CharField(max_length=1000, blank=True)  # an application error's message (never memory text)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    answered_at = models.DateTimeField(null=True, blank=True)

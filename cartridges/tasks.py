@@ -8,7 +8,8 @@ put a message back on the queue when the worker process dies mid-task.
 
 Application errors (nothing to compile, context too long, gate failed) are outcomes, not crashes: the
 task returns ``{"ok": False, "error": ...}`` (messages never hold memory text) and is not retried.
-Answering has no task on purpose (see services/answer.py: a question must not sit in the broker).
+Answering: ``cartridge_answer_task`` takes the id of a sealed AnswerRequest, never the question
+(services/answer.py).
 """
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from django.db import transaction
 from memories.models import Scope
 from mnesio_site.exceptions import MnesioError
 
-from .models import CartridgeVersion
+from .models import AnswerRequest, CartridgeVersion
 from .selectors import active_configuration, evaluation_cases_digest, version_latest_evaluation
-from .services import cartridge_activate, cartridge_compile, cartridge_evaluate
+from .services import answer_request_answer, cartridge_activate, cartridge_compile, cartridge_evaluate
 from .storage import blobs_sweep
 
 log = logging.getLogger("cartridges")
@@ -35,6 +36,7 @@ _RELIABLE: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
 TASK_ROUTES = {
     "cartridges.tasks.cartridge_compile_task": {"queue": "gpu"},
     "cartridges.tasks.cartridge_evaluate_task": {"queue": "gpu"},
+    "cartridges.tasks.cartridge_answer_task": {"queue": "gpu"},
     "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
     "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},
 }
@@ -87,3 +89,13 @@ def cartridge_activate_task(version_id: int) -> dict[str, Any]:
 def cartridge_blobs_sweep_task(older_than_s: int) -> dict[str, Any]:
     """Remove blobs of compiles that died before writing their version row."""
     return {"ok": True, "swept": len(blobs_sweep(older_than_s=older_than_s))}
+
+
+@shared_task(**_RELIABLE)
+def cartridge_answer_task(answer_request_id: int) -> dict[str, Any]:
+    """Answer the sealed AnswerRequest ``answer_request_id``; the caller collects the sealed answer."""
+    request = AnswerRequest.objects.filter(pk=answer_request_id).first()
+    if request is None:  # collected (or never existed): nothing to do
+        return {"ok": False, "error": f"answer request {answer_request_id} does not exist"}
+    request = answer_request_answer(answer_request=request)
+    return {"ok": not request.error, "answer_request": request.pk}

@@ -2,7 +2,15 @@
 from __future__ import annotations
 
 from .activate import cartridge_activate, cartridge_rollback
-from .answer import AnswerResult, cartridge_answer, evaluation_case_add, question_validate
+from .answer import (
+    AnswerResult,
+    answer_request_answer,
+    answer_request_collect,
+    answer_request_file,
+    cartridge_answer,
+    evaluation_case_add,
+    question_validate,
+)
 from .compile import RebuildResult, cartridge_compile, cartridge_rebuild, head_validate
 from .config import kv_configuration_switch
 from .erase import cartridge_destroy, cartridge_views_rebuild
@@ -10,7 +18,7 @@ from .errors import ContextTooLong, GateFailed, NoActiveCartridge, NothingToComp
 from .gate import GateResult, cartridge_evaluate, cartridge_is_committable, is_committable
 
 __all__ = [
-    "AnswerResult", "ContextTooLong", "GateFailed", "GateResult", "NoActiveCartridge", "NothingToCompile",
+    "AnswerResult", "answer_request_answer", "answer_request_collect", "answer_request_file", "ContextTooLong", "GateFailed", "GateResult", "NoActiveCartridge", "NothingToCompile",
     "RebuildResult", "cartridge_activate", "cartridge_answer", "cartridge_compile", "cartridge_destroy",
     "cartridge_evaluate", "cartridge_is_committable", "cartridge_rebuild", "cartridge_rollback",
     "cartridge_views_rebuild", "evaluation_case_add", "head_validate", "is_committable", "kv_configuration_switch",

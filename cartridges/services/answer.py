@@ -1,23 +1,30 @@
 """Answering a question for a scope from its active cartridge (or, explicitly, by re-reading the text).
 
-Decision: answering is synchronous in the calling process (the API process keeps its own engine: the
-model loaded once and an LRU of cartridges). There is no Celery task that takes the question, because a
-task's arguments sit in the broker in plaintext. An AnswerRecord keeps the version, mode and timings,
-never the question or the answer.
+Decision: answering is synchronous in the calling process by default (the API process keeps its own
+engine: the model loaded once and an LRU of cartridges). For a fleet where only GPU workers hold the
+model, a question can instead be filed as an AnswerRequest (sealed with a key of its own, wrapped by the
+master key), answered by ``cartridge_answer_task(answer_request_id)`` on the gpu queue, and collected
+once: collecting opens the sealed answer and deletes the row with its key. A task's arguments never hold
+the question (they would sit in the broker in plaintext). An AnswerRecord keeps the version, mode and
+timings, never the question or the answer.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
+from memories import crypto
 from memories.selectors import log_head, scope_memories_open
-from mnesio_site.exceptions import MnesioError
+from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import conf, engine
-from ..models import AnswerRecord, EvaluationCase
+from ..models import AnswerRecord, AnswerRequest, EvaluationCase
 from ..selectors import active_configuration, active_version
 from .errors import NoActiveCartridge, NothingToCompile
 
@@ -116,3 +123,87 @@ def evaluation_case_add(*, scope, question: str, answers: list[str], actor=None)
         answers=[a.strip() for a in answers],
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
+
+
+def _request_aad(request_id: int, part: str) -> bytes:
+    return f"mnesio:answer-request:v1|{request_id}|{part}".encode()
+
+
+def _request_key(request: AnswerRequest) -> bytes:
+    return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=_request_aad(request.pk, "key"))
+
+
+def _seal(key: bytes, data: bytes, aad: bytes) -> bytes:
+    nonce, ciphertext = crypto.seal(key, data, aad=aad)
+    return nonce + ciphertext
+
+
+def _open(key: bytes, sealed: bytes, aad: bytes) -> bytes:
+    sealed = bytes(sealed)
+    return crypto.unseal(key, sealed[: crypto.NONCE_BYTES], sealed[crypto.NONCE_BYTES :], aad=aad)
+
+
+def answer_request_file(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
+    """Seal a question for a worker to answer (queue ``cartridge_answer_task`` with the returned row's id)."""
+    question = question_validate(question)
+    if mode not in MODES:
+        raise MnesioError(f"`mode` has to be one of {MODES} but got {mode!r}", extra={"field": "mode"})
+    key = crypto.new_data_key()
+    with transaction.atomic():
+        request = _request_create(scope=scope, mode=mode, actor=actor, key=key, question=question)
+    return request
+
+
+def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> AnswerRequest:
+    request = AnswerRequest.objects.create(
+        scope=scope,
+        mode=mode,
+        wrapped_key=b"",
+        wrapped_by="",
+        sealed_question=b"",
+        actor=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    # the associated data names the row, so the key and the question are sealed once the id exists
+    wrapped, wrapped_by = crypto.wrap(key, aad=_request_aad(request.pk, "key"))
+    AnswerRequest.objects.filter(pk=request.pk).update(
+        wrapped_key=wrapped,
+        wrapped_by=wrapped_by,
+        sealed_question=_seal(key, question.encode(), _request_aad(request.pk, "question")),
+    )
+    request.refresh_from_db()
+    return request
+
+
+def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
+    """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice."""
+    request = AnswerRequest.objects.select_related("scope").get(pk=answer_request.pk)
+    if request.answered_at is not None:
+        return request
+    key = _request_key(request)
+    question = _open(key, request.sealed_question, _request_aad(request.pk, "question")).decode()
+    try:
+        result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
+    except MnesioError as exc:
+        AnswerRequest.objects.filter(pk=request.pk).update(error=exc.message[:1000], answered_at=timezone.now())
+    else:
+        sealed = _seal(key, json.dumps(result.as_dict()).encode(), _request_aad(request.pk, "answer"))
+        AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
+    request.refresh_from_db()
+    return request
+
+
+def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
+    """Open the answer of a request and delete the request with its key (a second collect is a 404-able error)."""
+    request = AnswerRequest.objects.filter(pk=answer_request.pk).first()
+    if request is None:
+        raise MnesioError(f"`answer_request` {answer_request.pk} does not exist or was collected", extra={"field": "answer_request"}, status_code=404)
+    if request.answered_at is None:
+        raise Conflict(f"`answer_request` {request.pk} is not answered yet; try again shortly", extra={"field": "answer_request"})
+    error = request.error
+    payload = None
+    if not error:
+        payload = json.loads(_open(_request_key(request), request.sealed_answer, _request_aad(request.pk, "answer")))
+    request.delete()
+    if error:
+        raise Conflict(error, extra={"field": "answer_request"})
+    return AnswerResult(**payload)

@@ -5,9 +5,9 @@ because they need a loadable cartridge and the version's texts):
 1. not destroyed;
 2. compiled under the active configuration, and its compatibility key equals the active backend's
    (model, weights, tokenizer, template, rope, dtype, quant);
-3. blob intact: stored sha256, AES-GCM tag, file sha256, then kvengine's header check (payload sha256)
+3. no erased subject in the manifest;
+4. blob intact: stored sha256, AES-GCM tag, file sha256, then kvengine's header check (payload sha256)
    and the header agrees with the row (key, head, token count);
-4. no erased subject in the manifest;
 5. fidelity: top-1 next-token agreement with re-reading the same memories as text, over probes made from
    the memories (``gate_num_auto_probes``, evenly spaced over the log) plus the scope's EvaluationCase
    questions, at or above ``MNESIO_GATE_MIN_FIDELITY``;
@@ -20,6 +20,7 @@ Figures hold numbers only, never memory or question text.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import time
@@ -165,8 +166,11 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
     cases = list(scope_evaluation_cases(scope=version.scope))
     probes = auto_probes(texts, conf.gate_num_auto_probes()) + [c.question for c in cases]
     started = time.perf_counter()
+    options = {}
+    if "max_new_tokens" in inspect.signature(backend.fidelity).parameters:
+        options["max_new_tokens"] = conf.gate_fidelity_max_new_tokens()  # the threshold is on the first token
     try:
-        fid = backend.fidelity(cartridge, texts, probes)
+        fid = backend.fidelity(cartridge, texts, probes, **options)
     except KvError as exc:
         result.fail(f"the fidelity probe failed: {exc}")
         return

@@ -112,3 +112,26 @@ def test_it_keeps_a_bounded_lru_of_loaded_cartridges(scope_a, append, fake_engin
     cartridge_activate(version=v2)
     cartridge_answer(scope=scope_a, question="Where is the car?")
     assert engine.cache_info()["cartridges_loaded"] == 1 and engine.cache_info()["evictions"] >= 1
+
+
+def test_it_answers_a_sealed_request_through_the_task_and_forgets_it(scope_a, append, fake_engine, eager_tasks):
+    from django.db import connection
+
+    from cartridges.models import AnswerRequest
+    from cartridges.services import answer_request_collect, answer_request_file
+    from cartridges.tasks import cartridge_answer_task
+
+    append(scope_a, "The spare key is under the blue flowerpot.")
+    cartridge_activate(version=cartridge_compile(scope=scope_a))
+    request = answer_request_file(scope=scope_a, question="Where is the spare key hidden?")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {AnswerRequest._meta.db_table}")
+        raw = repr(cursor.fetchall())
+    assert "spare key" not in raw and "hidden" not in raw  # sealed at rest; the task gets only the id
+    assert cartridge_answer_task.delay(request.pk).get()["ok"]
+    result = answer_request_collect(answer_request=request)
+    assert "flowerpot" in result.answer and result.version_id is not None
+    assert not AnswerRequest.objects.exists()
+    with pytest.raises(MnesioError) as exc:
+        answer_request_collect(answer_request=request)
+    assert exc.value.status_code == 404

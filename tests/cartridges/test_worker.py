@@ -18,9 +18,14 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from cartridges.models import CartridgeBlob, CartridgeVersion
+from cartridges.models import AnswerRequest, CartridgeBlob, CartridgeVersion
 from cartridges.selectors import active_version, version_state
-from cartridges.services import cartridge_answer, kv_configuration_switch
+from cartridges.services import (
+    answer_request_collect,
+    answer_request_file,
+    cartridge_answer,
+    kv_configuration_switch,
+)
 from cartridges.storage import blob_exists
 from memories.models import ErasureStatus
 from memories.selectors import erasure_request_status
@@ -122,7 +127,12 @@ def _wait(predicate, *, timeout: float, what: str, worker: Worker):
 
 
 def test_it_runs_the_lifecycle_on_a_real_worker(fake_row, start_worker, blob_root):
-    from cartridges.tasks import cartridge_activate_task, cartridge_compile_task, cartridge_evaluate_task
+    from cartridges.tasks import (
+        cartridge_activate_task,
+        cartridge_answer_task,
+        cartridge_compile_task,
+        cartridge_evaluate_task,
+    )
     from memories.models import Scope
     from memories.tasks import erasure_request_process_task
 
@@ -145,6 +155,12 @@ def test_it_runs_the_lifecycle_on_a_real_worker(fake_row, start_worker, blob_roo
 
     answer = cartridge_answer(scope=scope, question="What is Dana's locker code?")
     assert answer.version_id == version.pk and "4417" in answer.answer
+    # answered by the worker: the task gets the id of a sealed request, the caller collects once
+    request = answer_request_file(scope=scope, question="What is Dana's locker code?")
+    assert cartridge_answer_task.delay(request.pk).get(timeout=TASK_TIMEOUT_S)["ok"]
+    answer = answer_request_collect(answer_request=request)
+    assert answer.version_id == version.pk and "4417" in answer.answer
+    assert not AnswerRequest.objects.exists()
 
     request = erasure_request_file(subject="dana", requested_by=None, reason="asked to be forgotten")
     status = erasure_request_process_task.delay(request.pk).get(timeout=TASK_TIMEOUT_S)
