@@ -154,8 +154,18 @@ class CartridgeBlob(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        # Keys are write-once: the one allowed change is deletion (destruction).
-        triggers = [pgtrigger.Protect(name="cartridgeblob_protect_update", operation=pgtrigger.Update)]
+        # The only changes a blob key allows: deletion (destruction), and a re-wrap by a new master key.
+        triggers = [
+            pgtrigger.Protect(
+                name="cartridgeblob_protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "NOT (NEW.wrapped_by IS DISTINCT FROM OLD.wrapped_by AND NEW.id = OLD.id"
+                    " AND NEW.storage_name = OLD.storage_name AND NEW.scope_id = OLD.scope_id"
+                    " AND NEW.created_at = OLD.created_at)"
+                ),
+            )
+        ]
 
 
 class CartridgeEvaluation(ImmutableModel):

@@ -220,8 +220,11 @@ def cartridge_rebuild(*, version: CartridgeVersion) -> RebuildResult:
     Writes nothing. Refuses (409) when the log no longer yields the version's memories (a subject was
     erased since: such a version must not be rebuilt) or when this process cannot build its key.
     """
-    data = compile_input(scope=version.scope, head=version.log_head)
-    if data.manifest_digest != version.manifest_digest:
+    try:
+        data: CompileInput | None = compile_input(scope=version.scope, head=version.log_head)
+    except NothingToCompile:
+        data = None
+    if data is None or data.manifest_digest != version.manifest_digest:
         raise Conflict(
             f"the log at head {version.log_head} no longer yields the memories of version {version.pk} "
             "(a subject was erased since); it cannot be rebuilt",
