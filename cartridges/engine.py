@@ -39,6 +39,14 @@ def backend_for(config: Any) -> KvBackend:
         backend = _backends.get(key)
         if backend is None:
             name, model, dtype, quant = key
+            sibling = next(
+                (b for k, b in _backends.items() if k[:2] == (name, model) and (k[2] == dtype or k[2] == "f32")), None
+            )
+            if sibling is not None and hasattr(sibling, "variant"):
+                # a quant (or f32 -> lower dtype) switch reuses the loaded weights instead of loading the model again
+                backend = sibling.variant(dtype=dtype, quant=quant)
+                _backends[key] = backend
+                return backend
             options: dict[str, Any] = {"model": model, "dtype": dtype, "quant": quant}
             options["device"] = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
             if name == "transformers":

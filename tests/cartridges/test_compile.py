@@ -118,3 +118,24 @@ def test_it_leaves_out_erased_memories(scope_a, append, fake_engine):
     assert version.manifest == {"entries": [[1, None]], "left_out": [2]}
     assert b"4417" not in blob_read(version=version)
     assert not version.subjects.exists()
+
+
+def test_it_keeps_one_version_when_a_concurrent_compile_loses_the_race(scope_a, append, fake_engine, blob_root, monkeypatch):
+    from cartridges.services import compile as compile_module
+
+    append(scope_a, "The spare key is under the blue flowerpot.")
+    first = cartridge_compile(scope=scope_a)
+    # the loser did its existence check before the winner committed: it compiles and stores its own blob,
+    # then loses on the unique constraint and must return the winner's row and delete its blob
+    calls = []
+    real = compile_module._existing
+
+    def existing(**kwargs):
+        calls.append(kwargs)
+        return None if len(calls) == 1 else real(**kwargs)
+
+    monkeypatch.setattr(compile_module, "_existing", existing)
+    second = cartridge_compile(scope=scope_a)
+    assert second.pk == first.pk and len(calls) == 2
+    assert CartridgeVersion.objects.count() == 1 and CartridgeBlob.objects.count() == 1
+    assert [str(p.relative_to(blob_root)) for p in stored_files(blob_root)] == [first.storage_name]

@@ -178,3 +178,22 @@ def test_it_scores_answers_and_ranks_memories():
     assert bm25_top_k(texts, "What is Dana's locker code?", 1) == ["Dana's locker code is 4417."]
     assert bm25_top_k(texts, "car level cat", 2) == [texts[0], texts[2]]
     assert len(auto_probes(texts, 2)) == 2 and len(auto_probes(texts, 10)) == 3
+
+
+def test_it_requires_the_retrieval_baseline_only_when_told(serving, scope_a, append, fake_engine, settings):
+    append(scope_a, "The car is parked on level 3.")
+    v2 = cartridge_compile(scope=scope_a)
+    engine.register_backend(fake_engine, ForgetfulBackend(model="fake-model"))
+    try:
+        settings.MNESIO_GATE_ACCURACY_TOLERANCE = 1.0  # forgive the loss against text re-reading ...
+        settings.MNESIO_GATE_MIN_FIDELITY = 0.0
+        assert cartridge_evaluate(version=v2).passed
+        settings.MNESIO_GATE_REQUIRE_RETRIEVAL = True
+        settings.MNESIO_GATE_ACCURACY_TOLERANCE = 0.5  # ... but not against the top-k retrieval baseline
+        evaluation = cartridge_evaluate(version=v2)
+    finally:
+        engine.cache_clear(backends=True)
+    assert not evaluation.passed
+    assert evaluation.figures["accuracy"]["retrieval"] == 1.0 and evaluation.figures["accuracy"]["cartridge"] == 0.0
+    assert len(evaluation.reasons) == 2
+    assert "below the top-3 retrieval baseline's 1.000 minus the tolerance 0.5" in evaluation.reasons[1]
