@@ -64,13 +64,13 @@ def test_an_erasure_whose_worker_was_killed_is_delivered_again_and_finishes(fake
     started_at = time.monotonic()
     result = erasure_request_process_task.delay(request.pk)
     started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the erasure to start", worker=worker)
-    _wait(lambda: ErasureEvent.objects.filter(request=request, status=ErasureStatus.KEYS_SHREDDED).exists(),
-          timeout=TIMEOUT_S, what="the key shred", worker=worker)
+    # mid-erasure: the key is shredded and the old cartridge destroyed; the rebuild's compile is pausing
+    _wait(lambda: ErasureEvent.objects.filter(request=request, status=ErasureStatus.KEYS_SHREDDED).exists()
+          and version_state(version=old) == "destroyed", timeout=TIMEOUT_S, what="the shred and destruction", worker=worker)
     child = started["pid"]
     os.kill(child, signal.SIGKILL)
     killed_at = time.monotonic()
-    assert version_state(version=old) == "destroyed"  # mid-erasure: the old cartridge is gone, no new one yet
-    assert active_version(scope=scope) is None
+    assert active_version(scope=scope) is None and CartridgeVersion.objects.filter(scope=scope).count() == 1
 
     redelivered = _wait(
         lambda: result.state == "STARTED" and result.info and result.info.get("pid") not in (None, child) and result.info,
