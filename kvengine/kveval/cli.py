@@ -42,12 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", type=_ints, default=d.budgets, metavar="N[,N]",
                         help="memory token budgets per scope (default: 1024,2048,4096,8192)")
     parser.add_argument("--questions", type=_ints, default=d.questions, metavar="N[,N]",
-                        help="questions per budget: one number, or one per budget (default: 40,30,20,12)")
-    parser.add_argument("--articles", type=int, default=d.articles,
-                        help="articles (scopes) per budget; questions are spread over them (default: 2)")
+                        help="questions per budget: one number, or one per budget (default: 16,12,10,8)")
+    parser.add_argument("--articles", type=_ints, default=d.articles, metavar="N[,N]",
+                        help="articles (scopes) per budget, one number or one per budget; questions are spread "
+                             "over them (default: 2,2,1,1)")
     parser.add_argument("--top-k", type=int, default=d.top_k, help="paragraphs retrieved per question (default: 3)")
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                        help="answer length limit, greedy decoding (default: 24)")
+                        help="answer length limit, greedy decoding (default: 16)")
+    parser.add_argument("--threads", type=int, default=d.threads,
+                        help="torch threads (default: torch's own; 1 is far faster on a machine shared with "
+                             "other busy processes)")
     parser.add_argument("--modes", type=_names, default=d.modes, metavar="M[,M]",
                         help=f"answer modes, from {','.join(MODES)} (default: all)")
     parser.add_argument("--seed", type=int, default=d.seed, help="question sampling seed (default: 0)")
@@ -66,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     """Build the (validated) EvalConfig from parsed options."""
     return EvalConfig(backend=args.backend, model=args.model, dtype=args.dtype, device=args.device,
                       quants=tuple(args.quants), compare_dtypes=tuple(args.compare_dtypes),
-                      budgets=tuple(args.budgets), questions=tuple(args.questions), articles=args.articles,
+                      budgets=tuple(args.budgets), questions=tuple(args.questions), articles=tuple(args.articles), threads=args.threads,
                       top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
                       question_template=args.question_template, modes=tuple(args.modes))
 

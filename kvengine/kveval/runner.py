@@ -42,10 +42,11 @@ class EvalConfig:
     quants: tuple[str, ...] = ("q8", "q4")  # extra cartridges compared with the main one, token for token
     compare_dtypes: tuple[str, ...] = ("bf16",)  # extra precisions compared the same way
     budgets: tuple[int, ...] = (1024, 2048, 4096, 8192)
-    questions: tuple[int, ...] = (40, 30, 20, 12)  # per budget: 8k re-reads cost ~20 s each on 2 cores
-    articles: int = 2  # scopes (articles) per budget; questions are spread over them
+    questions: tuple[int, ...] = (16, 12, 10, 8)  # per budget: 8k re-reads cost 20-40 s each on 2 cores
+    articles: tuple[int, ...] = (2, 2, 1, 1)  # scopes (articles) per budget; an 8k compile per variant is ~30 s
+    max_new_tokens: int = 16  # SQuAD answers are short; decode steps are most of a small budget's cost
+    threads: int | None = None  # torch intra-op threads; None keeps torch's default (one per core)
     top_k: int = 3  # paragraphs retrieved per question by bm25 and dense
-    max_new_tokens: int = 24
     seed: int = 0
     question_template: str = DEFAULT_QUESTION_TEMPLATE
     modes: tuple[str, ...] = MODES
@@ -69,8 +70,13 @@ class EvalConfig:
                 f"`questions` has to be one positive number or one per budget ({len(self.budgets)}) "
                 f"but got {list(self.questions)}"
             )
-        if self.articles < 1:
-            raise ConfigError(f"`articles` has to be at least 1 but got {self.articles}")
+        if len(self.articles) not in (1, len(self.budgets)) or any(n < 1 for n in self.articles):
+            raise ConfigError(
+                f"`articles` has to be one positive number or one per budget ({len(self.budgets)}) "
+                f"but got {list(self.articles)}"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"`threads` has to be at least 1 but got {self.threads}")
         if self.top_k < 1:
             raise ConfigError(f"`top_k` has to be at least 1 but got {self.top_k}")
         if self.max_new_tokens < 1:
@@ -80,6 +86,9 @@ class EvalConfig:
 
     def questions_for(self, budget_index: int) -> int:
         return self.questions[0] if len(self.questions) == 1 else self.questions[budget_index]
+
+    def articles_for(self, budget_index: int) -> int:
+        return self.articles[0] if len(self.articles) == 1 else self.articles[budget_index]
 
     def variants(self) -> list[tuple[str, str, str]]:
         """(label, dtype, quant) of every cartridge compared with the main one."""
@@ -241,6 +250,11 @@ def run_eval(config: EvalConfig, articles: Sequence[Article], *, pool: BackendPo
              encoder: DenseEncoder | None = None, progress: bool = True,
              log: Callable[[str], None] = print) -> EvalRun:
     """Answer each budget's questions in every mode and compare the variant cartridges."""
+    if config.threads is not None:
+        import torch
+
+        # on a shared machine, one thread per process avoids OpenMP barrier stalls between busy cores
+        torch.set_num_threads(config.threads)
     pool = pool or BackendPool(config)
     started = time.time()
     run = EvalRun(config=config, machine=machine_info(),
@@ -257,7 +271,7 @@ def run_eval(config: EvalConfig, articles: Sequence[Article], *, pool: BackendPo
         run.dense_load_s = round(time.perf_counter() - start, 3)
     for budget_index, budget in enumerate(config.budgets):
         num_questions = config.questions_for(budget_index)
-        scopes = build_scopes(articles, budget, main.count_tokens, num_articles=config.articles)
+        scopes = build_scopes(articles, budget, main.count_tokens, num_articles=config.articles_for(budget_index))
         picked = sample_questions(scopes, num_questions, seed=config.seed + budget)
         log(f"budget {budget}: {len(scopes)} scope(s) "
             f"({', '.join(f'{s.article} {s.num_tokens} tok/{len(s.paragraphs)} para' for s in scopes)}), "

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def fake_results():
-    config = EvalConfig(backend="fake", budgets=(300, 600), questions=(4, 6), articles=2, top_k=2)
+    config = EvalConfig(backend="fake", budgets=(300, 600), questions=(4, 6), articles=(2,), top_k=2)
     run = run_eval(config, load_squad(FIXTURE), progress=False, log=lambda _: None)
     return run.as_dict()
 
@@ -87,7 +87,8 @@ def test_token_agreement_counts_matching_positions_over_the_longer_answer():
     ("options", "field"),
     [({"dtype": "f8"}, "dtype"), ({"quants": ("q3",)}, "quants"), ({"modes": ("text",)}, "modes"),
      ({"budgets": (10,)}, "budgets"), ({"questions": (1, 2, 3)}, "questions"), ({"top_k": 0}, "top_k"),
-     ({"question_template": "no slot"}, "question_template")],
+     ({"question_template": "no slot"}, "question_template"), ({"articles": (1, 1, 1)}, "articles"),
+     ({"threads": 0}, "threads")],
 )
 def test_it_refuses_bad_options_naming_the_field(options, field):
     with pytest.raises(ConfigError, match=f"`{field}`"):
@@ -99,7 +100,7 @@ def test_the_module_command_has_help():
                             cwd=ROOT, timeout=120)
     assert result.returncode == 0
     for option in ("--model", "--dtype", "--quants", "--budgets", "--questions", "--articles", "--top-k",
-                   "--max-new-tokens", "--out", "--squad-file", "--data-dir"):
+                   "--max-new-tokens", "--out", "--squad-file", "--data-dir", "--threads"):
         assert option in result.stdout
 
 
