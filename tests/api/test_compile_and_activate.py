@@ -144,3 +144,19 @@ def test_activate_rejects_unknown_fields_and_foreign_ids(alice, scope_a, scope_c
     assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/activate/", {"force": True}, format="json"), 400, "force")
     assert_error(client.post(f"/api/scopes/scope-a/cartridges/{foreign.pk}/activate/", {}, format="json"), 404, "version")
     assert not CartridgeActivation.objects.exists()
+
+
+@pytest.mark.xfail(
+    reason="cartridges.tasks.cartridge_compile_task/cartridge_evaluate_task take no actor_id yet (requested from the "
+    "cartridges helper); the views pass one as soon as the task signature has it",
+    strict=False,
+)
+def test_compile_and_evaluate_through_the_api_are_attributed(alice, scope_a, append, api_client_for):
+    append(scope_a, KEY)
+    client = api_client_for(alice)
+    version_id = client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json").json()["version_id"]
+    evaluation_id = client.post(f"/api/scopes/scope-a/cartridges/{version_id}/evaluate/", {}, format="json").json()[
+        "evaluation_id"
+    ]
+    assert CartridgeVersion.objects.get(pk=version_id).created_by == alice
+    assert CartridgeEvaluation.objects.get(pk=evaluation_id).created_by == alice
