@@ -176,7 +176,43 @@ def markdown_report(results: dict[str, Any]) -> str:
     for b in results["budgets"]:
         out.append(f"- {b['budget']} tokens: before {b['load_avg']['before']}, after {b['load_avg']['after']}")
     out.append("")
+    if results.get("erasure"):
+        out += [erasure_markdown(results["erasure"], level=2), ""]
     return "\n".join(out)
+
+
+def erasure_markdown(erasure: dict[str, Any], *, level: int = 1) -> str:
+    """The erasure check in words and a small table (from `python manage.py kveval`)."""
+    c = erasure["checks"]
+    f = erasure["figures"]
+
+    def yes(ok: bool) -> str:
+        return "**yes**" if ok else "**NO**"
+
+    lines = [
+        f"{'#' * level} Erasure check ({erasure['configuration']})",
+        "",
+        f"Article *{erasure['article']}*: {erasure['num_paragraphs']} paragraphs ({erasure['num_tokens']} tokens), one "
+        f"subject per paragraph, in scope `{erasure['scope']}`; paragraph {erasure['erased_paragraph']} erased "
+        f"(erasure request #{erasure['erasure_request_id']}); scope `{erasure['never_stored_scope']}` holds the same "
+        f"paragraphs without it. {erasure['num_questions']} question(s) about the erased paragraph, "
+        f"at most {erasure['max_new_tokens']} new tokens.",
+        "",
+        "| answered from | EM % | F1 % |",
+        "|---|---:|---:|",
+        f"| cartridge before erasure | {_fmt(f['before']['em'])} | {_fmt(f['before']['f1'])} |",
+        f"| rebuilt cartridge after erasure | {_fmt(f['after']['em'])} | {_fmt(f['after']['f1'])} |",
+        f"| cartridge of the never-stored scope | {_fmt(f['never_stored']['em'])} | {_fmt(f['never_stored']['f1'])} |",
+        "",
+        f"- the old cartridge is destroyed (state and blob): {yes(c['old_version_destroyed'])}",
+        f"- the rebuilt cartridge leaves the erased memory out: {yes(c['erased_memory_left_out'])}",
+        f"- rebuilt blob byte-identical to the never-stored one: {yes(c['rebuilt_blob_equals_never_stored'])} "
+        f"(sha256 {erasure['blob_sha256']['rebuilt'][:16]}... vs {erasure['blob_sha256']['never_stored'][:16]}...)",
+        f"- answers after erasure identical to the never-stored scope's: {yes(c['answers_equal_never_stored'])}",
+        f"- answered no better than when never stored: {yes(c['no_better_than_never_stored'])}",
+        "- timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in erasure["timings_s"].items()),
+    ]
+    return "\n".join(lines)
 
 
 def _budgets_and_series(results: dict[str, Any], key: Sequence[str]) -> tuple[list[int], dict[str, list]]:

@@ -1,0 +1,70 @@
+"""`python manage.py kveval` end to end on the fake engine: the eval report plus the erasure check."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from cartridges.models import CartridgeVersion
+from memories.models import Scope
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "squad_subset" / "squad_v1.1_dev_subset.json"
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fake_engine(settings, tmp_path):
+    """The fake backend as the active configuration, blobs in a temp dir."""
+    settings.MNESIO_KV_BACKEND = "fake"
+    settings.MNESIO_KV_MODEL = "fake-model"
+    settings.MNESIO_KV_DTYPE = "f32"
+    settings.MNESIO_KV_QUANT = "none"
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "cartridges": {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                       "OPTIONS": {"location": str(tmp_path / "blobs")}},
+    }
+
+
+def _run(out: Path, *extra: str) -> None:
+    call_command("kveval", "--backend", "fake", "--squad-file", str(FIXTURE), "--budgets", "300,600",
+                 "--questions", "4", "--articles", "1", "--erasure-budget", "600", "--out", str(out),
+                 "--no-progress", *extra, stdout=io.StringIO())
+
+
+def test_it_erases_a_paragraph_and_rebuilds_the_never_stored_blob(fake_engine, tmp_path):
+    _run(tmp_path / "out")
+    erasure = json.loads((tmp_path / "out" / "erasure.json").read_text())
+    assert erasure["checks"] == {
+        "old_version_destroyed": True, "erased_memory_left_out": True, "rebuilt_blob_equals_never_stored": True,
+        "answers_equal_never_stored": True, "no_better_than_never_stored": True, "holds": True,
+    }
+    assert erasure["blob_sha256"]["rebuilt"] == erasure["blob_sha256"]["never_stored"] != erasure["blob_sha256"]["before"]
+    # the fake answers with the best-matching memory: before erasure that is the erased paragraph itself
+    assert erasure["figures"]["before"]["f1"] > erasure["figures"]["after"]["f1"]
+    scope = Scope.objects.get(name=erasure["scope"])
+    assert scope.memories.count() == erasure["num_paragraphs"]
+    never = Scope.objects.get(name=erasure["never_stored_scope"])
+    assert never.memories.count() == erasure["num_paragraphs"] - 1
+    assert CartridgeVersion.objects.filter(scope=scope).count() == 2  # before and rebuilt
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["erasure"]["checks"]["holds"] is True
+    assert [b["budget"] for b in results["budgets"]] == [300, 600]
+    assert "Erasure check" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_it_runs_the_erasure_check_alone(fake_engine, tmp_path):
+    _run(tmp_path / "out", "--skip-engine")
+    assert (tmp_path / "out" / "erasure.md").read_text().count("**yes**") == 5
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_it_refuses_skipping_everything_and_a_missing_squad_file(fake_engine, tmp_path):
+    with pytest.raises(CommandError, match="nothing to run"):
+        _run(tmp_path, "--skip-engine", "--skip-erasure")
+    with pytest.raises(CommandError, match="--squad-file"):
+        call_command("kveval", "--squad-file", str(tmp_path / "missing.json"), "--skip-engine")
