@@ -63,29 +63,29 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         articles = load_squad(squad)
         pool = BackendPool(config)
+        out = Path(ns.out)
         results: dict[str, Any] | None = None
         if not options["skip_engine"]:
             run = run_eval(config, articles, pool=pool, progress=not ns.no_progress, log=self._log)
             results = run.as_dict()
             results["data"] = {"squad_file": str(squad), "num_articles": len(articles)}
-        erasure = None
-        if not options["skip_erasure"]:
-            erasure = erasure_check(articles=articles, pool=pool, budget=options["erasure_budget"],
-                                    num_questions=options["erasure_questions"], template=config.question_template,
-                                    log=self._log)
-        out = Path(ns.out)
-        out.mkdir(parents=True, exist_ok=True)
-        if results is not None:
-            if erasure is not None:
-                results["erasure"] = erasure
+            # written now, so a failing erasure check never costs the (long) engine run its figures
             for kind, path in write_report(results, out, command=command).items():
                 self._log(f"wrote {kind}: {path}")
-        if erasure is not None:
-            (out / "erasure.json").write_text(json.dumps({**erasure, "command": command}, indent=1, sort_keys=True) + "\n")
-            (out / "erasure.md").write_text(erasure_markdown(erasure) + "\n")
-            self._log(f"wrote erasure: {out / 'erasure.json'}, {out / 'erasure.md'}")
-            if not erasure["checks"]["holds"]:
-                raise CommandError(f"the erasure check failed: {erasure['checks']}")
+        if options["skip_erasure"]:
+            return
+        erasure = erasure_check(articles=articles, pool=pool, budget=options["erasure_budget"],
+                                num_questions=options["erasure_questions"], template=config.question_template,
+                                log=self._log)
+        out.mkdir(parents=True, exist_ok=True)
+        if results is not None:
+            results["erasure"] = erasure
+            write_report(results, out, command=command)
+        (out / "erasure.json").write_text(json.dumps({**erasure, "command": command}, indent=1, sort_keys=True) + "\n")
+        (out / "erasure.md").write_text(erasure_markdown(erasure) + "\n")
+        self._log(f"wrote erasure: {out / 'erasure.json'}, {out / 'erasure.md'}")
+        if not erasure["checks"]["holds"]:
+            raise CommandError(f"the erasure check failed: {erasure['checks']}")
 
     def _log(self, message: str) -> None:
         self.stdout.write(message)
