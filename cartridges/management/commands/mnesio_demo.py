@@ -52,11 +52,11 @@ MEMORIES = [
 ]
 # Evaluation cases the gate scores (cartridge accuracy must match re-reading the same memories).
 CASES = [
-    ("What is the name of the dog Lena Park owns?", ["Biscuit"]),
+    ("What is the name of Lena Park's dog?", ["Biscuit"]),
     ("Where is the spare office key kept?", ["flowerpot"]),
     ("Which instrument does Tomás Reyes play in the orchestra?", ["cello"]),
 ]
-QUESTION = "What is the name of the dog Lena Park owns?"
+QUESTION = "What is the name of Lena Park's dog?"
 
 
 class Command(BaseCommand):
