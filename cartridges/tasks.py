@@ -42,44 +42,55 @@ TASK_ROUTES = {
 }
 
 
+def _actor(actor_id: int | None):
+    """The user a task acts for (an id in the message, never a name), or None."""
+    if actor_id is None:
+        return None
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.filter(pk=actor_id).first()
+
+
 def _error(exc: MnesioError) -> dict[str, Any]:
     return {"ok": False, "error": exc.message, "kind": type(exc).__name__}
 
 
 @shared_task(**_RELIABLE)
-def cartridge_compile_task(scope_id: int, log_head: int | None = None, then_activate: bool = False) -> dict[str, Any]:
+def cartridge_compile_task(
+    scope_id: int, log_head: int | None = None, then_activate: bool = False, actor_id: int | None = None
+) -> dict[str, Any]:
     """Compile scope ``scope_id`` at ``log_head`` (None: now); with ``then_activate`` queue evaluate + activate."""
     scope = Scope.objects.get(pk=scope_id)
     try:
-        version = cartridge_compile(scope=scope, log_head=log_head)
+        version = cartridge_compile(scope=scope, log_head=log_head, actor=_actor(actor_id))
     except MnesioError as exc:
         log.info("compile task scope=%s refused: %s", scope_id, type(exc).__name__)
         return _error(exc)
     if then_activate:
         version_id = version.pk
-        transaction.on_commit(lambda: cartridge_evaluate_task.delay(version_id, True))
+        transaction.on_commit(lambda: cartridge_evaluate_task.delay(version_id, True, actor_id=actor_id))
     return {"ok": True, "version": version.pk}
 
 
 @shared_task(**_RELIABLE)
-def cartridge_evaluate_task(version_id: int, then_activate: bool = False) -> dict[str, Any]:
+def cartridge_evaluate_task(version_id: int, then_activate: bool = False, actor_id: int | None = None) -> dict[str, Any]:
     """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation."""
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
     evaluation = version_latest_evaluation(version=version, config_key=active_configuration().key())
     digest = evaluation_cases_digest(scope=version.scope)
     if evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest:
-        evaluation = cartridge_evaluate(version=version)
+        evaluation = cartridge_evaluate(version=version, actor=_actor(actor_id))
     if then_activate and evaluation.passed:
-        transaction.on_commit(lambda: cartridge_activate_task.delay(version_id))
+        transaction.on_commit(lambda: cartridge_activate_task.delay(version_id, actor_id=actor_id))
     return {"ok": True, "evaluation": evaluation.pk, "passed": evaluation.passed}
 
 
 @shared_task(**_RELIABLE)
-def cartridge_activate_task(version_id: int) -> dict[str, Any]:
+def cartridge_activate_task(version_id: int, actor_id: int | None = None) -> dict[str, Any]:
     """Activate version ``version_id`` through the gate."""
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
     try:
-        activation = cartridge_activate(version=version)
+        activation = cartridge_activate(version=version, actor=_actor(actor_id))
     except MnesioError as exc:
         return _error(exc)
     return {"ok": True, "activation": activation.pk}
