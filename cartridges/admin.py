@@ -360,7 +360,15 @@ def _extend_scope_admin() -> None:
     if scope_admin is None:  # memories registers it; keep working without it
         return
     scope_admin.actions = [*(scope_admin.actions or []), compile_scopes, rollback_scopes]
-    scope_admin.inlines = [*scope_admin.inlines, ScopeVersionInline]
+    base_get_inlines = scope_admin.get_inlines
+
+    def get_inlines(request: HttpRequest, obj: Any = None) -> list:
+        # A scope being added has no versions: leaving the inline off the add form keeps its POST
+        # free of this formset's management fields.
+        inlines = list(base_get_inlines(request, obj))
+        return [*inlines, ScopeVersionInline] if obj is not None else inlines
+
+    scope_admin.get_inlines = get_inlines
 
 
 _extend_scope_admin()

@@ -33,13 +33,7 @@ _RELIABLE: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
 
 # Model work on the gpu queue (merged into the Celery app's task_routes by CartridgesConfig.ready;
 # Celery 5 deprecates the per-task ``queue`` attribute).
-TASK_ROUTES = {
-    "cartridges.tasks.cartridge_compile_task": {"queue": "gpu"},
-    "cartridges.tasks.cartridge_evaluate_task": {"queue": "gpu"},
-    "cartridges.tasks.cartridge_answer_task": {"queue": "gpu"},
-    "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
-    "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},
-}
+# Queue routing lives in mnesio_site/celery.py (task_routes): compile/evaluate/answer go to `gpu`.
 
 
 def _actor(actor_id: int | None):

@@ -14,6 +14,16 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
     task_queues=(Queue("default"), Queue("gpu")),
     task_default_queue="default",
+    # Model work goes to the gpu queue, served by workers that hold the model; bookkeeping stays
+    # on default. Erasure processing recompiles every affected cartridge, so it is model work too.
+    task_routes={
+        "cartridges.tasks.cartridge_compile_task": {"queue": "gpu"},
+        "cartridges.tasks.cartridge_evaluate_task": {"queue": "gpu"},
+        "cartridges.tasks.cartridge_answer_task": {"queue": "gpu"},
+        "memories.tasks.erasure_request_process_task": {"queue": "gpu"},
+        "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
+        "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},
+    },
     # Acknowledge only after the task finished: a worker killed mid-compile leaves the
     # message unacked, so the broker delivers it again (tasks are idempotent, see cartridges.tasks).
     task_acks_late=True,

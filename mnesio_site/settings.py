@@ -140,6 +140,9 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = env("DATABASE_URL", f"sqlite:///{DATA_DIR / 'mnesio.sqlite3'}")
+if DATABASE_URL.startswith("sqlite:") and DATABASE_URL.startswith(f"sqlite:///{DATA_DIR}"):
+    # The embedded default keeps its file in DATA_DIR; a fresh checkout has none yet.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
 try:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", "0", minimum=0))}
 except ValueError as exc:
