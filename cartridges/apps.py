@@ -8,9 +8,12 @@ class CartridgesConfig(AppConfig):
     verbose_name = "KV cartridges"
 
     def ready(self) -> None:
-        """Register the erasure rebuilder: memories calls it after shredding a subject's key."""
-        from memories.registry import register_view_rebuilder
+        """Register with memories: the erasure rebuilder and the blob-key re-wrapper for key rotation."""
+        from memories.registry import register_key_rewrapper, register_view_rebuilder
 
         from .services.erase import cartridge_views_rebuild
+        from .storage import blob_keys_rewrap
 
         register_view_rebuilder(cartridge_views_rebuild)
+        # rotate_master_key re-wraps cartridge blob keys in the same run as the subject keys.
+        register_key_rewrapper("cartridge blob keys", blob_keys_rewrap)

@@ -97,3 +97,22 @@ def test_it_refuses_any_other_change_of_a_blob_key_by_sql(scope_a, append, fake_
                 [version.storage_name],
             )
     assert CartridgeVersion.objects.get().storage_name == CartridgeBlob.objects.get().storage_name
+
+
+def test_rotate_master_key_rewraps_cartridge_blob_keys_in_the_same_run(scope_a, append, fake_engine, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from memories import crypto
+
+    append(scope_a, "The spare key is under the blue flowerpot.")
+    version = cartridge_compile(scope=scope_a)
+    old_key, new_key = crypto.master_key(), os.urandom(32)
+    settings.MNESIO_MASTER_KEY, settings.MNESIO_MASTER_KEY_OLD = new_key, old_key
+    out = StringIO()
+    call_command("rotate_master_key", stdout=out)
+    assert "cartridge blob keys: re-wrapped 1 key(s)" in out.getvalue()
+    settings.MNESIO_MASTER_KEY_OLD = None  # the old key is retired
+    assert b"flowerpot" in blob_read(version=version)
+    assert CartridgeBlob.objects.get().wrapped_by == crypto.master_key_id(new_key)
