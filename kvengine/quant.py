@@ -1,27 +1,34 @@
-"""KV quantization for stored cartridges: q8 (symmetric int8) and q4 (asymmetric 4-bit, packed two per byte).
+"""KV quantization for stored cartridges: q8 (8-bit) and q4 (4-bit, packed two per byte).
 
-Both quantize in groups of ``GROUP_SIZE`` consecutive values along ``head_dim`` (one group per token and
-head when head_dim is 64), with float16 scales. Scales are rounded *up* to float16 (and the q4 zero point
-*down*) so every value stays inside the representable range and the round-trip error is at most half a
-step:
+Both are asymmetric (a float16 zero point at the group minimum and a float16 step), grouped 64 values at a
+time, and grouped the way each tensor's outliers run (as in KIVI, Liu et al. 2024):
 
-- q8: ``|x - x̂| <= scale / 2`` with ``scale >= absmax(group) / 127``;
-- q4: ``|x - x̂| <= scale / 2`` with ``scale >= (max - zero) / 15`` and ``zero <= min(group)``.
+- keys: per channel, groups of ``GROUP_SIZE`` consecutive tokens (a few key channels carry large values at
+  every position; per-token groups would spend the whole 8 or 4 bits' range on them). This cut the key
+  error on SmolLM2 from 1.1% to 0.25% (q8) and from 13% to 4% (q4);
+- values: per token, groups of ``GROUP_SIZE`` consecutive head_dim values.
 
-Sizes relative to float32 (per 64 values): q8 = (64 + 2) / 256 = 0.258, q4 = (32 + 2 + 2) / 256 = 0.141.
-Values must stay below ~8e6 in magnitude (float16 scale range); KV states are orders of magnitude smaller.
+The step is rounded *up* to float16 and the zero point *down*, so every value lies inside the grid and the
+round-trip error is at most half a step: ``|x - x̂| <= scale / 2`` with ``zero <= min(group)`` and
+``scale >= (max(group) - zero) / (2**bits - 1)``.
+
+Sizes relative to float32 (per 64 values; scale + zero = 4 bytes): q8 = (64 + 4) / 256 = 0.266,
+q4 = (32 + 4) / 256 = 0.141 (key groups along tokens round the token count up to 64 for their parameters
+only, not for the codes). Values must stay below ~1e6 in magnitude (float16 range); KV states are far smaller.
 Work is done in float32 whatever the cartridge dtype, and dequantized values are cast to the serving dtype.
 """
 from __future__ import annotations
 
 import torch
 
-GROUP_SIZE = 64  # one float16 scale per 64 values keeps q8 under 0.27x and q4 under 0.15x of float32
+GROUP_SIZE = 64  # one float16 scale + zero per 64 values keeps q8 under 0.27x and q4 under 0.15x of float32
+BITS = {"q8": 8, "q4": 4}
+AXES = ("token", "channel")  # "token": values (groups along head_dim); "channel": keys (groups along tokens)
 _INF16 = torch.tensor(float("inf"), dtype=torch.float16)
 
 
 def group_size(head_dim: int) -> int:
-    """The group length for ``head_dim``: GROUP_SIZE when it divides head_dim, else head_dim itself."""
+    """The group length along head_dim: GROUP_SIZE when it divides head_dim, else head_dim itself."""
     if head_dim % GROUP_SIZE == 0:
         return GROUP_SIZE
     if head_dim % 2:
@@ -41,42 +48,70 @@ def _f16_down(v: torch.Tensor) -> torch.Tensor:
     return torch.where(h.float() > v, torch.nextafter(h, (-_INF16).expand_as(h)), h)
 
 
-def quantize(x: torch.Tensor, quant: str) -> dict[str, torch.Tensor]:
-    """Quantize ``x`` [..., head_dim] into named parts ("q", "scale" and for q4 "zero")."""
-    *lead, d = x.shape
-    g = group_size(d)
-    xg = x.float().reshape(*lead, d // g, g)  # (..., num_groups, group)
-    if quant == "q8":
-        scale = _f16_up(xg.abs().amax(-1) / 127)  # (..., num_groups)
-        s = scale.float().unsqueeze(-1)
-        q = torch.where(s > 0, xg / torch.where(s > 0, s, 1.0), 0.0).round().clamp(-127, 127).to(torch.int8)
-        return {"q": q.reshape(*lead, d), "scale": scale}
-    if quant == "q4":
-        zero = _f16_down(xg.amin(-1))  # (..., num_groups)
-        scale = _f16_up((xg.amax(-1) - zero.float()) / 15)
-        s = scale.float().unsqueeze(-1)
-        q = torch.where(s > 0, (xg - zero.float().unsqueeze(-1)) / torch.where(s > 0, s, 1.0), 0.0)
-        q = q.round().clamp(0, 15).to(torch.uint8).reshape(*lead, d // 2, 2)  # (..., head_dim/2, 2)
-        packed = q[..., 0] | (q[..., 1] << 4)  # low nibble = even index, high nibble = odd index
-        return {"q": packed, "scale": scale, "zero": zero}
-    raise ValueError(f"`quant` has to be one of ['q8', 'q4'] but got {quant!r}")
+def _check(quant: str, axis: str) -> int:
+    if quant not in BITS:
+        raise ValueError(f"`quant` has to be one of {list(BITS)} but got {quant!r}")
+    if axis not in AXES:
+        raise ValueError(f"`axis` has to be one of {list(AXES)} but got {axis!r}")
+    return BITS[quant]
 
 
-def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype) -> torch.Tensor:
-    """Invert quantize(): return [..., head_dim] in ``dtype``."""
-    if quant == "q8":
-        q = parts["q"]
-        *lead, d = q.shape
-        num_groups = parts["scale"].shape[-1]
-        xg = q.float().reshape(*lead, num_groups, d // num_groups) * parts["scale"].float().unsqueeze(-1)
-        return xg.reshape(*lead, d).to(dtype)
-    if quant == "q4":
-        packed = parts["q"]
-        *lead, half = packed.shape
-        d = 2 * half
-        q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*lead, d)  # (..., head_dim)
-        num_groups = parts["scale"].shape[-1]
-        xg = q.float().reshape(*lead, num_groups, d // num_groups)
-        xg = xg * parts["scale"].float().unsqueeze(-1) + parts["zero"].float().unsqueeze(-1)
-        return xg.reshape(*lead, d).to(dtype)
-    raise ValueError(f"`quant` has to be one of ['q8', 'q4'] but got {quant!r}")
+def _grouped(x: torch.Tensor, axis: str) -> torch.Tensor:
+    """View ``x`` [..., T, D] as groups (..., num_groups, group) along the quantization axis."""
+    *lead, t, d = x.shape
+    if axis == "token":
+        g = group_size(d)
+        return x.reshape(*lead, t, d // g, g)  # (..., T, D/g, g)
+    pad = -t % GROUP_SIZE
+    xt = x.transpose(-1, -2)  # (..., D, T)
+    if pad:  # repeat the last token: the group's min and max stay those of real tokens
+        xt = torch.cat([xt, xt[..., -1:].expand(*xt.shape[:-1], pad)], dim=-1)
+    return xt.reshape(*lead, d, (t + pad) // GROUP_SIZE, GROUP_SIZE)  # (..., D, ceil(T/64), 64)
+
+
+def _ungrouped(xg: torch.Tensor, axis: str, num_tokens: int) -> torch.Tensor:
+    """Invert _grouped: (..., num_groups, group) back to [..., T, D]."""
+    if axis == "token":
+        return xg.reshape(*xg.shape[:-2], xg.shape[-2] * xg.shape[-1])
+    xt = xg.reshape(*xg.shape[:-2], -1)[..., :num_tokens]  # (..., D, T)
+    return xt.transpose(-1, -2)
+
+
+def quantize(x: torch.Tensor, quant: str, *, axis: str) -> dict[str, torch.Tensor]:
+    """Quantize ``x`` [..., num_tokens, head_dim] into parts "q" (codes), "scale" and "zero" (float16)."""
+    bits = _check(quant, axis)
+    levels = 2**bits - 1
+    xg = _grouped(x.float(), axis)
+    zero = _f16_down(xg.amin(-1))  # (..., num_groups)
+    scale = _f16_up((xg.amax(-1) - zero.float()) / levels)
+    s = scale.float().unsqueeze(-1)
+    q = torch.where(s > 0, (xg - zero.float().unsqueeze(-1)) / torch.where(s > 0, s, 1.0), 0.0)
+    q = _ungrouped(q.round().clamp(0, levels).to(torch.uint8), axis, x.shape[-2]).contiguous()  # [..., T, D]
+    if bits == 4:
+        pairs = q.reshape(*q.shape[:-1], q.shape[-1] // 2, 2)  # (..., T, D/2, 2)
+        q = pairs[..., 0] | (pairs[..., 1] << 4)  # low nibble = even channel, high nibble = odd channel
+    return {"q": q, "scale": scale, "zero": zero}
+
+
+def codes(parts: dict[str, torch.Tensor], quant: str) -> torch.Tensor:
+    """The integer codes [..., T, D] (unpacked for q4)."""
+    q = parts["q"]
+    if BITS[quant] == 4:
+        q = torch.stack([q & 0x0F, q >> 4], dim=-1).reshape(*q.shape[:-1], 2 * q.shape[-1])
+    return q
+
+
+def expand(param: torch.Tensor, axis: str, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """Broadcast a per-group parameter (scale or zero) to the full tensor ``shape`` [..., T, D]."""
+    *_, t, d = shape
+    if axis == "token":
+        return param.float().repeat_interleave(d // param.shape[-1], dim=-1)  # (..., T, D)
+    return param.float().repeat_interleave(GROUP_SIZE, dim=-1)[..., :t].transpose(-1, -2)  # (..., T, D)
+
+
+def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *, axis: str) -> torch.Tensor:
+    """Invert quantize(): return [..., T, head_dim] in ``dtype``."""
+    _check(quant, axis)
+    q = codes(parts, quant)
+    x = q.float() * expand(parts["scale"], axis, q.shape) + expand(parts["zero"], axis, q.shape)
+    return x.to(dtype)

@@ -61,7 +61,9 @@ LAYOUT_VERSION = "mnesio-layout-v1"  # bump when the prompt layout below changes
 SYSTEM_PREAMBLE = "Answer the user's question using these memories.\nMemories:\n"
 PLAIN_QUESTION = "Question: {question}\nAnswer:"
 PROBE_QUESTION = "Is this a probe question?"
-_QUANT_PARTS = {"q8": ("q", "scale"), "q4": ("q", "scale", "zero")}
+_QUANT_PARTS = ("q", "scale", "zero")
+# keys are quantized per channel (their outliers sit in fixed channels), values per token (see quant.py)
+_QUANT_AXIS = {"k": "channel", "v": "token"}
 
 
 @dataclass
@@ -434,13 +436,13 @@ class TransformersKvBackend(KvBackend):
         return raw
 
     def _stored_names(self, num_layers: int) -> list[str]:
-        return [f"layers.{i:03d}.{kv}.{part}" for i in range(num_layers) for kv in "kv" for part in _QUANT_PARTS[self.quant]]
+        return [f"layers.{i:03d}.{kv}.{part}" for i in range(num_layers) for kv in "kv" for part in _QUANT_PARTS]
 
     def _quantize(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> dict[str, RawTensor]:
         stored = {}
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             for kv, t in (("k", k), ("v", v)):
-                for part, tensor in quantize(t, self.quant).items():
+                for part, tensor in quantize(t, self.quant, axis=_QUANT_AXIS[kv]).items():
                     stored[f"layers.{i:03d}.{kv}.{part}"] = to_raw(tensor)
         return stored
 
@@ -448,6 +450,6 @@ class TransformersKvBackend(KvBackend):
         keys, values = [], []
         for i in range(num_layers):
             for kv, out in (("k", keys), ("v", values)):
-                parts = {p: from_raw(stored[f"layers.{i:03d}.{kv}.{p}"]).to(self.device) for p in _QUANT_PARTS[self.quant]}
-                out.append(dequantize(parts, self.quant, self.torch_dtype))
+                parts = {p: from_raw(stored[f"layers.{i:03d}.{kv}.{p}"]).to(self.device) for p in _QUANT_PARTS}
+                out.append(dequantize(parts, self.quant, self.torch_dtype, axis=_QUANT_AXIS[kv]))
         return keys, values
