@@ -290,8 +290,9 @@ def checks(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"check": name, "measured": measured, "target": target, "met": ok, "higher_is_better": higher_is_better})
 
     r4, r8 = _row_near(rows, 4000), _row_near(rows, 8000)
-    add("TTFT re-reading / cartridge at 4k (f32)", r4 and r4["ttft_ratio"], TARGETS["ttft_ratio_4k"], True)
-    add("TTFT re-reading / cartridge at 8k (f32)", r8 and r8["ttft_ratio"], TARGETS["ttft_ratio_8k"], True)
+    d = result["backend"]["dtype"]
+    add(f"TTFT re-reading / cartridge at 4k ({d})", r4 and r4["ttft_ratio"], TARGETS["ttft_ratio_4k"], True)
+    add(f"TTFT re-reading / cartridge at 8k ({d})", r8 and r8["ttft_ratio"], TARGETS["ttft_ratio_8k"], True)
     add("TTFT cartridge at 8k / floor (no memory)", r8 and r8["floor_ratio"], TARGETS["floor_ratio_8k"], False)
     add("end-to-end deep-copy pattern / cartridge at 8k", r8 and r8["e2e_vs_deepcopy"], TARGETS["e2e_vs_deepcopy_8k"], True)
     add("q8 size / f32 size (largest context)", rows[-1].get("size_q8_ratio"), TARGETS["q8_size"], False)
@@ -306,6 +307,7 @@ def markdown(result: dict[str, Any]) -> str:
     a = result["args"]
     lb, la = result["load_before"], result["load_after"]
     mb = 1024 * 1024
+    d = result["backend"]["dtype"]
     lines = [
         "## kvengine: KV cartridges vs re-reading (bench/kv_speed.py)",
         "",
@@ -324,7 +326,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Timings are medians of {a['reps']} runs ({a['text_reps']} for re-reading); answers are {a['answer_tokens']} tokens "
         "(decoded past end-of-turn so every method generates the same number of tokens).",
         "",
-        "### Latency (f32 unless marked)",
+        f"### Latency ({d} unless marked)",
         "",
         "| memory tokens | TTFT re-read (s) | TTFT cartridge (s) | re-read / cartridge | cartridge / floor | "
         f"{a['answer_tokens']}-token answer: cartridge (s) | deep-copy pattern (s) | deep-copy / cartridge | re-read (s) | re-read / cartridge |",
@@ -361,9 +363,9 @@ def markdown(result: dict[str, Any]) -> str:
     ag = result["agreement"]
     lines += [
         "",
-        f"Agreement with the f32 cartridge over {result['total_probes']} probe questions (whole greedy answer of up to "
+        f"Agreement with the {d} cartridge over {result['total_probes']} probe questions (whole greedy answer of up to "
         f"{a['agree_tokens']} tokens identical): " + ", ".join(f"{k} {v:.1%}" for k, v in ag.items())
-        + f". For scale: the f32 answers named the right city in {result['f32_accuracy']:.0%} of the probes (a 135M model).",
+        + f". For scale: the {d} answers named the right city in {result['f32_accuracy']:.0%} of the probes (a 135M model).",
         "",
         "### Targets from issue #3",
         "",
