@@ -91,3 +91,14 @@ def operator(db):
     return get_user_model().objects.create_user(
         username="olga", email="olga@example.com", password="x-olga-operator", is_staff=True
     )
+
+
+@pytest.fixture
+def real_broker():
+    """Send tasks to the broker for real (a test that ran before may have left eager mode on)."""
+    from mnesio_site.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = False
+    yield
+    app.conf.task_always_eager = before

@@ -23,6 +23,7 @@ from cartridges.models import CartridgeVersion
 from .conftest import _wait
 
 pytestmark = [
+    pytest.mark.usefixtures("real_broker"),
     pytest.mark.celery_worker,
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),

@@ -136,6 +136,7 @@ def test_task_messages_in_the_broker_carry_ids_only(
 
     client = api_client_for(alice)
     client.post("/api/scopes/scope-a/memories/", data={"content": f"Dana's code is 4417 {MARKER}.", "subject": "dana"}, format="json")
+    before = app.conf.task_always_eager
     app.conf.task_always_eager = False  # queue for real: no worker runs, the messages stay in Redis
     try:
         assert client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json").status_code == 202
@@ -143,7 +144,7 @@ def test_task_messages_in_the_broker_carry_ids_only(
             filed = client.post("/api/scopes/scope-a/erasure-requests/", data={"subject": "dana", "reason": "r"}, format="json")
         assert filed.status_code == 201
     finally:
-        app.conf.task_always_eager = True
+        app.conf.task_always_eager = before
     messages = []
     for key in redis_clean.keys("*"):
         if redis_clean.type(key) == b"list":

@@ -26,6 +26,7 @@ from memories.services import erasure_request_file, memory_append
 from .conftest import _wait
 
 pytestmark = [
+    pytest.mark.usefixtures("real_broker"),
     pytest.mark.celery_worker,
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
