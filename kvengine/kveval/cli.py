@@ -42,13 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", type=_ints, default=d.budgets, metavar="N[,N]",
                         help="memory token budgets per scope (default: 1024,2048,4096,8192)")
     parser.add_argument("--questions", type=_ints, default=d.questions, metavar="N[,N]",
-                        help="questions per budget: one number, or one per budget (default: 16,12,10,8)")
+                        help="questions per budget: one number, or one per budget (default: 12,8,6,6)")
     parser.add_argument("--articles", type=_ints, default=d.articles, metavar="N[,N]",
                         help="articles (scopes) per budget, one number or one per budget; questions are spread "
-                             "over them (default: 2,2,1,1)")
+                             "over them (default: 2,1,1,1)")
     parser.add_argument("--top-k", type=int, default=d.top_k, help="paragraphs retrieved per question (default: 3)")
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                        help="answer length limit, greedy decoding (default: 16)")
+                        help="answer length limit, greedy decoding (default: 32)")
     parser.add_argument("--threads", type=int, default=d.threads,
                         help="torch threads (default: torch's own; 1 is far faster on a machine shared with "
                              "other busy processes)")
