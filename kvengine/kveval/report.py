@@ -34,6 +34,12 @@ def write_report(results: dict[str, Any], out_dir: Path, *, command: str | None 
     return paths
 
 
+def _in_mode_order(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Items of a per-mode dict in MODE_LABELS order (JSON files store them sorted by name)."""
+    order = list(MODE_LABELS)
+    return sorted(summary.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -57,7 +63,7 @@ def headline_table(results: dict[str, Any]) -> str:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for b in results["budgets"]:
-        for mode, s in b["summary"].items():
+        for mode, s in _in_mode_order(b["summary"]):
             lines.append(
                 f"| {b['budget']} | {MODE_LABELS.get(mode, mode)} | {s['num_questions']} | {_fmt(s['em'])} | "
                 f"{_fmt(s['f1'])} | {_seconds(s['ttft_s']['median'])} | {_seconds(s['ttft_s']['p95'])} | "
@@ -80,7 +86,9 @@ def variants_table(results: dict[str, Any]) -> str:
         for scope in b["scopes"]:
             for label, size in scope["size_bytes"].items():
                 total[label] = total.get(label, 0) + size
-        for label, size in total.items():
+        cfg = results["config"]
+        order = [main, *cfg.get("quants", []), *cfg.get("compare_dtypes", [])]
+        for label, size in sorted(total.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
             a = b["agreement"].get(label)
             if label == main:
                 agree = ("(reference)", "", "", _fmt(b["summary"]["cartridge"]["f1"]))
@@ -224,7 +232,16 @@ def _budgets_and_series(results: dict[str, Any], key: Sequence[str]) -> tuple[li
             for k in key:
                 value = value[k]
             series.setdefault(mode, []).append(value)
-    return budgets, series
+    return budgets, dict(_in_mode_order(series))  # a fixed order keeps each mode's colour across charts and runs
+
+
+def _line_style(mode: str) -> dict[str, Any]:
+    """Cartridge wide and pale under a dashed text line: with parity the two coincide and both stay visible."""
+    if mode == "cartridge":
+        return {"linewidth": 5, "alpha": 0.45}
+    if mode == "text":
+        return {"linestyle": "--"}
+    return {}
 
 
 def _pyplot():
@@ -243,8 +260,7 @@ def plot_accuracy(results: dict[str, Any], path: Path) -> None:
     for ax, metric, title in ((axes[0], "f1", "F1 (%)"), (axes[1], "em", "Exact match (%)")):
         budgets, series = _budgets_and_series(results, (metric,))
         for mode, values in series.items():
-            style = "--" if mode == "text" else "-"
-            ax.plot(budgets, values, style, marker="o", label=MODE_LABELS.get(mode, mode))
+            ax.plot(budgets, values, marker="o", label=MODE_LABELS.get(mode, mode), **_line_style(mode))
         ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [str(b) for b in budgets])
         ax.set_xlabel("memory budget (tokens)")
@@ -267,8 +283,7 @@ def plot_latency(results: dict[str, Any], path: Path) -> None:
                            (axes[1], "total_s", "end-to-end latency, median (s)")):
         budgets, series = _budgets_and_series(results, (key, "median"))
         for mode, values in series.items():
-            style = "--" if mode == "text" else "-"
-            ax.plot(budgets, values, style, marker="o", label=MODE_LABELS.get(mode, mode))
+            ax.plot(budgets, values, marker="o", label=MODE_LABELS.get(mode, mode), **_line_style(mode))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(budgets, [str(b) for b in budgets])
