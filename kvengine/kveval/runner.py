@@ -28,6 +28,9 @@ MODES = ("cartridge", "text", "bm25", "dense", "closed_book")
 Q8_MIN_AGREEMENT = 0.98
 # Asked after every question, in every mode alike: SQuAD answers are short spans, and F1 punishes the
 # small model's habit of answering in a full sentence.
+# Tokens kept free for the question turn when a budget nears the context window (SQuAD questions + the
+# template's suffix stay well under this).
+QUESTION_ROOM_TOKENS = 96
 DEFAULT_QUESTION_TEMPLATE = "{question} Answer with a few words from the memories."
 
 
@@ -271,9 +274,14 @@ def run_eval(config: EvalConfig, articles: Sequence[Article], *, pool: BackendPo
         start = time.perf_counter()
         encoder = DenseEncoder(device=config.device)
         run.dense_load_s = round(time.perf_counter() - start, 3)
+    # an 8k budget on an 8k model must still leave room for the question and the answer
+    room = main.describe().max_context_tokens - config.max_new_tokens - QUESTION_ROOM_TOKENS
     for budget_index, budget in enumerate(config.budgets):
         num_questions = config.questions_for(budget_index)
-        scopes = build_scopes(articles, budget, main.count_tokens, num_articles=config.articles_for(budget_index))
+        if budget > room:
+            log(f"budget {budget}: packing to {room} tokens so the question and the answer fit the context window")
+        scopes = build_scopes(articles, min(budget, room), main.count_tokens,
+                              num_articles=config.articles_for(budget_index))
         picked = sample_questions(scopes, num_questions, seed=config.seed + budget)
         log(f"budget {budget}: {len(scopes)} scope(s) "
             f"({', '.join(f'{s.article} {s.num_tokens} tok/{len(s.paragraphs)} para' for s in scopes)}), "

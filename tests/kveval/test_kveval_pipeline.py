@@ -109,3 +109,17 @@ def test_the_eval_package_never_imports_django():
         for line in path.read_text().splitlines():
             assert not line.lstrip().startswith(("import django", "from django", "import rest_framework",
                                                   "from rest_framework", "import celery", "from celery")), path
+
+
+def test_it_packs_below_the_context_window_so_question_and_answer_still_fit():
+    from kvengine.fake import FakeKvBackend
+    from kvengine.kveval.runner import QUESTION_ROOM_TOKENS, BackendPool
+
+    config = EvalConfig(backend="fake", budgets=(600,), questions=(2,), articles=(1,), max_new_tokens=32,
+                        quants=(), compare_dtypes=(), modes=("cartridge", "text"))
+    pool = BackendPool(config, factory=lambda name, **options: FakeKvBackend(max_context_tokens=400, **options))
+    run = run_eval(config, load_squad(FIXTURE), pool=pool, progress=False, log=lambda _: None)
+    (budget,) = run.budgets
+    assert budget["budget"] == 600  # reported under the nominal budget
+    assert all(s["num_tokens"] <= 400 - 32 - QUESTION_ROOM_TOKENS for s in budget["scopes"])
+    assert budget["parity"]["mismatched_qids"] == []
