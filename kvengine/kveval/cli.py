@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="engine backend (fake: no model, for trying the pipeline)")
     parser.add_argument("--model", default=d.model,
                         help="model id, local directory or hub id (default: the backend's, SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default=d.dtype, choices=list(DTYPES), help="precision of all four modes")
+    parser.add_argument("--dtype", default=d.dtype, choices=list(DTYPES), help="precision of every mode")
     parser.add_argument("--quants", type=_names, default=d.quants, metavar="Q[,Q]",
                         help="quantized cartridges compared token for token with the main one (default: q8,q4)")
     parser.add_argument("--compare-dtypes", type=_names, default=d.compare_dtypes, metavar="D[,D]",
