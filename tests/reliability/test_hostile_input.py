@@ -119,6 +119,7 @@ def _list_urls(client) -> list[str]:
     return urls
 
 
+@pytest.mark.postgres  # the overflow is PostgreSQL's bigint LIMIT
 @pytest.mark.xfail(
     strict=True,
     reason="memories/api/views.py:80 ScopeMemoriesView paginates with a LimitOffsetPagination without max_limit: "
@@ -165,6 +166,7 @@ def test_an_as_of_longer_than_python_parses_is_a_400(owner_client):
     assert response.status_code == 400 and "as_of" in response.json()["message"]
 
 
+@pytest.mark.postgres  # SQLite stores a NUL in text without complaint: the bug is PostgreSQL's refusal
 @pytest.mark.xfail(
     strict=True,
     reason="memories/selectors.py:123 scope_get_for_user passes a scope name with a NUL to PostgreSQL: DataError (500)",

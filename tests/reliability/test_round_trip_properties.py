@@ -54,7 +54,8 @@ def test_any_flipped_bit_or_other_aad_fails_to_open(key, plaintext, aad, data):
 def test_any_accepted_text_round_trips_through_the_log(scope_a, text, subject):
     memory = memory_append(scope=scope_a, subject=subject, content=text)
     row = Memory.objects.select_related("scope__key", "subject").get(pk=memory.pk)
-    assert text.encode() not in bytes(row.ciphertext)
+    if len(text.encode()) >= 8:  # a byte or two can occur in random ciphertext by chance; eight cannot (2^-64)
+        assert text.encode() not in bytes(row.ciphertext)
     opened = memory_open(memory=row)
     assert opened.text == text and not opened.erased and opened.subject == subject
 
