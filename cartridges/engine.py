@@ -15,12 +15,14 @@ from collections import OrderedDict
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, transaction
 
-from kvengine import Cartridge, KvBackend, make_backend
+from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, make_backend
+from mnesio_site.exceptions import MnesioError
 
 from . import conf
-from .models import CartridgeVersion
-from .storage import blob_read
+from .models import CartridgeEvaluation, CartridgeVersion
+from .storage import BlobTampered, BlobUnavailable, blob_read
 
 log = logging.getLogger("cartridges")
 
@@ -69,7 +71,7 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
 
     A miss reads the blob (stored digest, GCM tag and file sha256 checked by storage.blob_read) and has
     the backend verify the payload sha256 and compatibility key (kvengine loads), so a tampered or
-    foreign blob is refused at load.
+    foreign blob is refused at load, with a warning and a failed evaluation row (stage "load").
     """
     backend = backend_for(config)
     key = (version.pk, tuple(config) if isinstance(config, tuple) else config.as_tuple())
@@ -80,7 +82,11 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
             _stats["hits"] += 1
             return cartridge, backend
         _stats["misses"] += 1
-        cartridge = backend.loads(blob_read(version=version))
+        try:
+            cartridge = backend.loads(blob_read(version=version))
+        except (BlobUnavailable, BlobTampered, CorruptCartridgeError, IncompatibleCartridgeError) as exc:
+            _load_refusal_record(version=version, config_key=":".join(key[1]), exc=exc)
+            raise
         size = conf.cartridge_cache_size()
         if size > 0:
             _cartridges[key] = cartridge
@@ -88,6 +94,34 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
                 _cartridges.popitem(last=False)
                 _stats["evictions"] += 1
         return cartridge, backend
+
+
+def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exception) -> None:
+    """Log a refused load and record it as a failed evaluation (stage "load"); never masks ``exc``.
+
+    The row is what makes a damaged blob visible to operators (admin history, version_state) and makes
+    the next activation of the version re-run the gate. A version refused again for the same reason
+    does not add a row per request: the newest evaluation already says so.
+    """
+    if isinstance(exc, MnesioError):
+        reason, check = exc.message, str(exc.extra.get("check") or type(exc).__name__)
+    else:  # the engine's checks (payload sha256, compatibility key); messages hold no memory text
+        reason, check = f"the backend refuses to load version {version.pk}: {exc}", type(exc).__name__
+    log.warning("cartridge load refused version=%s scope=%s check=%s: %s", version.pk, version.scope_id, check, reason)
+    try:
+        with transaction.atomic():
+            newest = CartridgeEvaluation.objects.filter(version=version).order_by("-created_at", "-id").first()
+            if newest is not None and not newest.passed and newest.figures.get("stage") == "load" and newest.reasons == [reason]:
+                return
+            CartridgeEvaluation.objects.create(
+                version=version,
+                passed=False,
+                reasons=[reason],
+                figures={"stage": "load", "check": check},
+                config_key=config_key,
+            )
+    except DatabaseError:  # the refusal itself still reaches the caller; the log line above is the record
+        log.exception("could not record the refused load of cartridge version=%s", version.pk)
 
 
 def cartridge_forget(*, version_id: int) -> None:

@@ -7,6 +7,7 @@ its wrapped key (the CartridgeBlob row): a copy of the ciphertext left in a back
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import uuid
@@ -19,7 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from memories import crypto
-from mnesio_site.exceptions import Conflict
+from mnesio_site.exceptions import Conflict, MnesioError
 
 from .models import CartridgeBlob, CartridgeVersion
 
@@ -34,6 +35,12 @@ class BlobUnavailable(Conflict):
 
 class BlobTampered(Conflict):
     """The stored bytes of a version do not match what was recorded: never served."""
+
+
+class BlobStorageUnavailable(MnesioError):
+    """Blob storage refused a write (disk full, unwritable, a storage service down): retry once it is fixed."""
+
+    status_code = 503
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,17 @@ def blob_write(*, blob: CartridgeBlob, key: bytes, data: bytes) -> StoredBlob:
     """Encrypt ``data`` with the blob key and store it under the reserved name."""
     nonce, ciphertext = crypto.seal(key, data, aad=_blob_aad(blob.storage_name))
     stored = MAGIC + nonce + ciphertext
-    saved = blob_storage().save(blob.storage_name, ContentFile(stored))
+    try:
+        saved = blob_storage().save(blob.storage_name, ContentFile(stored))
+    except OSError as exc:
+        # the caller (cartridges.services.compile._version_store) deletes any half-written bytes and the key row
+        code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else None
+        log.warning("blob storage write failed name=%s errno=%s: %s", blob.storage_name, code, exc)
+        raise BlobStorageUnavailable(
+            f"blob storage unavailable: {exc.strerror or type(exc).__name__}; the cartridge was not stored, "
+            "retry the compile once the storage (MNESIO_BLOB_ROOT or MNESIO_BLOB_STORAGE_BACKEND) accepts writes",
+            extra={"kind": "blob_storage_unavailable", "errno": code},
+        ) from exc
     if saved != blob.storage_name:
         # the storage renamed it (a file already had that name): never point a row at someone else's bytes
         blob_storage().delete(saved)

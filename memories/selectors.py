@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from django.core.validators import slug_re
 from django.db.models import Max, QuerySet
 
 from memories import crypto
@@ -30,9 +31,19 @@ class OpenedMemory:
     created_at: dt.datetime
 
 
+# A seq is a PostgreSQL bigint (at most 2**63 - 1, 19 digits).
+MAX_SEQ_DIGITS = 19
+
+
 def log_head() -> int:
     """Return the seq of the newest committed memory (0 for an empty log)."""
     return Memory.objects.aggregate(head=Max("seq"))["head"] or 0
+
+
+def _shown(value: object) -> str:
+    """The received value for an error message, cut short (a query or path value can be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def as_of_validate(as_of: object) -> int:
@@ -40,9 +51,16 @@ def as_of_validate(as_of: object) -> int:
     if isinstance(as_of, int) and not isinstance(as_of, bool):
         value = as_of
     elif isinstance(as_of, str) and re.fullmatch(r"-?[0-9]+", as_of.strip()):
+        digits = as_of.strip().lstrip("-").lstrip("0")
+        if len(digits) > MAX_SEQ_DIGITS:
+            # past any seq (a bigint); and int() refuses strings over 4,300 digits (ValueError, not a 400)
+            raise MnesioError(
+                f"`as_of` has to be an integer log head of at most {MAX_SEQ_DIGITS} digits but got {len(digits)} digits",
+                extra={"field": "as_of"},
+            )
         value = int(as_of)
     else:
-        raise MnesioError(f"`as_of` has to be an integer log head but got {as_of!r}", extra={"field": "as_of"})
+        raise MnesioError(f"`as_of` has to be an integer log head but got {_shown(as_of)}", extra={"field": "as_of"})
     if value < 0:
         raise MnesioError(f"`as_of` has to be >= 0 but got {value}", extra={"field": "as_of"})
     head = log_head()
@@ -120,6 +138,14 @@ def scope_memory_get(*, scope: Scope, seq: int) -> Memory:
 
 def scope_get_for_user(*, user, name: str) -> Scope:
     """Return the scope called ``name`` if ``user`` is granted it; NotFound / PermissionDenied naming `scope`."""
+    # A name no scope can have (not a slug, too long, a NUL that PostgreSQL refuses) is not looked up.
+    max_chars = Scope._meta.get_field("name").max_length
+    if not isinstance(name, str) or len(name) > max_chars or not slug_re.fullmatch(name):
+        raise NotFound(
+            f"`scope` {_shown(name)} does not exist (a scope name is a slug of at most {max_chars} letters, "
+            "digits, '-' and '_')",
+            extra={"field": "scope"},
+        )
     scope = Scope.objects.filter(name=name).first()
     if scope is None:
         raise NotFound(f"`scope` '{name}' does not exist", extra={"field": "scope"})

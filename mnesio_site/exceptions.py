@@ -1,12 +1,16 @@
 """One application error type, rendered by one DRF exception handler as ``{"message", "extra"}``."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from django.db import DatabaseError, InterfaceError, OperationalError
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+log = logging.getLogger("mnesio")
 
 
 class MnesioError(Exception):
@@ -51,10 +55,35 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
     return [f"`{prefix}`: {detail}" if prefix and prefix != "non_field_errors" else str(detail)]
 
 
+# How long a client should wait before retrying after the database went away (a restart, a failover).
+DATABASE_RETRY_AFTER_S = 5
+
+
+def _database_unavailable(exc: DatabaseError) -> Response:
+    """A 503 for a lost or refused database connection: the request may be retried as it was."""
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    # the class and SQLSTATE only: a driver message may quote parameters, and those can be memory text
+    log.warning("database unavailable during a request: %s sqlstate=%s", type(exc).__name__, sqlstate)
+    return Response(
+        {
+            "message": "the database is unavailable (the connection was lost or refused), so this request may or "
+            f"may not have been applied; retry in {DATABASE_RETRY_AFTER_S} s with the same idempotency_key (an "
+            "append that did commit is then answered with its original row, not written twice)",
+            "extra": {"kind": "database_unavailable", "error": type(exc).__name__, "sqlstate": sqlstate,
+                      "retry_after_s": DATABASE_RETRY_AFTER_S},
+        },
+        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """Render MnesioError, engine errors and DRF errors as ``{"message": ..., "extra": ...}``."""
+    """Render MnesioError, engine errors, lost database connections and DRF errors as ``{"message", "extra"}``."""
     if isinstance(exc, MnesioError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return _database_unavailable(exc)
     try:
         from kvengine.errors import KvError
     except ImportError:  # the engine is optional for the log-only parts

@@ -7,7 +7,6 @@ from django.db.models import Max
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ParseError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
@@ -35,14 +34,20 @@ from memories.selectors import (
 )
 from memories.services import erasure_request_file, memory_append
 from mnesio_site.exceptions import MnesioError
+from mnesio_site.pagination import BoundedLimitOffsetPagination
 
 
 def request_body(request: Request) -> dict[str, Any]:
-    """Return the parsed JSON object body, or raise a 400 naming `body` (malformed JSON, not an object)."""
+    """Return the parsed JSON object body, or raise a 400 naming `body` (malformed, nested too deep, not an object)."""
     try:
         data = request.data
     except ParseError as exc:
         raise MnesioError(f"`body` has to be a JSON object but is not valid JSON: {exc.detail}", extra={"field": "body"}) from None
+    except RecursionError:
+        # json's parser recurses once per nesting level: ~1,000 levels exhaust the stack (a hostile body)
+        raise MnesioError(
+            "`body` is nested too deeply to parse; send a JSON object of plain fields", extra={"field": "body"}
+        ) from None
     if not isinstance(data, dict):
         raise MnesioError(f"`body` has to be a JSON object but got {type(data).__name__}", extra={"field": "body"})
     return data
@@ -76,7 +81,7 @@ class ScopeMemoriesView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         raw = request.query_params.get("as_of")
         as_of = as_of_validate(raw) if raw is not None else log_head()
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(scope_memories(scope=scope_row, as_of=as_of), request, view=self)
         response = paginator.get_paginated_response(OpenedMemorySerializer(memories_open(page), many=True).data)
         # Pin the head in the page links so paging through a growing log stays one consistent view.
@@ -111,7 +116,7 @@ class ErasureRequestsView(APIView):
     @extend_schema(responses=ErasureRequestSerializer(many=True), summary="List erasure requests filed through a scope")
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(scope_erasure_requests(scope=scope_row), request, view=self)
         return paginator.get_paginated_response(ErasureRequestSerializer(page, many=True).data)
 

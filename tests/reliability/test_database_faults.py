@@ -97,11 +97,6 @@ def test_a_dropped_connection_mid_append_leaves_nothing_and_the_retry_writes_one
                    rows_after_two_retries=1, seq=retried.seq)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mnesio_site/exceptions.py exception_handler does not map django.db.OperationalError/InterfaceError: "
-    "a dropped database connection reaches the API client as a bare 500 instead of a retryable 503",
-)
 def test_the_api_answers_a_dropped_connection_with_a_retryable_503(alice, scope_a, api_client_for):
     memory_append(scope=scope_a, content="The first fact.")
     client = api_client_for(alice)
@@ -118,4 +113,7 @@ def test_the_api_answers_a_dropped_connection_with_a_retryable_503(alice, scope_
     assert not Memory.objects.filter(idempotency_key="car-2").exists()
     assert client.post("/api/scopes/scope-a/memories/", data=body, format="json").status_code == 201
     assert response.status_code == 503, response.status_code
-    assert "idempotency_key" in response.json()["message"]
+    assert response["Retry-After"] == "5"
+    body = response.json()
+    assert "idempotency_key" in body["message"] and body["extra"]["kind"] == "database_unavailable"
+    assert body["extra"]["error"] in ("OperationalError", "InterfaceError")

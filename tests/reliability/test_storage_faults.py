@@ -12,7 +12,7 @@ from django.core.files.storage import FileSystemStorage
 from cartridges.models import CartridgeBlob, CartridgeEvaluation, CartridgeVersion
 from cartridges.selectors import active_version
 from cartridges.services import GateFailed, cartridge_activate, cartridge_answer, cartridge_compile
-from cartridges.storage import BlobTampered, BlobUnavailable, blob_storage
+from cartridges.storage import BlobStorageUnavailable, BlobTampered, BlobUnavailable, blob_storage
 from memories.services import memory_append
 
 pytestmark = pytest.mark.django_db
@@ -61,28 +61,41 @@ def test_an_unwritable_blob_storage_fails_the_compile_and_leaves_no_row_or_bytes
     else:
         root = tmp_path / "full-disk"
         _storage(settings, f"{__name__}.DiskFullStorage", root)
-    with pytest.raises(OSError) as exc:
+    with pytest.raises(BlobStorageUnavailable) as exc:
         cartridge_compile(scope=scope_a)
-    assert exc.value.errno in (errno.ENOTDIR, errno.ENOSPC)  # the failure says what the storage said
+    assert exc.value.status_code == 503 and exc.value.message.startswith("blob storage unavailable: ")
+    # the failure says what the storage said
+    assert exc.value.extra["errno"] in ("ENOTDIR", "ENOSPC") and exc.value.__cause__.errno in (errno.ENOTDIR, errno.ENOSPC)
     assert CartridgeVersion.objects.count() == 0  # no version row pointing at nothing
     assert CartridgeBlob.objects.count() == 0  # nor a blob key for bytes that were never (fully) written
     assert _files(root) == []  # the half-written file is gone too
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cartridges/storage.py blob_write lets the storage's OSError escape: the compile endpoint answers a bare "
-    "500 (HTML) instead of a JSON error saying blob storage is unavailable",
-)
-def test_the_api_says_blob_storage_is_unavailable(settings, tmp_path, alice, scope_a, api_client_for, fake_row, eager_tasks):
+def _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for):
     memory_append(scope=scope_a, content="The spare key is under the blue flowerpot.")
     _storage(settings, f"{__name__}.DiskFullStorage", tmp_path / "full-disk")
     client = api_client_for(alice)
     client.raise_request_exception = False
-    response = client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json")
-    assert CartridgeVersion.objects.count() == 0
+    return client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json")
+
+
+def test_the_api_says_blob_storage_is_unavailable(settings, tmp_path, alice, scope_a, api_client_for, fake_row, eager_tasks):
+    response = _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for)
+    assert CartridgeVersion.objects.count() == 0 and CartridgeBlob.objects.count() == 0
+    assert response["Content-Type"].startswith("application/json"), response.content[:300]  # not Django's HTML 500
+    assert response.json()["message"].startswith("blob storage unavailable: No space left on device")
+    assert response.json()["extra"]["kind"] == "BlobStorageUnavailable"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cartridges/api/views.py maps a task's refusal to a status by class name (TASK_ERROR_STATUS) and has no "
+    "entry for BlobStorageUnavailable, so the eager compile endpoint answers 400 instead of the error's own 503 "
+    "(fix: carry exc.status_code in cartridges.tasks._error and use it in the view)",
+)
+def test_the_api_answers_an_unavailable_blob_storage_with_a_503(settings, tmp_path, alice, scope_a, api_client_for, fake_row, eager_tasks):
+    response = _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for)
     assert response.status_code == 503, response.status_code
-    assert "storage" in response.json()["message"]
 
 
 def _truncate(version) -> None:
@@ -140,18 +153,25 @@ def test_a_damaged_blob_is_refused_at_load(serving, scope_a, damage):
     assert exc.value.status_code == 409 and exc.value.extra["version"] == v1.pk
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cartridges/engine.py cartridge_load (blob_read) refuses a damaged blob at load but records nothing: "
-    "no log record and no row names the version, so operators only learn of it from client errors",
-)
-def test_a_refusal_at_load_leaves_a_record(serving, scope_a, log_of_cartridges):
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_refusal_at_load_leaves_a_record(serving, scope_a, log_of_cartridges, damage):
     from cartridges import engine
+    from cartridges.selectors import version_history
 
     v1, _ = serving
     engine.cache_clear()
-    _truncate(v1)
-    with pytest.raises(BlobTampered):
-        cartridge_answer(scope=scope_a, question="Where is the spare key?")
-    warnings = [r for r in log_of_cartridges.records if r.levelno >= logging.WARNING and str(v1.pk) in r.getMessage()]
-    assert warnings, [r.getMessage() for r in log_of_cartridges.records]
+    DAMAGE[damage](v1)
+    before = CartridgeEvaluation.objects.filter(version=v1).count()
+    for _ in range(3):  # a refused version stays active: every request is refused again, with one record
+        with pytest.raises(BlobUnavailable if damage == "removed" else BlobTampered) as exc:
+            cartridge_answer(scope=scope_a, question="Where is the spare key?")
+    warnings = [r for r in log_of_cartridges.records if r.levelno >= logging.WARNING and f"version={v1.pk}" in r.getMessage()]
+    assert len(warnings) == 3, [r.getMessage() for r in log_of_cartridges.records]
+    assert "spare key" not in " ".join(r.getMessage() for r in log_of_cartridges.records)  # no plaintext
+    # the record: a failed evaluation at stage "load" with the refusal's reason (immutable, like every evaluation)
+    assert CartridgeEvaluation.objects.filter(version=v1).count() == before + 1
+    record = CartridgeEvaluation.objects.filter(version=v1).latest("id")
+    assert not record.passed and record.reasons == [exc.value.message]
+    assert record.figures["stage"] == "load" and record.figures["check"]
+    assert record.config_key == "fake:fake-model:f32:none"
+    assert any(e["event"] == "evaluated" and e["evaluation"] == record.pk and not e["passed"] for e in version_history(version=v1))
