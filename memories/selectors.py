@@ -7,7 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.core.validators import slug_re
-from django.db.models import Max, QuerySet
+from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from memories import crypto
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, Subject
@@ -185,6 +187,20 @@ def erasure_request_get(*, scope: Scope, pk: int) -> ErasureRequest:
     if request is None:
         raise NotFound(f"`id` {pk} is not an erasure request of scope '{scope.name}'", extra={"field": "id"})
     return request
+
+
+def erasure_requests_unfinished(*, statuses: Iterable[str], idle_for_s: int) -> QuerySet[ErasureRequest]:
+    """Return requests whose status is one of ``statuses`` and whose newest event is ``idle_for_s`` old or more.
+
+    A request without events counts as ``requested`` since its filing (erasure_request_status agrees).
+    """
+    newest = ErasureEvent.objects.filter(request=OuterRef("pk")).order_by("-id")
+    cutoff = timezone.now() - dt.timedelta(seconds=idle_for_s)
+    rows = ErasureRequest.objects.annotate(
+        status_now=Coalesce(Subquery(newest.values("status")[:1]), Value(ErasureStatus.REQUESTED.value)),
+        changed_at=Coalesce(Subquery(newest.values("created_at")[:1]), F("created_at")),
+    )
+    return rows.filter(status_now__in=list(statuses), changed_at__lte=cutoff).order_by("id")
 
 
 def scope_erasure_requests(*, scope: Scope) -> QuerySet[ErasureRequest]:

@@ -26,7 +26,7 @@ from memories.models import (
     ScopeKey,
     Subject,
 )
-from memories.selectors import erasure_request_status, memory_open, subject_get
+from memories.selectors import erasure_request_status, erasure_requests_unfinished, memory_open, subject_get
 from mnesio_site.exceptions import Conflict, MnesioError
 
 logger = logging.getLogger("memories")
@@ -300,6 +300,59 @@ def erasure_request_enqueue(*, erasure_request: ErasureRequest) -> None:
     # robust: with tasks run in-process (no broker), a failing rebuild must not turn the caller's
     # committed filing into an error; the failure is logged and recorded as a `failed` event.
     transaction.on_commit(lambda: erasure_request_process_task.delay(pk), robust=True)
+
+
+def erasure_requeue_grace_s() -> int:
+    """How long a request may sit unfinished before it is re-queued: past the erasure task's hard time limit.
+
+    Within it the task may still be running (or waiting behind compiles on the gpu queue); after it, the
+    message is presumed lost (a broker restarted without persistence, a worker killed before it acked).
+    """
+    from django.conf import settings
+
+    return int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 1800)) + 600
+
+
+@dataclass(frozen=True)
+class RequeueReport:
+    """What ``erasure_requests_requeue`` found and sent."""
+
+    requeued: list[int]  # ids whose processing task was sent again
+    errors: list[int]  # ids whose send (or in-process run) raised; logged, picked up by the next run
+
+
+def erasure_requests_requeue(
+    *, idle_for_s: int, include_failed: bool = False, expires_s: int | None = None, dry_run: bool = False
+) -> RequeueReport:
+    """Send processing again for requests stuck in `requested`/`keys_shredded` (and `failed`) for ``idle_for_s``.
+
+    The reconciler for lost broker messages (manage.py erasure_requeue, and a periodic task). A request
+    whose message was not lost after all is processed twice, which is harmless: erasure_request_process
+    skips every step already recorded. ``expires_s`` lets a re-sent message that waited that long be
+    discarded by the worker (the periodic task sends a fresh one each run, so a queue without consumers
+    does not fill up with copies).
+    """
+    from memories.tasks import erasure_request_process_task
+
+    if isinstance(idle_for_s, bool) or not isinstance(idle_for_s, int) or idle_for_s < 0:
+        raise MnesioError(f"`idle_for_s` has to be an integer >= 0 but got {idle_for_s!r}", extra={"field": "idle_for_s"})
+    statuses = [ErasureStatus.REQUESTED, ErasureStatus.KEYS_SHREDDED] + ([ErasureStatus.FAILED] if include_failed else [])
+    stuck = list(erasure_requests_unfinished(statuses=statuses, idle_for_s=idle_for_s).values_list("pk", "status_now"))
+    requeued: list[int] = []
+    errors: list[int] = []
+    for pk, status in stuck:
+        if dry_run:
+            requeued.append(pk)
+            continue
+        try:
+            erasure_request_process_task.apply_async(args=[pk], expires=expires_s)
+        except Exception:  # a broker still down: the next run tries again
+            logger.exception("erasure request requeue failed id=%s status=%s", pk, status)
+            errors.append(pk)
+            continue
+        logger.warning("erasure request re-queued id=%s status=%s idle_for_s>=%s", pk, status, idle_for_s)
+        requeued.append(pk)
+    return RequeueReport(requeued=requeued, errors=errors)
 
 
 def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> ErasureRequest:

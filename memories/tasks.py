@@ -5,7 +5,7 @@ from celery import shared_task
 
 from memories.models import ErasureRequest, ErasureStatus
 from memories.selectors import erasure_request_status
-from memories.services import erasure_request_process
+from memories.services import erasure_request_process, erasure_requests_requeue, erasure_requeue_grace_s
 
 
 class ErasureNotFinished(Exception):
@@ -28,3 +28,12 @@ def erasure_request_process_task(self, erasure_request_id: int) -> str:
     if status == ErasureStatus.FAILED:
         raise ErasureNotFinished(f"erasure request {erasure_request_id} failed to rebuild views; retrying")
     return status
+
+
+@shared_task
+def erasure_requests_requeue_task() -> dict[str, list[int]]:
+    """Re-send processing of erasure requests unfinished past the grace period (run by celery beat)."""
+    grace = erasure_requeue_grace_s()
+    # a copy that waited a whole grace period is superseded by the next run's: let the worker drop it
+    report = erasure_requests_requeue(idle_for_s=grace, expires_s=grace)
+    return {"requeued": report.requeued, "errors": report.errors}

@@ -51,4 +51,16 @@ app.conf.update(
     worker_max_tasks_per_child=200,
 )
 
+# Periodic work (run `celery -A mnesio_site beat` next to the workers).
+app.conf.beat_schedule = {
+    # The reconciler for lost broker messages: an erasure request left `requested`/`keys_shredded` past
+    # its grace period (memories.services.erasure_requeue_grace_s) is sent again; processing is idempotent.
+    "erasure-requests-requeue": {
+        "task": "memories.tasks.erasure_requests_requeue_task",
+        "schedule": 300.0,
+        # a run that waited past the next one is redundant: no pile-up while no worker consumes `default`
+        "options": {"queue": "default", "expires": 290},
+    },
+}
+
 app.autodiscover_tasks()
