@@ -2,9 +2,10 @@
 (port 6390, started and stopped here; the shared 6379 server is never touched).
 
 With the append-only file on (appendfsync always) no waiting task is lost: the worker started afterwards
-runs every one. Without persistence every waiting task is lost and nothing re-queues it: mnesio has no
-periodic reconciler for lost compile or erasure messages (RELIABILITY.md), so a broker for mnesio must
-run with AOF; the second test pins down that loss so the gap stays visible.
+runs every one. Without persistence every waiting task is lost; for erasures the loss is visible in the
+database (requests left `requested`) and the reconciler (`manage.py erasure_requeue`, and its celery beat
+task) sends them again, so every erasure finishes. A lost compile has no durable record to reconcile: the
+client re-sends it (compiles are idempotent), or the broker runs with AOF.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ pytestmark = [
 
 PORT = int(os.environ.get("MNESIO_TEST_PRIVATE_REDIS_PORT", "6390"))
 URL = f"redis://127.0.0.1:{PORT}/0"
+ROOT = Path(__file__).resolve().parents[2]
 NUM_TASKS = 5
 
 
@@ -137,20 +140,91 @@ def test_waiting_tasks_survive_a_redis_crash_with_the_append_only_file(fake_row,
                    tasks_after_reconnect=2, worker_reconnected=True)
 
 
-def test_waiting_tasks_are_lost_by_a_redis_without_persistence_and_nothing_requeues_them(fake_row, private_redis, record_figures):
+def _erasure_requests():
+    """One scope per request with an active cartridge holding the subject's memory and one other memory."""
+    from cartridges.services import cartridge_activate, cartridge_compile
+    from memories.models import Scope
+    from memories.services import erasure_request_file, memory_append
+
+    requests = []
+    for i in range(NUM_TASKS):
+        scope = Scope.objects.create(name=f"erase-{i}")
+        memory_append(scope=scope, subject=f"person-{i}", content=f"Person {i} keeps bees behind the shed.")
+        memory_append(scope=scope, content=f"Shed {i} is painted green.")
+        cartridge_activate(version=cartridge_compile(scope=scope))
+        requests.append(erasure_request_file(subject=f"person-{i}", requested_by=None, reason="asked", scope=scope))
+    return requests
+
+
+def _queue_erasures(requests) -> None:
+    """Send each request's processing to the private broker, as erasure_request_enqueue does after commit."""
+    from memories.tasks import erasure_request_process_task
+    from mnesio_site.celery import app
+
+    with app.connection_for_write(URL) as conn:
+        for request in requests:
+            erasure_request_process_task.apply_async(args=[request.pk], connection=conn)
+
+
+def _erasure_requeue(*args: str) -> str:
+    """Run `manage.py erasure_requeue` as an operator (or celery beat) would: its own process, the private broker."""
+    from django.conf import settings as django_settings
+
+    from .conftest import _database_url
+
+    env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": URL, "CELERY_BROKER_URL": URL,
+           "CELERY_RESULT_BACKEND": URL, "MNESIO_DATA_DIR": str(django_settings.DATA_DIR)}
+    done = subprocess.run([sys.executable, "manage.py", "erasure_requeue", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_erasures_lost_by_a_redis_without_persistence_are_requeued_by_the_reconciler(
+    fake_row, private_redis, start_worker, record_figures
+):
+    from cartridges.models import CartridgeDestruction
+    from cartridges.selectors import active_version
+    from memories.models import ErasureEvent
+    from memories.selectors import erasure_request_status
+
     server = private_redis(appendonly=False)
-    scopes = _scopes()
-    _queue_compiles(scopes)
-    assert server.client().llen("gpu") == NUM_TASKS
+    requests = _erasure_requests()
+    compile_scopes = _scopes()
+    _queue_erasures(requests)
+    _queue_compiles(compile_scopes)
+    assert server.client().llen("gpu") == 2 * NUM_TASKS
     server.crash()
     server.start()
-    lost = NUM_TASKS - server.client().llen("gpu")
-    assert lost == NUM_TASKS
-    # the loss is visible in the database (scopes with memories and no version) but no reconciler exists
-    from django.core.management import get_commands
+    lost = 2 * NUM_TASKS - server.client().llen("gpu")
+    assert lost == 2 * NUM_TASKS  # every waiting message is gone
 
-    reconcilers = [c for c in get_commands() if "reconcil" in c or "requeue" in c]
-    assert reconcilers == [], reconcilers  # when one is added, replace this test by one that it re-queues
-    assert CartridgeVersion.objects.filter(scope__in=scopes).count() == 0
-    record_figures(scenario="redis crash without persistence", tasks_waiting=NUM_TASKS, tasks_lost=lost,
-                   reconciler=None)
+    # detected: the database still says `requested` for every one of them
+    assert [erasure_request_status(erasure_request=r) for r in requests] == ["requested"] * NUM_TASKS
+    ids = ", ".join(str(r.pk) for r in requests)
+    assert f"would re-queue {NUM_TASKS} erasure request(s) idle for >= 0 s: {ids}" in _erasure_requeue(
+        "--grace-seconds", "0", "--dry-run"
+    )
+    assert server.client().llen("gpu") == 0
+    # re-queued, twice (an operator's run and beat's run racing): processing is idempotent
+    for _ in range(2):
+        assert f"re-queued {NUM_TASKS} erasure request(s)" in _erasure_requeue("--grace-seconds", "0")
+    assert server.client().llen("gpu") == 2 * NUM_TASKS
+
+    worker = start_worker(REDIS_URL=URL, CELERY_BROKER_URL=URL, CELERY_RESULT_BACKEND=URL)
+    _wait(lambda: all(erasure_request_status(erasure_request=r) == "views_rebuilt" for r in requests), timeout=180,
+          what="every re-queued erasure to finish", worker=worker)
+    _wait(lambda: server.client().llen("gpu") == 0, timeout=60, what="the duplicate messages to drain", worker=worker)
+    for i, request in enumerate(requests):
+        steps = list(ErasureEvent.objects.filter(request=request).values_list("status", flat=True))
+        assert steps == ["requested", "keys_shredded", "views_rebuilt"], steps  # each step once, no failure
+        serving = active_version(scope=request.scope)
+        assert serving is not None and serving.manifest["left_out"] == [2 * i + 1]  # the subject's seq, left out
+    assert CartridgeDestruction.objects.filter(erasure_request__in=requests).count() == NUM_TASKS
+    # nothing is left to re-queue
+    assert "re-queued 0 erasure request(s)" in _erasure_requeue("--grace-seconds", "0")
+    # a lost compile has nothing durable to reconcile from: it stays lost until the client sends it again
+    assert CartridgeVersion.objects.filter(scope__in=compile_scopes).count() == 0
+    record_figures(scenario="redis crash without persistence", tasks_waiting=2 * NUM_TASKS, tasks_lost=lost,
+                   reconciler="manage.py erasure_requeue", erasures_requeued=NUM_TASKS, erasures_finished=NUM_TASKS,
+                   duplicate_deliveries=NUM_TASKS, compiles_still_lost=NUM_TASKS)
