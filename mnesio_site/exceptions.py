@@ -60,16 +60,17 @@ DATABASE_RETRY_AFTER_S = 5
 
 
 def _database_unavailable(exc: DatabaseError) -> Response:
-    """A 503 for a lost or refused database connection: the request may be retried as it was."""
+    """A 503 for an operational database failure (connection lost, refused, timed out): retry the request as it was."""
     cause = exc.__cause__
     sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     # the class and SQLSTATE only: a driver message may quote parameters, and those can be memory text
     log.warning("database unavailable during a request: %s sqlstate=%s", type(exc).__name__, sqlstate)
     return Response(
         {
-            "message": "the database is unavailable (the connection was lost or refused), so this request may or "
-            f"may not have been applied; retry in {DATABASE_RETRY_AFTER_S} s with the same idempotency_key (an "
-            "append that did commit is then answered with its original row, not written twice)",
+            "message": "the database is unavailable for now (a lost or refused connection, a restart, a lock or "
+            "statement timeout), so this request may or may not have been applied; retry in "
+            f"{DATABASE_RETRY_AFTER_S} s with the same idempotency_key (an append that did commit is then "
+            "answered with its original row, not written twice)",
             "extra": {"kind": "database_unavailable", "error": type(exc).__name__, "sqlstate": sqlstate,
                       "retry_after_s": DATABASE_RETRY_AFTER_S},
         },
