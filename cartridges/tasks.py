@@ -46,7 +46,7 @@ def _actor(actor_id: int | None):
 
 
 def _error(exc: MnesioError) -> dict[str, Any]:
-    return {"ok": False, "error": exc.message, "kind": type(exc).__name__}
+    return {"ok": False, "error": exc.message, "kind": type(exc).__name__, "status": exc.status_code}
 
 
 @shared_task(**_RELIABLE)

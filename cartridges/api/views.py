@@ -13,7 +13,6 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import permissions, renderers, status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,6 +23,7 @@ from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
 from memories.api.views import request_body
 from memories.selectors import scope_get_for_user, scope_memories, user_scopes
 from mnesio_site.exceptions import MnesioError
+from mnesio_site.pagination import BoundedLimitOffsetPagination
 
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
 # How a task's refusal (returned, not raised: see cartridges.tasks) maps to an HTTP status when it ran eagerly.
@@ -106,11 +106,11 @@ def _task_outcome(result: Any) -> dict[str, Any] | None:
     outcome = result.get(propagate=True)
     if not outcome.get("ok"):
         raise MnesioError(outcome.get("error", "the task refused"), extra={"kind": outcome.get("kind")},
-                          status_code=TASK_ERROR_STATUS.get(outcome.get("kind"), 400))
+                          status_code=outcome.get("status") or TASK_ERROR_STATUS.get(outcome.get("kind"), 400))
     return outcome
 
 
-class VersionPagination(LimitOffsetPagination):
+class VersionPagination(BoundedLimitOffsetPagination):
     # Each version carries its derived state and history (a few queries each): keep pages short.
     default_limit = 20
     max_limit = 100
@@ -234,7 +234,7 @@ class EvaluationCaseListView(APIView):
                    responses={200: s.EvaluationCaseSerializer(many=True), 403: ERROR, 404: ERROR})
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(selectors.scope_evaluation_cases(scope=scope_row), request, view=self)
         return paginator.get_paginated_response(s.EvaluationCaseSerializer(page, many=True).data)
 

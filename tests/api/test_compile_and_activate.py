@@ -146,11 +146,6 @@ def test_activate_rejects_unknown_fields_and_foreign_ids(alice, scope_a, scope_c
     assert not CartridgeActivation.objects.exists()
 
 
-@pytest.mark.xfail(
-    reason="cartridges.tasks.cartridge_compile_task/cartridge_evaluate_task take no actor_id yet (requested from the "
-    "cartridges helper); the views pass one as soon as the task signature has it",
-    strict=False,
-)
 def test_compile_and_evaluate_through_the_api_are_attributed(alice, scope_a, append, api_client_for):
     append(scope_a, KEY)
     client = api_client_for(alice)

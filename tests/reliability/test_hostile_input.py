@@ -147,15 +147,7 @@ def _huge_limit_failures(client, url: str) -> list:
         "scope-memories",
         "erasure-requests",
         "cartridge-list",
-        pytest.param(
-            "evaluation-cases",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="cartridges/api/views.py EvaluationCaseListView builds DRF's LimitOffsetPagination (no "
-                "max_limit) instead of mnesio_site.pagination.BoundedLimitOffsetPagination: LIMIT 10**26 is a "
-                "DataError (500)",
-            ),
-        ),
+        "evaluation-cases",
     ],
 )
 def test_a_huge_limit_or_offset_on_a_list_endpoint_is_not_a_5xx(non_empty_lists, name):

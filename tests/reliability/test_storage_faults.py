@@ -87,12 +87,6 @@ def test_the_api_says_blob_storage_is_unavailable(settings, tmp_path, alice, sco
     assert response.json()["extra"]["kind"] == "BlobStorageUnavailable"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cartridges/api/views.py maps a task's refusal to a status by class name (TASK_ERROR_STATUS) and has no "
-    "entry for BlobStorageUnavailable, so the eager compile endpoint answers 400 instead of the error's own 503 "
-    "(fix: carry exc.status_code in cartridges.tasks._error and use it in the view)",
-)
 def test_the_api_answers_an_unavailable_blob_storage_with_a_503(settings, tmp_path, alice, scope_a, api_client_for, fake_row, eager_tasks):
     response = _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for)
     assert response.status_code == 503, response.status_code
