@@ -61,10 +61,12 @@ def head_validate(log_head: object) -> int:
     if log_head is None:
         return head
     if isinstance(log_head, bool) or not isinstance(log_head, int):
-        if isinstance(log_head, str) and log_head.strip().isdigit():
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses; 19 digits spans a bigint.
+        digits = log_head.strip() if isinstance(log_head, str) else ""
+        if digits.isascii() and digits.isdigit() and len(digits) <= 19:
             log_head = int(log_head)
         else:
-            raise MnesioError(f"`log_head` has to be an integer but got {log_head!r}", extra={"field": "log_head"})
+            raise MnesioError(f"`log_head` has to be an integer but got {str(log_head)[:40]!r}", extra={"field": "log_head"})
     if log_head < 0 or log_head > head:
         raise MnesioError(
             f"`log_head` has to be between 0 and the current log head {head} but got {log_head}",

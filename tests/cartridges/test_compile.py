@@ -139,3 +139,13 @@ def test_it_keeps_one_version_when_a_concurrent_compile_loses_the_race(scope_a, 
     assert second.pk == first.pk and len(calls) == 2
     assert CartridgeVersion.objects.count() == 1 and CartridgeBlob.objects.count() == 1
     assert [str(p.relative_to(blob_root)) for p in stored_files(blob_root)] == [first.storage_name]
+
+
+@pytest.mark.parametrize("bad_head", ["²", "1" * 5000, "12abc", 1.5])
+def test_it_refuses_a_log_head_that_is_not_a_plain_integer_naming_the_field(
+    scope_a, append, fake_engine, blob_root, bad_head
+):
+    append(scope_a, "The spare key is under the blue flowerpot.")
+    with pytest.raises(MnesioError, match="`log_head` has to be an integer"):
+        cartridge_compile(scope=scope_a, log_head=bad_head)
+    assert not CartridgeVersion.objects.exists() and stored_files(blob_root) == []
