@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-
-@pytest.fixture(autouse=True)
-def blob_root(settings, tmp_path):
-    """Keep every test's cartridge blobs in its own temp dir (STORAGES["cartridges"])."""
-    root = tmp_path / "blobs"
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "cartridges": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(root)}},
-    }
-    return root
+# Every test's cartridge blobs in its own temp dir (autouse): the cartridges tests' fixture.
+from tests.cartridges.conftest import blob_root  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

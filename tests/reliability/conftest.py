@@ -8,45 +8,17 @@ from pathlib import Path
 
 import pytest
 
+# Blobs in a temp dir, an empty cartridge LRU (both autouse) and the fake engine: the cartridges tests' own.
+from tests.cartridges.conftest import blob_root, fake_engine, fresh_engine  # noqa: F401
+
 # The worker harness of the cartridges tests: a real ``celery worker`` process against the test database.
 from tests.cartridges.test_worker import Worker, _database_url, _wait, redis_clean, start_worker  # noqa: F401
 
 FIGURES_FILE = "reliability-figures.jsonl"
 
 
-@pytest.fixture(autouse=True)
-def blob_root(settings, tmp_path):
-    """Keep every test's cartridge blobs in its own temp dir (STORAGES["cartridges"])."""
-    root = tmp_path / "blobs"
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "cartridges": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(root)}},
-    }
-    return root
-
-
-@pytest.fixture(autouse=True)
-def fresh_engine():
-    """Empty this process's cartridge LRU around each test (loaded backends stay)."""
-    from cartridges import engine
-
-    engine.cache_clear()
-    yield
-    engine.cache_clear()
-
-
 @pytest.fixture
-def fake_engine(settings):
-    """The torch-free fake backend as the settings-default configuration."""
-    settings.MNESIO_KV_BACKEND = "fake"
-    settings.MNESIO_KV_MODEL = "fake-model"
-    settings.MNESIO_KV_DTYPE = "f32"
-    settings.MNESIO_KV_QUANT = "none"
-    return ("fake", "fake-model", "f32", "none")
-
-
-@pytest.fixture
-def fake_row(fake_engine):
+def fake_row(fake_engine):  # noqa: F811 (the imported fixture, requested by name)
     """Make the fake engine the active configuration as a row (a worker process reads it too)."""
     from cartridges.services import kv_configuration_switch
 
