@@ -128,14 +128,16 @@ def resolve_source(model: str, cache_dir: Path) -> tuple[str, dict[str, Any]]:
 
 
 def load_model(model: str, *, cache_dir: Path, dtype: torch.dtype, device: str) -> LoadedModel:
-    """Load ``model`` in ``dtype`` on ``device`` with sdpa attention, in eval mode."""
+    """Load ``model`` in ``dtype`` on ``device`` with sdpa attention (GQA packed, see attention.py), in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .attention import ATTN_IMPLEMENTATION
 
     source, _ = resolve_source(model, cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         # load in float32 first so the fingerprint names the weights, not the serving precision
-        lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="sdpa")
+        lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION)
     except OSError as exc:
         raise ModelUnavailableError(f"model {model!r} at {source} could not be loaded: {exc}") from None
     weights_fp = weights_fingerprint(lm)

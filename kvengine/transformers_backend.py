@@ -2,7 +2,8 @@
 
 Prompt layout (both ways of asking see the same tokens): the memories sit in the chat template's system
 turn, the question in the user turn, then the generation prompt. A cartridge is the KV state of exactly the
-token prefix up to the end of the system turn; answer() feeds only the rest (the question suffix) on top of
+token prefix up to where the question's words start (the system turn and the user-turn opener, which do
+not depend on the question); answer() feeds only the rest (the question and the end of the turn) on top of
 it. Models without a chat template (GPT-2) get a plain layout that splits at a newline, where byte-level BPE
 never merges across. compile() checks the split with a probe question and refuses a layout that breaks it.
 
@@ -57,10 +58,11 @@ from .quant import dequantize, quantize
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
 _TORCH_FROM_ST = {v: k for k, v in _ST_DTYPES.items()}
-LAYOUT_VERSION = "mnesio-layout-v1"  # bump when the prompt layout below changes: it invalidates cartridges
+LAYOUT_VERSION = "mnesio-layout-v2"  # bump when the prompt layout below changes: it invalidates cartridges
 SYSTEM_PREAMBLE = "Answer the user's question using these memories.\nMemories:\n"
 PLAIN_QUESTION = "Question: {question}\nAnswer:"
 PROBE_QUESTION = "Is this a probe question?"
+_SENTINEL = "\x00mnesio-question\x00"  # marks where the user content goes; never tokenized
 _QUANT_PARTS = ("q", "scale", "zero")
 # keys are quantized per channel (their outliers sit in fixed channels), values per token (see quant.py)
 _QUANT_AXIS = {"k": "channel", "v": "token"}
@@ -117,6 +119,7 @@ class TransformersKvBackend(KvBackend):
         self.source = loaded.source
         self.max_context_tokens = max_context(self.model.config)
         self._template = getattr(self.tokenizer, "chat_template", None) or None
+        self._split: tuple[str, str] | None = None  # see _turn_split()
         self._specials = sorted({str(t) for t in self.tokenizer.all_special_tokens if t}, key=len, reverse=True)
         self._eos_ids = self._stop_ids()
         layout = canonical_json({"layout": LAYOUT_VERSION, "template": self._template, "preamble": SYSTEM_PREAMBLE, "plain": PLAIN_QUESTION})
@@ -174,22 +177,50 @@ class TransformersKvBackend(KvBackend):
     def _chat(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
+    def _turn_split(self) -> tuple[str, str]:
+        """The chat template's text around the user turn's content: (opener, closer).
+
+        The opener (``<|im_start|>user\n`` for ChatML) does not depend on the question, so it belongs to the
+        cartridge prefix: every question then feeds only its own words and the closer (the end of the user
+        turn and the generation prompt). Templates whose user turn cannot be split that way (the content is
+        transformed, or the opener does not tokenize as a prefix) keep the whole user turn in the suffix.
+        """
+        if self._split is None:
+            system = [{"role": "system", "content": "x"}]
+            head = self._chat(system, generation_prompt=False)
+            full = self._chat([*system, {"role": "user", "content": _SENTINEL}], generation_prompt=True)
+            if not full.startswith(head):
+                raise KvError("this model's chat template does not render the system turn as a prefix; it cannot hold cartridges")
+            turn = full[len(head) :]
+            opener, found, closer = turn.partition(_SENTINEL)
+            split = (opener, closer) if found and _SENTINEL not in closer else ("", "")
+            if split[0] and not self._splits_cleanly(head, *split):
+                split = ("", "")
+            self._split = split  # ("", "") falls back to the whole user turn in the suffix
+        return self._split
+
+    def _splits_cleanly(self, head: str, opener: str, closer: str) -> bool:
+        """Whether head + opener + question + closer tokenizes as (head + opener) then (question + closer)."""
+        left = self.encode(head + opener)
+        whole = self.encode(head + opener + PROBE_QUESTION + closer)
+        return whole[: len(left)] == left and whole[len(left) :] == self.encode(PROBE_QUESTION + closer)
+
     def prefix_text(self, memories: list[str]) -> str:
-        """The prompt text up to the end of the system turn holding ``memories`` (cleaned)."""
+        """The prompt text the cartridge holds: the system turn with ``memories`` (cleaned) and the user-turn opener."""
         system = SYSTEM_PREAMBLE + "\n".join(memories)
         if self._template:
-            return self._chat([{"role": "system", "content": system}], generation_prompt=False)
+            return self._chat([{"role": "system", "content": system}], generation_prompt=False) + self._turn_split()[0]
         return system + "\n"
 
     def suffix_text(self, question: str) -> str:
-        """The prompt text after the system turn: the user turn with ``question`` and the generation prompt."""
+        """The prompt text after the cartridge prefix: the question, the end of the user turn and the generation prompt."""
         if self._template:
-            system = [{"role": "system", "content": "x"}]
-            full = self._chat([*system, {"role": "user", "content": question}], generation_prompt=True)
-            head = self._chat(system, generation_prompt=False)
-            if not full.startswith(head):
-                raise KvError("this model's chat template does not render the system turn as a prefix; it cannot hold cartridges")
-            return full[len(head) :]
+            opener, closer = self._turn_split()
+            if not opener:  # whole-turn layout: render the user turn around this question
+                system = [{"role": "system", "content": "x"}]
+                head = self._chat(system, generation_prompt=False)
+                return self._chat([*system, {"role": "user", "content": question}], generation_prompt=True)[len(head) :]
+            return question + closer
         return PLAIN_QUESTION.format(question=question)
 
     def full_text(self, memories: list[str], question: str) -> str:

@@ -1,0 +1,54 @@
+"""The packed-GQA attention kernel (kvengine/attention.py) is transformers' sdpa, to float rounding, without repeat_kv."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from kvengine.attention import ATTN_IMPLEMENTATION, packed_gqa_sdpa, packs
+
+
+def _gqa_call(q_len: int, past: int, *, kv_heads: int = 3, groups: int = 3, dim: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    total = past + q_len
+    query = torch.randn(1, kv_heads * groups, q_len, dim, generator=g)
+    key = torch.randn(1, kv_heads, total, dim, generator=g)
+    value = torch.randn(1, kv_heads, total, dim, generator=g)
+    # the mask transformers builds for q_len new tokens on top of `past` cached ones: causal in the new part
+    mask = (torch.arange(total)[None, :] <= torch.arange(past, total)[:, None]).view(1, 1, q_len, total)
+    module = types.SimpleNamespace(num_key_value_groups=groups, is_causal=True, training=False)
+    return module, query, key, value, mask
+
+
+@pytest.mark.parametrize(("q_len", "past"), [(2, 0), (3, 10), (11, 1000), (13, 40), (17, 700), (14, 4000)])
+def test_packed_gqa_equals_transformers_repeat_kv_path_to_float_rounding(q_len, past):
+    module, query, key, value, mask = _gqa_call(q_len, past)
+    assert packs(module, query, mask, 0.0, {})
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.125)  # repeat_kv inside
+    got, _ = packed_gqa_sdpa(module, query, key, value, mask, scaling=0.125)
+    assert got.shape == expected.shape == (1, q_len, 9, 64)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)  # a few ulp: the kernel blocks rows differently
+    # and it is a real attention: a row changes when a key it may see changes, not when a masked one does
+    key2 = key.clone()
+    key2[:, :, -1] += 1.0  # only the last new token may see the last position
+    got2, _ = packed_gqa_sdpa(module, query, key2, value, mask, scaling=0.125)
+    assert torch.equal(got2[:, :-1], got[:, :-1]) and not torch.equal(got2[:, -1], got[:, -1])
+
+
+def test_packing_leaves_every_other_call_to_transformers_sdpa():
+    module, query, key, value, mask = _gqa_call(5, 10)
+    assert not packs(module, query[:, :, :1], mask[:, :, :1], 0.0, {})  # one token: transformers packs it already
+    assert not packs(module, query, None, 0.0, {})  # no mask: a prefill from scratch, sdpa's own GQA
+    assert not packs(types.SimpleNamespace(num_key_value_groups=1), query, mask, 0.0, {})  # not GQA
+    assert not packs(module, query, mask.float(), 0.0, {})  # additive float mask
+    assert not packs(module, query, mask, 0.1, {})  # dropout
+    expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.125)
+    got, _ = packed_gqa_sdpa(module, query, key, value, None, scaling=0.125)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.model
+def test_the_default_model_is_loaded_with_the_packed_kernel(real_backend):
+    assert real_backend.model.config._attn_implementation == ATTN_IMPLEMENTATION
