@@ -53,7 +53,7 @@ from .errors import (
 from .format import FORMAT_VERSION, RawTensor, check_compatible, read_cartridge, tensors_sha256, write_cartridge
 from .kvcache import CartridgeCache, KvState
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
-from .quant import dequantize, quantize
+from .quant import dequantize_kv, quantize_kv
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
@@ -63,7 +63,7 @@ SYSTEM_PREAMBLE = "Answer the user's question using these memories.\nMemories:\n
 PLAIN_QUESTION = "Question: {question}\nAnswer:"
 PROBE_QUESTION = "Is this a probe question?"
 _SENTINEL = "\x00mnesio-question\x00"  # marks where the user content goes; never tokenized
-_QUANT_PARTS = ("q", "scale", "zero")
+_QUANT_PARTS = ("exact", "q", "scale", "zero")  # see quant.quantize_kv
 # keys are quantized per channel (their outliers sit in fixed channels), values per token (see quant.py)
 _QUANT_AXIS = {"k": "channel", "v": "token"}
 
@@ -473,7 +473,7 @@ class TransformersKvBackend(KvBackend):
         stored = {}
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             for kv, t in (("k", k), ("v", v)):
-                for part, tensor in quantize(t, self.quant, axis=_QUANT_AXIS[kv]).items():
+                for part, tensor in quantize_kv(t, self.quant, axis=_QUANT_AXIS[kv]).items():
                     stored[f"layers.{i:03d}.{kv}.{part}"] = to_raw(tensor)
         return stored
 
@@ -482,5 +482,5 @@ class TransformersKvBackend(KvBackend):
         for i in range(num_layers):
             for kv, out in (("k", keys), ("v", values)):
                 parts = {p: from_raw(stored[f"layers.{i:03d}.{kv}.{p}"]).to(self.device) for p in _QUANT_PARTS}
-                out.append(dequantize(parts, self.quant, self.torch_dtype, axis=_QUANT_AXIS[kv]))
+                out.append(dequantize_kv(parts, self.quant, self.torch_dtype, axis=_QUANT_AXIS[kv]))
         return keys, values

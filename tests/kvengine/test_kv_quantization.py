@@ -76,3 +76,25 @@ def test_it_refuses_an_unknown_quant_or_axis():
         quantize(torch.zeros(1, 1, 1, GROUP_SIZE), "q3", axis="token")
     with pytest.raises(ValueError, match="axis"):
         quantize(torch.zeros(1, 1, 1, GROUP_SIZE), "q8", axis="head")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 4, 5, 70])
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_cartridge_quantization_keeps_the_leading_sink_positions_exact(num_tokens, quant):
+    from kvengine.quant import EXACT_PREFIX_TOKENS, dequantize_kv, quantize_kv
+
+    torch.manual_seed(num_tokens)
+    x = torch.randn(1, 3, num_tokens, 64) * 3
+    x[:, :, 0] *= 50  # an attention sink's large activations must not widen anyone else's grid
+    for axis in ("token", "channel"):
+        parts = quantize_kv(x, quant, axis=axis)
+        exact = min(EXACT_PREFIX_TOKENS, num_tokens)
+        assert parts["exact"].shape == (1, 3, exact, 64) and torch.equal(parts["exact"], x[:, :, :exact])
+        back = dequantize_kv(parts, quant, torch.float32, axis=axis)
+        assert back.shape == x.shape
+        assert torch.equal(back[:, :, :exact], x[:, :, :exact])
+        rest = x[:, :, exact:]
+        if rest.numel():  # the rest is quantized on its own range, within half a step
+            scale = expand(parts["scale"], axis, rest.shape)
+            assert torch.all((back[:, :, exact:] - rest).abs() <= scale / 2 * (1 + 1e-5) + 1e-6 * rest.abs().amax())
+            assert scale.max() <= (rest.max() - rest.min()) / (255 if quant == "q8" else 15) * 1.01
