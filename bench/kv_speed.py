@@ -443,7 +443,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", default="1000,2000,4000,8000", help="memory context sizes in tokens (default: %(default)s)")
-    p.add_argument("--reps", type=int, default=3, help="runs per timing, median reported (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=5, help="runs per timing, median reported (default: %(default)s)")
     p.add_argument("--text-reps", type=int, default=2, help="runs of the slow re-reading baseline (default: %(default)s)")
     p.add_argument("--probes", type=int, default=13, help="probe questions per context for q8/q4/bf16 agreement (default: %(default)s)")
     p.add_argument("--answer-tokens", type=int, default=16, help="tokens per answer in end-to-end timings (default: %(default)s)")
