@@ -47,8 +47,8 @@ class EvalConfig:
     budgets: tuple[int, ...] = (1024, 2048, 4096, 8192)
     questions: tuple[int, ...] = (12, 8, 6, 6)  # per budget: 8k re-reads cost 20-50 s each on 2 shared cores
     articles: tuple[int, ...] = (2, 1, 1, 1)  # scopes (articles) per budget; an 8k compile per variant is ~40 s
-    # the small model restates the question before answering: 16 tokens cut many answers off (see
-    # bench/results/kveval/max16); 32 is also what cartridge_answer uses (MNESIO_ANSWER_MAX_NEW_TOKENS)
+    # the small model restates the question before answering: 16 tokens cut many answers off (an earlier
+    # 16-token run, in git history); 32 is also what cartridge_answer uses (MNESIO_ANSWER_MAX_NEW_TOKENS)
     max_new_tokens: int = 32
     threads: int | None = None  # torch intra-op threads; None keeps torch's default (one per core)
     top_k: int = 3  # paragraphs retrieved per question by bm25 and dense
