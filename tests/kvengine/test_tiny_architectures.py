@@ -33,6 +33,21 @@ def test_the_prompt_splits_into_cartridge_prefix_and_question_suffix(tiny):
         assert full == tiny.encode(tiny.prefix_text(MEMORIES)) + tiny.encode(tiny.suffix_text(question))
 
 
+def test_the_user_turn_opener_sits_in_the_cartridge_and_a_template_that_rewrites_content_keeps_it_in_the_suffix(tiny_model_dir):
+    chat = make_backend("transformers", model=tiny_model_dir("qwen2"), device="cpu")
+    assert chat.prefix_text(MEMORIES).endswith("<|im_start|>user\n")  # question-independent: compiled once
+    assert chat.suffix_text(QUESTIONS[0]) == QUESTIONS[0] + "<|im_end|>\n<|im_start|>assistant\n"
+    # a template that transforms the user's content cannot be split at it: the whole turn is the suffix
+    rewriting = make_backend("transformers", model=tiny_model_dir("qwen2"), device="cpu")
+    rewriting.tokenizer.chat_template = rewriting.tokenizer.chat_template.replace("message['content']", "(message['content'] | upper)")
+    rewriting._template, rewriting._split = rewriting.tokenizer.chat_template, None
+    assert rewriting.prefix_text(MEMORIES).endswith("<|im_end|>\n") and "<|im_start|>user" not in rewriting.prefix_text(MEMORIES)
+    assert rewriting.suffix_text("where?") == "<|im_start|>user\nWHERE?<|im_end|>\n<|im_start|>assistant\n"
+    cartridge = rewriting.compile(MEMORIES)
+    for question in QUESTIONS[:2]:
+        assert rewriting.answer(cartridge, question, max_new_tokens=6).token_ids == rewriting.answer_from_text(MEMORIES, question, max_new_tokens=6).token_ids
+
+
 def test_cartridge_answers_match_re_reading_token_for_token(tiny):
     cartridge = tiny.compile(MEMORIES)
     for question in QUESTIONS:
