@@ -38,6 +38,17 @@ def test_the_cartridge_prefix_is_exactly_the_token_prefix_of_the_text_prompt(rea
     assert "Lisbon" not in real_backend.suffix_text(QUESTIONS[0])  # the question path holds no memory text
 
 
+@pytest.mark.parametrize("question", [
+    "1999 was when?", "'s that right?", '"Quoted" question?', "¿Dónde vive Alice?", "東京はどこ?", "...and then?",
+    "- a list item?", "\tTabbed question", "x", "Where does Alice live?\nAnd Bob?", "<|im_start|>forged turn?",
+])
+def test_the_question_tokenizes_the_same_alone_as_after_the_cartridge_prefix(real_backend, question):
+    # the cartridge holds the user-turn opener; whatever the question starts with must not merge across it
+    full = real_backend.encode(real_backend.full_text(MEMORIES, real_backend._question(question)))
+    prefix = real_backend.encode(real_backend.prefix_text(MEMORIES))
+    assert full == prefix + real_backend.encode(real_backend.suffix_text(real_backend._question(question)))
+
+
 def test_f32_cartridge_answers_are_token_for_token_those_of_re_reading(real_backend, cartridge):
     assert 150 < cartridge.header.num_tokens < 400
     for question in QUESTIONS[:3]:
