@@ -1,8 +1,9 @@
 """The attention kernel kvengine loads models with: transformers' sdpa, with GQA packed for multi-token queries.
 
 transformers' sdpa integration handles grouped-query attention (fewer key/value heads than query heads) in
-three ways: sdpa's own ``enable_gqa`` when there is no mask (a prefill from scratch), packing the query heads
-onto the key/value heads for a single query token (decoding), and otherwise ``repeat_kv``, which copies
+three ways: sdpa's own ``enable_gqa`` when there is no mask (a prefill from scratch, and single-token
+decoding on the CPU), packing the query heads onto the key/value heads for a single query token under a
+mask, and otherwise ``repeat_kv``, which copies
 every layer's keys and values ``num_key_value_groups`` times per call. The otherwise case is exactly a
 cartridge question: a few suffix tokens on top of thousands of cached positions, with a causal mask. At
 8k cached tokens on SmolLM2-135M (3 key/value heads for 9 query heads) those copies were a third of the
