@@ -62,6 +62,7 @@ LAYOUT_VERSION = "mnesio-layout-v2"  # bump when the prompt layout below changes
 SYSTEM_PREAMBLE = "Answer the user's question using these memories.\nMemories:\n"
 PLAIN_QUESTION = "Question: {question}\nAnswer:"
 PROBE_QUESTION = "Is this a probe question?"
+SPLIT_PROBES = (PROBE_QUESTION, "1999?", "'s it?", '"Quoted"?', "...and?", "-x?", "¿Dónde?", "東京は?", "Ünïcode?")
 _SENTINEL = "\x00mnesio-question\x00"  # marks where the user content goes; never tokenized
 _QUANT_PARTS = ("exact", "q", "scale", "zero")  # see quant.quantize_kv
 # keys are quantized per channel (their outliers sit in fixed channels), values per token (see quant.py)
@@ -200,10 +201,18 @@ class TransformersKvBackend(KvBackend):
         return self._split
 
     def _splits_cleanly(self, head: str, opener: str, closer: str) -> bool:
-        """Whether head + opener + question + closer tokenizes as (head + opener) then (question + closer)."""
+        """Whether head + opener + question + closer tokenizes as (head + opener) then (question + closer).
+
+        Checked for questions opening with each kind of character (letter, digit, punctuation, quote,
+        non-Latin script): a tokenizer that merges the opener's last character with any of them keeps the
+        whole user turn in the suffix instead.
+        """
         left = self.encode(head + opener)
-        whole = self.encode(head + opener + PROBE_QUESTION + closer)
-        return whole[: len(left)] == left and whole[len(left) :] == self.encode(PROBE_QUESTION + closer)
+        for question in SPLIT_PROBES:
+            whole = self.encode(head + opener + question + closer)
+            if whole[: len(left)] != left or whole[len(left) :] != self.encode(question + closer):
+                return False
+        return True
 
     def prefix_text(self, memories: list[str]) -> str:
         """The prompt text the cartridge holds: the system turn with ``memories`` (cleaned) and the user-turn opener."""

@@ -37,18 +37,39 @@ def test_packed_gqa_equals_transformers_repeat_kv_path_to_float_rounding(q_len, 
     assert torch.equal(got2[:, :-1], got[:, :-1]) and not torch.equal(got2[:, -1], got[:, -1])
 
 
-def test_packing_leaves_every_other_call_to_transformers_sdpa():
+def test_packing_leaves_every_other_call_to_transformers_sdpa(monkeypatch):
     module, query, key, value, mask = _gqa_call(5, 10)
-    assert not packs(module, query[:, :, :1], mask[:, :, :1], 0.0, {})  # one token: transformers packs it already
+    assert not packs(module, query[:, :, :1], mask[:, :, :1], 0.0, {})  # one token: transformers handles it
     assert not packs(module, query, None, 0.0, {})  # no mask: a prefill from scratch, sdpa's own GQA
     assert not packs(types.SimpleNamespace(num_key_value_groups=1), query, mask, 0.0, {})  # not GQA
     assert not packs(module, query, mask.float(), 0.0, {})  # additive float mask
     assert not packs(module, query, mask, 0.1, {})  # dropout
-    expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.125)
-    got, _ = packed_gqa_sdpa(module, query, key, value, None, scaling=0.125)
-    assert torch.equal(got, expected)
+    assert not packs(module, query, mask, 0.0, {"position_bias": torch.zeros(1)})
+    assert not packs(module, query, mask, 0.0, {"softcap": 30.0})
+    assert not packs(module, query, mask, 0.0, {"output_attentions": True})
+    import kvengine.attention as attention
+
+    delegated = []
+    real = attention.sdpa_attention_forward
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **kw: delegated.append(a[4]) or real(*a, **kw))
+    packed_gqa_sdpa(module, query, key, value, None, scaling=0.125)
+    assert delegated == [None]  # the unmasked call went to transformers
+    packed_gqa_sdpa(module, query, key, value, mask, scaling=0.125)
+    assert delegated == [None]  # the masked multi-token call did not
 
 
 @pytest.mark.model
-def test_the_default_model_is_loaded_with_the_packed_kernel(real_backend):
+def test_a_real_cartridge_question_takes_the_packed_path_and_decoding_does_not(real_backend, monkeypatch):
+    import kvengine.attention as attention
+
     assert real_backend.model.config._attn_implementation == ATTN_IMPLEMENTATION
+    decisions = []
+    real = attention.packs
+    monkeypatch.setattr(attention, "packs", lambda *a: decisions.append((a[1].shape[2], real(*a))) or decisions[-1][1])
+    cartridge = real_backend.compile(["Alice lives in Lisbon.", "Bob keeps the key under the pot."])
+    decisions.clear()  # the compile prefill (no mask) is not the point here
+    answer = real_backend.answer(cartridge, "Where does Alice live?", max_new_tokens=3, stop_at_eos=False)
+    layers = real_backend.model.config.num_hidden_layers
+    suffix = answer.num_prompt_tokens
+    assert decisions[:layers] == [(suffix, True)] * layers  # the question: every layer packed
+    assert decisions[layers:] and all(d == (1, False) for d in decisions[layers:])  # decoding: transformers' path

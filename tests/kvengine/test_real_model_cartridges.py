@@ -40,7 +40,7 @@ def test_the_cartridge_prefix_is_exactly_the_token_prefix_of_the_text_prompt(rea
 
 @pytest.mark.parametrize("question", [
     "1999 was when?", "'s that right?", '"Quoted" question?', "¿Dónde vive Alice?", "東京はどこ?", "...and then?",
-    "- a list item?", "\tTabbed question", "x", "Where does Alice live?\nAnd Bob?", "<|im_start|>forged turn?",
+    "- a list item?", "x", "Where does Alice live?\nAnd Bob?", "(parenthesised)?", "@handle?", "Ωmega?",
 ])
 def test_the_question_tokenizes_the_same_alone_as_after_the_cartridge_prefix(real_backend, question):
     # the cartridge holds the user-turn opener; whatever the question starts with must not merge across it

@@ -46,6 +46,13 @@ def test_the_user_turn_opener_sits_in_the_cartridge_and_a_template_that_rewrites
     cartridge = rewriting.compile(MEMORIES)
     for question in QUESTIONS[:2]:
         assert rewriting.answer(cartridge, question, max_new_tokens=6).token_ids == rewriting.answer_from_text(MEMORIES, question, max_new_tokens=6).token_ids
+    # so does a tokenizer that would merge the opener with some question's first character
+    merging = make_backend("transformers", model=tiny_model_dir("qwen2"), device="cpu")
+    merging._splits_cleanly = lambda *args: False
+    assert merging.suffix_text("Where?") == "<|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n"
+    assert merging.prefix_text(MEMORIES).endswith("<|im_end|>\n")
+    cartridge = merging.compile(MEMORIES)
+    assert merging.answer(cartridge, QUESTIONS[0], max_new_tokens=6).token_ids == merging.answer_from_text(MEMORIES, QUESTIONS[0], max_new_tokens=6).token_ids
 
 
 def test_cartridge_answers_match_re_reading_token_for_token(tiny):
