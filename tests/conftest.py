@@ -25,6 +25,38 @@ def real_backend():
 
 
 @pytest.fixture
+def eager_tasks():
+    """Run Celery tasks in-process (the embedded default's mode) for tests that start no worker."""
+    from mnesio_site.celery import app
+
+    before = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def append():
+    """Append memories: append(scope, "text", subject=None) -> Memory."""
+    from memories.services import memory_append
+
+    def do(scope, content, subject=None):
+        return memory_append(scope=scope, subject=subject, content=content)
+
+    return do
+
+
+@pytest.fixture
+def operator(db):
+    """A staff user (an operator) with no scope grants."""
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(
+        username="olga", email="olga@example.com", password="x-olga-operator", is_staff=True
+    )
+
+
+@pytest.fixture
 def artifacts_dir(tmp_path_factory):
     """Where tests keep artifacts (screenshots, reports): $MNESIO_TEST_ARTIFACTS or a temp dir."""
     from pathlib import Path

@@ -1,5 +1,5 @@
-"""Fixtures of the API, dashboard and admin tests: the fake engine, eager tasks, blobs in a temp dir,
-an operator (staff) account, and a helper that builds a scope with an active cartridge."""
+"""Fixtures of the API, dashboard and admin tests: the fake engine and eager tasks by default, blobs in a
+temp dir, and a helper that builds a scope with an active cartridge (operator and append: tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest
@@ -23,35 +23,9 @@ def fake_engine(settings):
 
 
 @pytest.fixture(autouse=True)
-def eager_tasks():
-    """Run Celery tasks in-process (the embedded default's mode): no worker in these tests."""
-    from mnesio_site.celery import app
-
-    before = app.conf.task_always_eager
-    app.conf.task_always_eager = True
-    yield
-    app.conf.task_always_eager = before
-
-
-@pytest.fixture
-def operator(db):
-    """A staff user (an operator) with no scope grants."""
-    from django.contrib.auth import get_user_model
-
-    return get_user_model().objects.create_user(
-        username="olga", email="olga@example.com", password="x-olga-operator", is_staff=True
-    )
-
-
-@pytest.fixture
-def append():
-    """Append memories: append(scope, "text", subject=None) -> Memory."""
-    from memories.services import memory_append
-
-    def do(scope, content, subject=None):
-        return memory_append(scope=scope, subject=subject, content=content)
-
-    return do
+def eager_tasks(eager_tasks):
+    """Run Celery tasks in-process here by default (the shared fixture, made autouse): no worker in these tests."""
+    return eager_tasks
 
 
 @pytest.fixture
@@ -67,17 +41,6 @@ def served(append):
         return version
 
     return do
-
-
-def token_client(user):
-    """A DRF APIClient authenticated with ``user``'s token (for tests that need one without the fixture)."""
-    from rest_framework.authtoken.models import Token
-    from rest_framework.test import APIClient
-
-    token, _ = Token.objects.get_or_create(user=user)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 def tamper(version) -> None:

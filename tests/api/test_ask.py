@@ -83,10 +83,8 @@ def test_another_scopes_client_cannot_ask(charlie, alice, scope_a, served, api_c
     assert not AnswerRecord.objects.exists()
 
 
-def test_it_answers_404_for_an_unknown_scope_and_401_without_a_token(alice):
+def test_it_answers_404_for_an_unknown_scope_and_401_without_a_token(alice, api_client_for):
     from rest_framework.test import APIClient
 
-    from tests.api.conftest import token_client
-
-    assert_error(token_client(alice).post("/api/scopes/nope/ask/", {"question": "q?"}, format="json"), 404, "scope")
+    assert_error(api_client_for(alice).post("/api/scopes/nope/ask/", {"question": "q?"}, format="json"), 404, "scope")
     assert APIClient().post("/api/scopes/scope-a/ask/", {"question": "q?"}, format="json").status_code == 401

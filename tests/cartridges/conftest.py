@@ -49,28 +49,6 @@ def real_engine(settings, real_backend):
     return config
 
 
-@pytest.fixture
-def eager_tasks():
-    """Run Celery tasks in-process (the embedded default's mode) for tests that do not start a worker."""
-    from mnesio_site.celery import app
-
-    before = app.conf.task_always_eager
-    app.conf.task_always_eager = True
-    yield
-    app.conf.task_always_eager = before
-
-
-@pytest.fixture
-def append():
-    """Append memories: append(scope, "text", subject=None) -> Memory."""
-    from memories.services import memory_append
-
-    def do(scope, content, subject=None):
-        return memory_append(scope=scope, subject=subject, content=content)
-
-    return do
-
-
 def stored_files(root) -> list:
     """Every blob file under the storage root."""
     return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []

@@ -26,17 +26,6 @@ def fake_row(fake_engine):  # noqa: F811 (the imported fixture, requested by nam
 
 
 @pytest.fixture
-def eager_tasks():
-    """Run Celery tasks in-process for tests that start no worker."""
-    from mnesio_site.celery import app
-
-    before = app.conf.task_always_eager
-    app.conf.task_always_eager = True
-    yield
-    app.conf.task_always_eager = before
-
-
-@pytest.fixture
 def record_figures(request, artifacts_dir):
     """record_figures(**numbers): print the scenario's figures and append them to the artifacts' JSONL file."""
 
@@ -53,16 +42,6 @@ def record_figures(request, artifacts_dir):
 def needs_redis() -> pytest.MarkDecorator:
     """Skip unless REDIS_URL is set (the worker and broker tests)."""
     return pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (set REDIS_URL)")
-
-
-@pytest.fixture
-def operator(db):
-    """A staff user (an operator) with no scope grants."""
-    from django.contrib.auth import get_user_model
-
-    return get_user_model().objects.create_user(
-        username="olga", email="olga@example.com", password="x-olga-operator", is_staff=True
-    )
 
 
 @pytest.fixture
