@@ -18,10 +18,11 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, make_backend
+from memories.models import Memory
 from mnesio_site.exceptions import MnesioError
 
 from . import conf
-from .models import CartridgeEvaluation, CartridgeVersion
+from .models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
 from .storage import BlobTampered, BlobUnavailable, blob_read
 
 log = logging.getLogger("cartridges")
@@ -122,6 +123,30 @@ def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exc
             )
     except DatabaseError:  # the refusal itself still reaches the caller; the log line above is the record
         log.exception("could not record the refused load of cartridge version=%s", version.pk)
+
+
+def cartridges_purge_unservable() -> list[int]:
+    """Drop every cached cartridge whose version was destroyed or lists an erased subject; return their ids.
+
+    Runs at the start of every request and every task of this process (CartridgesConfig.ready connects
+    it), so a version destroyed by another process (an erasure processed by a worker) leaves this
+    process's memory within one request. One query while the LRU holds anything, none when it is empty.
+    """
+    with _lock:
+        cached = sorted({key[0] for key in _cartridges})
+    if not cached:
+        return []
+    destroyed = set(CartridgeDestruction.objects.filter(version_id__in=cached).values_list("version_id", flat=True))
+    manifests = dict(CartridgeVersion.objects.filter(pk__in=set(cached) - destroyed).values_list("pk", "manifest"))
+    for pk, manifest in manifests.items():
+        seqs = [entry[0] for entry in manifest.get("entries", [])]
+        if Memory.objects.filter(seq__in=seqs, subject__shredded_at__isnull=False).exists():
+            destroyed.add(pk)
+    for version_id in destroyed:
+        cartridge_forget(version_id=version_id)
+    if destroyed:
+        log.info("dropped %d unservable cartridge(s) from this process's cache: %s", len(destroyed), sorted(destroyed))
+    return sorted(destroyed)
 
 
 def cartridge_forget(*, version_id: int) -> None:

@@ -12,6 +12,7 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from memories.models import reject_truncate
 from mnesio_site.exceptions import Conflict
 
 
@@ -48,9 +49,12 @@ class ImmutableModel(models.Model):
         raise ImmutableRowError(f"{type(self).__name__} rows are immutable and cannot be deleted")
 
 
-def _protect(prefix: str) -> list[pgtrigger.Protect]:
-    """Database triggers that reject UPDATE and DELETE of every row (raw SQL included)."""
-    return [pgtrigger.Protect(name=f"{prefix}_protect", operation=pgtrigger.Update | pgtrigger.Delete)]
+def _protect(prefix: str) -> list[pgtrigger.Trigger]:
+    """Database triggers that reject UPDATE, DELETE and TRUNCATE of every row (raw SQL included)."""
+    return [
+        pgtrigger.Protect(name=f"{prefix}_protect", operation=pgtrigger.Update | pgtrigger.Delete),
+        reject_truncate(f"{prefix}_protect_truncate"),
+    ]
 
 
 class KvConfiguration(ImmutableModel):
@@ -164,7 +168,9 @@ class CartridgeBlob(models.Model):
                     " AND NEW.storage_name = OLD.storage_name AND NEW.scope_id = OLD.scope_id"
                     " AND NEW.created_at = OLD.created_at)"
                 ),
-            )
+            ),
+            # rows go one by one (blob_destroy); a TRUNCATE would drop every key without a record
+            reject_truncate("cartridgeblob_protect_truncate"),
         ]
 
 

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from kvengine.base import canonical_json
+from memories.models import Memory
 from mnesio_site.exceptions import NotFound
 
 from .models import (
@@ -88,11 +89,22 @@ def version_is_destroyed(*, version: CartridgeVersion) -> bool:
     return CartridgeDestruction.objects.filter(version=version).exists()
 
 
+def version_erased_subjects(*, version: CartridgeVersion) -> list[str]:
+    """External ids of shredded subjects among the memories the version's manifest lists.
+
+    Read from the protected manifest and log rows (never from the CartridgeVersionSubject index, which
+    is only for display): even if an erasure missed the version, it can no longer serve or pass the gate.
+    """
+    seqs = [entry[0] for entry in version.manifest.get("entries", [])]
+    rows = Memory.objects.filter(scope_id=version.scope_id, seq__in=seqs, subject__shredded_at__isnull=False)
+    return sorted(set(rows.values_list("subject__external_id", flat=True)))
+
+
 def active_version(*, scope, configuration: ActiveConfiguration | None = None) -> CartridgeVersion | None:
     """The version that serves ``scope`` now, or None.
 
-    That is the version of the scope's newest activation, as long as it is not destroyed and was compiled
-    under the active configuration. There is no silent fallback to an older activation: a destroyed or
+    That is the version of the scope's newest activation, as long as it is not destroyed, was compiled
+    under the active configuration and lists no memory of an erased subject. There is no silent fallback to an older activation: a destroyed or
     out-of-configuration cartridge leaves the scope without one until a new version is activated
     (or an operator rolls back explicitly).
     """
@@ -104,6 +116,8 @@ def active_version(*, scope, configuration: ActiveConfiguration | None = None) -
         return None
     config = configuration or active_configuration()
     if version.config_tuple() != config.as_tuple():
+        return None
+    if version_erased_subjects(version=version):
         return None
     return version
 

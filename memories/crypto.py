@@ -117,9 +117,15 @@ def memory_aad(*, seq: int, scope_id: int, subject_id: int | None) -> bytes:
     return f"mnesio:memory:v1|seq={seq}|scope={scope_id}|subject={subject_id if subject_id is not None else '-'}".encode()
 
 
-def subject_key_aad(external_id: str) -> bytes:
-    """Associated data of a wrapped subject key."""
-    return b"mnesio:subject-key:v1|" + external_id.encode()
+def subject_key_aad(external_id: str, scope_id: int | None = None) -> bytes:
+    """Associated data of a wrapped subject key: its external id, and its scope (v2, per-scope subjects).
+
+    Legacy subjects (no scope) keep the v1 form they were wrapped with; a key copied onto the same
+    external id in another scope fails to open.
+    """
+    if scope_id is None:
+        return b"mnesio:subject-key:v1|" + external_id.encode()
+    return f"mnesio:subject-key:v2|scope={scope_id}|".encode() + external_id.encode()
 
 
 def scope_key_aad(scope_id: int) -> bytes:

@@ -19,7 +19,7 @@ class ImmutableRowError(Exception):
     """Raised by the ORM when code tries to change or remove an append-only row."""
 
 
-def _reject_truncate(name: str) -> pgtrigger.Trigger:
+def reject_truncate(name: str) -> pgtrigger.Trigger:
     """A statement-level trigger that rejects TRUNCATE (pgtrigger's Protect only covers row operations)."""
     return pgtrigger.Trigger(
         name=name,
@@ -35,19 +35,8 @@ def _append_only_triggers() -> list[pgtrigger.Trigger]:
     return [
         pgtrigger.Protect(name="protect_update", operation=pgtrigger.Update),
         pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
-        _reject_truncate("protect_truncate"),
+        reject_truncate("protect_truncate"),
     ]
-
-
-# The trigger names the test-database flush may ignore (see memories/management/commands/flush.py).
-TRUNCATE_TRIGGERS = [
-    "memories.Memory:protect_truncate",
-    "memories.LogHead:protect_truncate",
-    "memories.Subject:protect_truncate",
-    "memories.ScopeKey:protect_truncate",
-    "memories.ErasureRequest:protect_truncate",
-    "memories.ErasureEvent:protect_truncate",
-]
 
 
 class AppendOnlyQuerySet(models.QuerySet):
@@ -140,19 +129,29 @@ class ScopeKey(AppendOnlyModel):
                 ),
             ),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
-            _reject_truncate("protect_truncate"),
+            reject_truncate("protect_truncate"),
         ]
 
 
 class Subject(AppendOnlyModel):
-    """A person memories are about. Holds its wrapped data key until shredded (one way, for good).
+    """A person memories are about, within one scope. Holds its wrapped data key until shredded (one way).
 
-    A shredded subject stays shredded: appending for it is refused (409 naming `subject`) rather
-    than silently creating a new key, because new facts filed under an erased person's id would
+    The subject model: a subject belongs to one scope. The same external id in two scopes is two
+    subjects with two keys, so a client granted scope C can erase only C's ``bob`` and learns nothing
+    about a ``bob`` elsewhere; erasing an id in every scope is an operator action (an erasure request
+    without a scope, its own permission). Rows created before subjects were per scope have no scope
+    (legacy, global): they keep opening their memories, are erased by an operator's erasure everywhere,
+    and by a client's only when every scope holding their memories is granted to that client.
+
+    A shredded subject stays shredded: appending for it in its scope is refused (409 naming `subject`)
+    rather than silently creating a new key, because new facts filed under an erased person's id would
     undo the erasure's intent. A client that truly has a new person uses a new external id.
+    External ids are stored in Unicode NFC (memories.services.subject_id_validate), so "josé" typed
+    composed or decomposed is one subject.
     """
 
-    external_id = models.CharField(max_length=200, unique=True)
+    scope = models.ForeignKey(Scope, on_delete=models.PROTECT, null=True, blank=True, related_name="subjects")
+    external_id = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)
     # nonce (12 bytes) + AES-GCM(master key, data key); NULL once shredded.
     wrapped_key = models.BinaryField(null=True)
@@ -162,6 +161,11 @@ class Subject(AppendOnlyModel):
     class Meta:
         ordering = ["external_id"]
         constraints = [
+            models.UniqueConstraint(fields=["scope", "external_id"], name="memories_subject_unique_per_scope"),
+            # legacy rows (no scope) stay unique by external id, as they were
+            models.UniqueConstraint(
+                fields=["external_id"], condition=models.Q(scope__isnull=True), name="memories_subject_unique_legacy"
+            ),
             # A shredded subject has no key bytes, and a live one has them: the database checks both.
             models.CheckConstraint(
                 condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
@@ -175,11 +179,12 @@ class Subject(AppendOnlyModel):
                 operation=pgtrigger.Update,
                 condition=pgtrigger.Condition(
                     f"NOT ((({_SHRED_SQL}) OR ({_REWRAP_SQL})) AND NEW.id = OLD.id"
-                    " AND NEW.external_id = OLD.external_id AND NEW.created_at = OLD.created_at)"
+                    " AND NEW.external_id = OLD.external_id AND NEW.created_at = OLD.created_at"
+                    " AND NEW.scope_id IS NOT DISTINCT FROM OLD.scope_id)"
                 ),
             ),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
-            _reject_truncate("protect_truncate"),
+            reject_truncate("protect_truncate"),
         ]
 
     def __str__(self) -> str:
@@ -205,7 +210,7 @@ class LogHead(AppendOnlyModel):
                 condition=pgtrigger.Condition("NOT (NEW.head = OLD.head + 1 AND NEW.id = OLD.id)"),
             ),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
-            _reject_truncate("protect_truncate"),
+            reject_truncate("protect_truncate"),
         ]
 
 

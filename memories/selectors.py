@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from memories import crypto
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, Subject
-from mnesio_site.exceptions import MnesioError, NotFound, PermissionDenied
+from mnesio_site.exceptions import MnesioError, NotFound
 
 
 class MemoryIntegrityError(MnesioError):
@@ -31,6 +32,7 @@ class OpenedMemory:
     text: str | None
     erased: bool
     created_at: dt.datetime
+    subject_id: int | None = None  # the subject row's pk (subjects are per scope; compile locks these rows)
 
 
 # A seq is a PostgreSQL bigint (at most 2**63 - 1, 19 digits).
@@ -42,14 +44,23 @@ def log_head() -> int:
     return Memory.objects.aggregate(head=Max("seq"))["head"] or 0
 
 
+def scope_head(*, scope: Scope) -> int:
+    """Return the seq of the scope's newest memory (0 for none): the head a scope's client may see."""
+    return Memory.objects.filter(scope=scope).aggregate(head=Max("seq"))["head"] or 0
+
+
 def _shown(value: object) -> str:
     """The received value for an error message, cut short (a query or path value can be megabytes)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def as_of_validate(as_of: object) -> int:
-    """Return ``as_of`` as a head no later than the current one, or raise naming `as_of`."""
+def as_of_validate(as_of: object, *, scope: Scope | None = None) -> int:
+    """Return ``as_of`` as a head no later than the current one (the scope's, given one), or raise naming `as_of`.
+
+    With ``scope`` the bound and the message use the scope's head, never the global one: a client
+    learns nothing of other scopes' activity from an error.
+    """
     if isinstance(as_of, int) and not isinstance(as_of, bool):
         value = as_of
     elif isinstance(as_of, str) and re.fullmatch(r"-?[0-9]+", as_of.strip()):
@@ -65,10 +76,11 @@ def as_of_validate(as_of: object) -> int:
         raise MnesioError(f"`as_of` has to be an integer log head but got {_shown(as_of)}", extra={"field": "as_of"})
     if value < 0:
         raise MnesioError(f"`as_of` has to be >= 0 but got {value}", extra={"field": "as_of"})
-    head = log_head()
+    head = log_head() if scope is None else scope_head(scope=scope)
     if value > head:
+        which = "the current log head" if scope is None else f"scope '{scope.name}''s head"
         raise MnesioError(
-            f"`as_of` has to be at most the current log head {head} but got {value}",
+            f"`as_of` has to be at most {which} {head} but got {value}",
             extra={"field": "as_of", "head": head},
         )
     return value
@@ -89,7 +101,7 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
     for memory in memories:
         subject: Subject | None = memory.subject
         if subject is not None and subject.is_shredded:
-            opened.append(OpenedMemory(memory.seq, subject.external_id, None, True, memory.created_at))
+            opened.append(OpenedMemory(memory.seq, subject.external_id, None, True, memory.created_at, subject.pk))
             continue
         if subject is not None:
             cache_key = ("subject", subject.pk)
@@ -97,7 +109,7 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
                 keys[cache_key] = crypto.unwrap(
                     subject.wrapped_key,
                     wrapped_by=subject.master_key_id,
-                    aad=crypto.subject_key_aad(subject.external_id),
+                    aad=crypto.subject_key_aad(subject.external_id, subject.scope_id),
                 )
         else:
             cache_key = ("scope", memory.scope_id)
@@ -115,7 +127,9 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
                 extra={"seq": memory.seq},
             ) from None
         opened.append(
-            OpenedMemory(memory.seq, subject.external_id if subject else None, text, False, memory.created_at)
+            OpenedMemory(
+                memory.seq, subject.external_id if subject else None, text, False, memory.created_at, memory.subject_id
+            )
         )
     return opened
 
@@ -139,8 +153,14 @@ def scope_memory_get(*, scope: Scope, seq: int) -> Memory:
 
 
 def scope_get_for_user(*, user, name: str) -> Scope:
-    """Return the scope called ``name`` if ``user`` is granted it; NotFound / PermissionDenied naming `scope`."""
+    """Return the scope called ``name`` if ``user`` is granted it, else NotFound naming `scope`.
+
+    An unknown scope and one that is not granted get the same 404 and message: a client cannot learn
+    which scope names exist outside its grants.
+    """
     # A name no scope can have (not a slug, too long, a NUL that PostgreSQL refuses) is not looked up.
+    if isinstance(name, str):
+        name = unicodedata.normalize("NFC", name)
     max_chars = Scope._meta.get_field("name").max_length
     if not isinstance(name, str) or len(name) > max_chars or not slug_re.fullmatch(name):
         raise NotFound(
@@ -148,11 +168,11 @@ def scope_get_for_user(*, user, name: str) -> Scope:
             "digits, '-' and '_')",
             extra={"field": "scope"},
         )
-    scope = Scope.objects.filter(name=name).first()
+    scope = None
+    if user and user.is_authenticated:
+        scope = Scope.objects.filter(name=name, grants__user=user).first()
     if scope is None:
-        raise NotFound(f"`scope` '{name}' does not exist", extra={"field": "scope"})
-    if not (user and user.is_authenticated and scope.grants.filter(user=user).exists()):
-        raise PermissionDenied(f"you are not granted `scope` '{name}'", extra={"field": "scope"})
+        raise NotFound(f"`scope` '{name}' does not exist or is not granted to you", extra={"field": "scope"})
     return scope
 
 
@@ -163,16 +183,53 @@ def user_scopes(*, user) -> QuerySet[Scope]:
     return Scope.objects.filter(grants__user=user).order_by("name")
 
 
+def subject_id_variants(external_id: str) -> list[str]:
+    """The stored spellings one (NFC) subject id may have: NFC, and NFD for rows stored before normalization."""
+    return sorted({unicodedata.normalize("NFC", external_id), unicodedata.normalize("NFD", external_id)})
+
+
+def legacy_subjects_in_scope(*, external_id: str, scope: Scope) -> QuerySet[Subject]:
+    """Legacy global subjects (no scope) with this id and memories in ``scope``."""
+    return Subject.objects.filter(
+        scope__isnull=True, external_id__in=subject_id_variants(external_id), memories__scope=scope
+    ).distinct()
+
+
 def subject_get(*, external_id: str, scope: Scope | None = None) -> Subject:
-    """Return the subject (with memories in ``scope`` when given) or raise NotFound naming `subject`."""
-    subjects = Subject.objects.filter(external_id=external_id)
-    if scope is not None:
-        subjects = subjects.filter(memories__scope=scope)
-    subject = subjects.first()
+    """Return the subject of ``scope`` with memories there (any scope's when None), or NotFound naming `subject`.
+
+    A scope's subject is its own row, or a legacy global row with memories in the scope; the answer
+    is the same 404 whether or not the id exists in scopes the caller is not granted.
+    """
+    variants = subject_id_variants(external_id)
+    if scope is None:
+        subject = Subject.objects.filter(external_id__in=variants).order_by("scope_id", "pk").first()
+    else:
+        subject = (
+            Subject.objects.filter(scope=scope, external_id__in=variants, memories__scope=scope).first()
+            or legacy_subjects_in_scope(external_id=external_id, scope=scope).first()
+        )
     if subject is None:
         where = f" in scope '{scope.name}'" if scope is not None else ""
         raise NotFound(f"`subject` '{external_id}' has no memories{where}", extra={"field": "subject"})
     return subject
+
+
+def erasure_request_subjects(*, erasure_request: ErasureRequest) -> list[Subject]:
+    """The subject rows an erasure request shreds.
+
+    Filed through a scope: that scope's subject with the request's id, and a legacy global one with
+    memories in the scope (filing checked that the client is granted every scope it holds memories in).
+    Filed by an operator without a scope: every subject with that id, in every scope.
+    """
+    variants = subject_id_variants(erasure_request.subject.external_id)
+    if erasure_request.scope_id is None:
+        return list(Subject.objects.filter(external_id__in=variants).order_by("pk"))
+    rows = Subject.objects.filter(scope_id=erasure_request.scope_id, external_id__in=variants)
+    legacy = Subject.objects.filter(
+        scope__isnull=True, external_id__in=variants, memories__scope_id=erasure_request.scope_id
+    )
+    return sorted({*rows, *legacy, erasure_request.subject}, key=lambda s: s.pk)
 
 
 def erasure_request_status(*, erasure_request: ErasureRequest) -> str:

@@ -26,7 +26,15 @@ from memories.models import (
     ScopeKey,
     Subject,
 )
-from memories.selectors import erasure_request_status, erasure_requests_unfinished, memory_open, subject_get
+from memories.selectors import (
+    erasure_request_status,
+    erasure_request_subjects,
+    erasure_requests_unfinished,
+    legacy_subjects_in_scope,
+    memory_open,
+    subject_get,
+    subject_id_variants,
+)
 from mnesio_site.exceptions import Conflict, MnesioError
 
 logger = logging.getLogger("memories")
@@ -79,15 +87,23 @@ def _token_validate(value: object, *, field: str, max_chars: int) -> str:
 
 
 def subject_id_validate(subject: object) -> str:
-    """Return a valid subject external id or raise naming `subject`."""
-    return _token_validate(subject, field="subject", max_chars=MAX_SUBJECT_CHARS)
+    """Return a valid subject external id in Unicode NFC, or raise naming `subject`.
+
+    NFC at every entry point: "josé" composed and decomposed are one person, so an erasure filed with
+    either spelling covers memories filed with the other (memories.selectors.subject_id_variants also
+    matches rows stored before this normalization).
+    """
+    value = _token_validate(subject, field="subject", max_chars=MAX_SUBJECT_CHARS)
+    return unicodedata.normalize("NFC", value)
 
 
 # ---------------------------------------------------------------------------
 # Scopes and grants
 # ---------------------------------------------------------------------------
 def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
-    """Create a scope; ``name`` must be a slug (letters, digits, '-', '_')."""
+    """Create a scope; ``name`` must be a slug (letters, digits, '-', '_'), taken in Unicode NFC."""
+    if isinstance(name, str):
+        name = unicodedata.normalize("NFC", name)
     if not isinstance(name, str) or not name or slugify(name) != name.lower() or len(name) > 100:
         raise MnesioError(f"`name` has to be a slug of at most 100 characters but got {name!r}", extra={"field": "name"})
     if Scope.objects.filter(name=name).exists():
@@ -141,18 +157,25 @@ def _scope_data_key(scope: Scope) -> bytes:
     return crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
 
 
-def _subject_data_key(external_id: str) -> tuple[Subject, bytes]:
-    """Return the subject and its data key, creating both on the subject's first memory.
+def _subject_data_key(external_id: str, scope: Scope) -> tuple[Subject, bytes]:
+    """Return the scope's subject and its data key, creating both on the subject's first memory in the scope.
 
-    A shredded subject is refused (409): its key is gone for good and no new one is made silently.
+    A shredded subject is refused (409): its key is gone for good and no new one is made silently. Only
+    this scope's subject (or a legacy global one with memories here) is looked at, so the answer says
+    nothing about the same id in scopes the caller may not be granted.
     """
-    aad = crypto.subject_key_aad(external_id)
-    subject = Subject.objects.filter(external_id=external_id).first()
+    subject = Subject.objects.filter(scope=scope, external_id__in=subject_id_variants(external_id)).first()
     if subject is None:
+        legacy = legacy_subjects_in_scope(external_id=external_id, scope=scope).filter(shredded_at__isnull=False).first()
+        if legacy is not None:
+            subject = legacy  # an erased legacy subject of this scope stays erased here (the 409 below)
+    if subject is None:
+        aad = crypto.subject_key_aad(external_id, scope.pk)
         data_key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(data_key, aad=aad)
-        subject = Subject.objects.create(external_id=external_id, wrapped_key=wrapped, master_key_id=kid)
+        subject = Subject.objects.create(scope=scope, external_id=external_id, wrapped_key=wrapped, master_key_id=kid)
         return subject, data_key
+    aad = crypto.subject_key_aad(subject.external_id, subject.scope_id)
     if subject.is_shredded:
         raise Conflict(
             f"`subject` '{external_id}' was erased at {subject.shredded_at.isoformat()}; its key is destroyed and "
@@ -164,7 +187,7 @@ def _subject_data_key(external_id: str) -> tuple[Subject, bytes]:
 
 def _idempotent_result(existing: Memory, *, subject: str | None, content: str) -> Memory:
     """Return the original row for a repeated idempotency key, or 409 if the repeat asks for something else."""
-    existing_subject = existing.subject.external_id if existing.subject_id else None
+    existing_subject = unicodedata.normalize("NFC", existing.subject.external_id) if existing.subject_id else None
     if existing_subject != subject:
         raise Conflict(
             f"`idempotency_key` was already used in this scope for memory seq={existing.seq} with another subject",
@@ -217,7 +240,7 @@ def memory_append(
             if subject is None:
                 subject_row, data_key = None, _scope_data_key(scope)
             else:
-                subject_row, data_key = _subject_data_key(subject)
+                subject_row, data_key = _subject_data_key(subject, scope)
             aad = crypto.memory_aad(seq=seq, scope_id=scope.pk, subject_id=subject_row.pk if subject_row else None)
             nonce, ciphertext = crypto.seal(data_key, data, aad=aad)
             memory = Memory.objects.create(
@@ -270,8 +293,12 @@ def erasure_request_file(
 ) -> ErasureRequest:
     """File an erasure request for a subject (status ``requested``); ``enqueue`` queues processing after commit.
 
-    With ``scope`` (an API client's scope) the subject must have memories in it; the erasure itself
-    shreds the subject's key, so it covers the subject's memories in every scope.
+    With ``scope`` (an API client's request) it erases the subject of that scope only, and the subject
+    must have memories there (404 otherwise, the same answer whether or not the id exists elsewhere).
+    A legacy global subject (filed before subjects were per scope) is covered only when every scope
+    holding its memories is granted to ``requested_by``; otherwise the request is refused and an
+    operator erases it everywhere. Without ``scope`` it is an operator's erasure in every scope: the
+    caller (admin, command) checks the `memories.erase_subject_everywhere` permission.
     """
     external_id = subject_id_validate(subject)
     if not isinstance(reason, str) or not reason.strip():
@@ -281,6 +308,15 @@ def erasure_request_file(
             f"`reason` has to be at most {MAX_REASON_CHARS} characters but got {len(reason)}", extra={"field": "reason"}
         )
     subject_row = subject_get(external_id=external_id, scope=scope)
+    if scope is not None and subject_row.scope_id is None:
+        granted = set(ScopeGrant.objects.filter(user=requested_by).values_list("scope_id", flat=True)) if requested_by else set()
+        held_in = set(Memory.objects.filter(subject=subject_row).values_list("scope_id", flat=True).distinct())
+        if not held_in <= granted:
+            raise Conflict(
+                f"`subject` '{external_id}' was filed before subjects were kept per scope and cannot be erased "
+                "through one scope; ask an operator to erase it everywhere",
+                extra={"field": "subject", "kind": "legacy_subject_needs_operator"},
+            )
     with transaction.atomic():
         erasure_request = ErasureRequest.objects.create(
             subject=subject_row, scope=scope, requested_by=requested_by, reason=reason
@@ -356,7 +392,7 @@ def erasure_requests_requeue(
 
 
 def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> ErasureRequest:
-    """Shred the subject's key, record ``keys_shredded``, run every view rebuilder, record ``views_rebuilt``.
+    """Shred the subjects' keys, record ``keys_shredded``, run every view rebuilder, record ``views_rebuilt``.
 
     A rebuilder that raises records ``failed`` with the reason (and the request can be processed
     again). Safe to run twice: each step checks what is already recorded, the shred is a conditional
@@ -367,7 +403,11 @@ def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> E
         return erasure_request
     if ErasureStatus.KEYS_SHREDDED not in done:
         with transaction.atomic():
-            subject_shred(subject=erasure_request.subject)
+            # The shred's row lock orders it against compiles: a compile locks its manifest's subjects
+            # before storing a version (cartridges.services.compile), so once this commits no compile
+            # can store a version holding these subjects, and every earlier one is visible to the rebuild.
+            for subject in erasure_request_subjects(erasure_request=erasure_request):
+                subject_shred(subject=subject)
             _event_record(erasure_request=erasure_request, status=ErasureStatus.KEYS_SHREDDED, actor=actor)
     rebuilders = registry.view_rebuilders()
     for rebuilder in rebuilders:
@@ -428,7 +468,7 @@ def master_key_rotate() -> RotationReport:
             )
             if row is None:
                 continue
-            aad = crypto.subject_key_aad(row.external_id)
+            aad = crypto.subject_key_aad(row.external_id, row.scope_id)
             data_key = crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
             wrapped, kid = crypto.wrap(data_key, aad=aad)
             Subject.objects.filter(pk=pk)._privileged_update(wrapped_key=wrapped, master_key_id=kid)

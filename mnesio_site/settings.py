@@ -155,6 +155,9 @@ IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 if not IS_POSTGRES:
     # Concurrent writers (the dev server plus in-process tasks) wait instead of failing at once.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # Every transaction takes SQLite's write lock at BEGIN, so a compile's subject check and its version
+    # insert cannot interleave with an erasure's shred (cartridges.services.compile.manifest_subjects_lock).
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -153,7 +153,7 @@ class CartridgeCompileView(APIView):
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = _validated(s.CompileRequestSerializer, request)
-        head = services.head_validate(data.get("log_head"))
+        head = services.head_validate(data.get("log_head"), scope=scope_row)
         if not scope_memories(scope=scope_row, as_of=head).exists():
             raise MnesioError(f"`scope` '{scope_row.name}' has no memories at log head {head}; append memories first",
                               extra={"field": "scope", "log_head": head})

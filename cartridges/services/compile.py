@@ -27,8 +27,9 @@ from django.db import IntegrityError, transaction
 from kvengine import ContextTooLongError, EmptyInputError
 from kvengine.base import canonical_json
 from kvengine.format import FORMAT_VERSION, read_header
+from memories.models import Subject
 from memories.selectors import log_head as current_log_head
-from memories.selectors import scope_memories_open
+from memories.selectors import scope_head, scope_memories_open
 from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import conf, engine
@@ -49,15 +50,28 @@ class CompileInput:
     manifest: dict
     manifest_digest: str
     subjects: list[str]
+    subject_ids: list[int]  # the subject rows behind the manifest: locked when the version is stored
+
+
+class SubjectErasedDuringCompile(Exception):
+    """A subject of the manifest was shredded while the compile ran: its version must not be stored."""
+
+
+# How often a compile re-reads the log after losing a race with an erasure before it gives up.
+MAX_COMPILE_ATTEMPTS = 3
 
 
 def _sha256(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
-def head_validate(log_head: object) -> int:
-    """Return ``log_head`` (None: the current head) as an int in [1, current head], or raise naming `log_head`."""
-    head = current_log_head()
+def head_validate(log_head: object, *, scope=None) -> int:
+    """Return ``log_head`` as an int in [0, head], or raise naming `log_head`.
+
+    The head is the global one for operators and services; with ``scope`` (a client's request) it is the
+    scope's own head, for the default, the bound and the message, so no answer reveals the global head.
+    """
+    head = current_log_head() if scope is None else scope_head(scope=scope)
     if log_head is None:
         return head
     if isinstance(log_head, bool) or not isinstance(log_head, int):
@@ -68,8 +82,9 @@ def head_validate(log_head: object) -> int:
         else:
             raise MnesioError(f"`log_head` has to be an integer but got {str(log_head)[:40]!r}", extra={"field": "log_head"})
     if log_head < 0 or log_head > head:
+        which = "the current log head" if scope is None else f"scope '{scope.name}''s head"
         raise MnesioError(
-            f"`log_head` has to be between 0 and the current log head {head} but got {log_head}",
+            f"`log_head` has to be between 0 and {which} {head} but got {log_head}",
             extra={"field": "log_head", "head": head},
         )
     return log_head
@@ -93,6 +108,7 @@ def compile_input(*, scope, head: int) -> CompileInput:
         manifest=manifest,
         manifest_digest=_sha256(canonical_json(manifest)),
         subjects=sorted({m.subject for m in surviving if m.subject}),
+        subject_ids=sorted({m.subject_id for m in surviving if m.subject_id is not None}),
     )
 
 
@@ -127,33 +143,63 @@ def _existing(*, scope, digest: str, head: int, manifest_digest: str) -> Cartrid
 
 
 def cartridge_compile(*, scope, log_head: int | None = None, actor=None) -> CartridgeVersion:
-    """Compile ``scope`` at ``log_head`` (default: now) under the active configuration; idempotent."""
-    head = head_validate(log_head)
+    """Compile ``scope`` at ``log_head`` (default: the scope's head) under the active configuration; idempotent.
+
+    A subject erased while the model runs makes the store refuse the version (the erasure's shred and
+    the store lock the same subject rows, see _version_store); the compile then reads the log again,
+    without the erased memories, up to MAX_COMPILE_ATTEMPTS times.
+    """
+    head = scope_head(scope=scope) if log_head is None else head_validate(log_head)
     config: ActiveConfiguration = active_configuration()
-    data = compile_input(scope=scope, head=head)
-    backend = engine.backend_for(config)
-    desc = backend.describe()
-    digest = key_digest(desc.compat_key())
-    found = _existing(scope=scope, digest=digest, head=head, manifest_digest=data.manifest_digest)
-    if found is not None:
-        return found
-    blobs_sweep(older_than_s=conf.orphan_blob_grace_s())
-    pause = conf.compile_pause_s()
-    if pause:
-        time.sleep(pause)  # fault injection (tests kill the worker here); 0 in production
-    started = time.perf_counter()
-    blob = compile_bytes(backend=backend, data=data)
-    compile_s = time.perf_counter() - started
-    header = read_header(blob)  # verifies structure and payload sha256 before anything is stored
-    supersedes = active_version(scope=scope, configuration=config)
-    version = _version_store(
-        scope=scope, config=config, header=header, blob=blob, data=data, digest=digest, supersedes=supersedes, actor=actor
+    for attempt in range(1, MAX_COMPILE_ATTEMPTS + 1):
+        data = compile_input(scope=scope, head=head)
+        backend = engine.backend_for(config)
+        digest = key_digest(backend.describe().compat_key())
+        found = _existing(scope=scope, digest=digest, head=head, manifest_digest=data.manifest_digest)
+        if found is not None:
+            return found
+        if attempt == 1:
+            blobs_sweep(older_than_s=conf.orphan_blob_grace_s())
+            pause = conf.compile_pause_s()
+            if pause:
+                time.sleep(pause)  # fault injection (tests kill the worker or erase here); 0 in production
+        started = time.perf_counter()
+        blob = compile_bytes(backend=backend, data=data)
+        compile_s = time.perf_counter() - started
+        header = read_header(blob)  # verifies structure and payload sha256 before anything is stored
+        supersedes = active_version(scope=scope, configuration=config)
+        try:
+            version = _version_store(
+                scope=scope, config=config, header=header, blob=blob, data=data, digest=digest,
+                supersedes=supersedes, actor=actor,
+            )
+        except SubjectErasedDuringCompile:
+            log.info("compile scope=%s attempt=%s lost a race with an erasure; reading the log again", scope.pk, attempt)
+            continue
+        log.info(
+            "cartridge compiled version=%s scope=%s head=%s num_memories=%s num_tokens=%s compile_s=%.3f",
+            version.pk, scope.pk, head, len(data.texts), header.num_tokens, compile_s,
+        )
+        return version
+    raise Conflict(
+        f"`scope` '{scope.name}' had subjects erased during each of {MAX_COMPILE_ATTEMPTS} compiles; nothing was "
+        "stored, ask for the compile again",
+        extra={"field": "scope", "kind": "erased_during_compile"},
     )
-    log.info(
-        "cartridge compiled version=%s scope=%s head=%s num_memories=%s num_tokens=%s compile_s=%.3f",
-        version.pk, scope.pk, head, len(data.texts), header.num_tokens, compile_s,
-    )
-    return version
+
+
+def manifest_subjects_lock(subject_ids: list[int]) -> None:
+    """Lock the manifest's subject rows until the caller's transaction ends; raise if any is shredded.
+
+    An erasure shreds with an UPDATE of the same rows, so the two are ordered: a shred that committed
+    first is seen here (the version is refused), and one that comes later waits for this transaction,
+    after which the erasure's rebuild finds the stored version and destroys it. On SQLite the write
+    lock every transaction takes at BEGIN (transaction_mode IMMEDIATE) gives the same order.
+    """
+    assert transaction.get_connection().in_atomic_block
+    rows = Subject.objects.select_for_update().filter(pk__in=subject_ids).order_by("pk").values_list("pk", "shredded_at")
+    if any(shredded_at is not None for _, shredded_at in rows):
+        raise SubjectErasedDuringCompile
 
 
 def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, digest: str, supersedes, actor) -> CartridgeVersion:
@@ -162,6 +208,7 @@ def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, di
     try:
         stored = blob_write(blob=blob_row, key=key, data=blob)
         with transaction.atomic():
+            manifest_subjects_lock(data.subject_ids)
             version = CartridgeVersion.objects.create(
                 scope=scope,
                 configuration=config.row,

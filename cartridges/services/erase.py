@@ -1,8 +1,9 @@
 """Erase by recompile: the view rebuilder registered with memories.registry, and version destruction.
 
 After memories shreds a subject's key it calls ``cartridge_views_rebuild(erasure_request)``:
-1. destroy the blob and blob key of every version whose manifest includes the subject (the row stays,
-   with a CartridgeDestruction naming the erasure request);
+1. destroy the blob and blob key of every version whose manifest lists a memory of the erased subjects
+   (found from the manifests and the log rows, never from an index that could be truncated; the row
+   stays, with a CartridgeDestruction naming the erasure request);
 2. for every scope whose serving version was destroyed, compile at the current log head (the erased
    memories now open as erased and are left out), gate and activate (kind "erasure").
 A scope left with no surviving memories simply has no cartridge afterwards. Any compile or gate failure
@@ -17,10 +18,12 @@ another scope holding the same other memories, compiled at the same head, gives 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 
 from django.db import IntegrityError, transaction
 
-from memories.models import ErasureRequest
+from memories.models import ErasureRequest, Memory, Subject
+from memories.selectors import erasure_request_subjects
 from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import engine
@@ -60,10 +63,27 @@ def _serving_version_id(scope_id: int) -> int | None:
     return activation.version_id if activation else None
 
 
+def versions_holding(*, subjects: list[Subject]) -> list[CartridgeVersion]:
+    """Every version whose manifest lists a memory of ``subjects``, destroyed ones included.
+
+    Decided from the protected rows alone: the memories' seqs (append-only log rows) against each
+    version's manifest (an append-only version row), never from an index table that could be emptied.
+    """
+    seqs_by_scope: dict[int, set[int]] = defaultdict(set)
+    for seq, scope_id in Memory.objects.filter(subject__in=subjects).values_list("seq", "scope_id"):
+        seqs_by_scope[scope_id].add(seq)
+    found = []
+    rows = CartridgeVersion.objects.filter(scope_id__in=list(seqs_by_scope)).select_related("scope").order_by("id")
+    for version in rows:
+        held = seqs_by_scope[version.scope_id]
+        if any(entry[0] in held for entry in version.manifest.get("entries", [])):
+            found.append(version)
+    return found
+
+
 def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
-    """Destroy every cartridge holding the erased subject, then recompile, gate and activate its scopes."""
-    subject = erasure_request.subject.external_id
-    versions = list(CartridgeVersion.objects.filter(subjects__subject=subject).select_related("scope").order_by("id"))
+    """Destroy every cartridge holding the erased subjects, then recompile, gate and activate their scopes."""
+    versions = versions_holding(subjects=erasure_request_subjects(erasure_request=erasure_request))
     affected = {}
     for version in versions:
         if _serving_version_id(version.scope_id) == version.pk:

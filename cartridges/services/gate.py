@@ -30,13 +30,17 @@ from typing import Any
 
 from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvError
 from kvengine.format import read_header
-from memories.models import Subject
 from memories.selectors import scope_memories_open
 from mnesio_site.exceptions import MnesioError
 
 from .. import conf, engine
 from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
-from ..selectors import active_configuration, evaluation_cases_digest, scope_evaluation_cases
+from ..selectors import (
+    active_configuration,
+    evaluation_cases_digest,
+    scope_evaluation_cases,
+    version_erased_subjects,
+)
 from ..storage import BlobTampered, BlobUnavailable, blob_read
 from .compile import key_digest
 
@@ -121,8 +125,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) ->
     diffs = [k for k, v in compat.items() if getattr(version, k) != v]
     if diffs:
         result.fail(f"version {version.pk} has another compatibility key than the active backend (differs in: {', '.join(diffs)})")
-    subjects = list(version.subjects.values_list("subject", flat=True))
-    erased = list(Subject.objects.filter(external_id__in=subjects, shredded_at__isnull=False).values_list("external_id", flat=True))
+    erased = version_erased_subjects(version=version)  # from the manifest, never the subject index
     if erased:
         result.fail(f"the manifest of version {version.pk} includes {len(erased)} erased subject(s): {sorted(erased)}")
     try:

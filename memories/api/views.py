@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Max
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ParseError
@@ -23,11 +22,11 @@ from memories.api.serializers import (
 from memories.selectors import (
     as_of_validate,
     erasure_request_get,
-    log_head,
     memories_open,
     memory_open,
     scope_erasure_requests,
     scope_get_for_user,
+    scope_head,
     scope_memories,
     scope_memory_get,
     user_scopes,
@@ -63,8 +62,9 @@ class ScopeHeadView(APIView):
     @extend_schema(responses=HeadSerializer, summary="Read the log head")
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        scope_head = scope_row.memories.aggregate(head=Max("seq"))["head"] or 0
-        return Response({"scope": scope_row.name, "head": log_head(), "scope_head": scope_head})
+        # `head` is the scope's head too: the global head would tell a client how busy other scopes are
+        head = scope_head(scope=scope_row)
+        return Response({"scope": scope_row.name, "head": head, "scope_head": head})
 
 
 class ScopeMemoriesView(APIView):
@@ -80,7 +80,7 @@ class ScopeMemoriesView(APIView):
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         raw = request.query_params.get("as_of")
-        as_of = as_of_validate(raw) if raw is not None else log_head()
+        as_of = as_of_validate(raw, scope=scope_row) if raw is not None else scope_head(scope=scope_row)
         paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(scope_memories(scope=scope_row, as_of=as_of), request, view=self)
         response = paginator.get_paginated_response(OpenedMemorySerializer(memories_open(page), many=True).data)

@@ -78,7 +78,7 @@ def test_it_rejects_a_body_that_is_not_a_json_object(alice, scope_a, api_client_
 def test_another_scopes_client_cannot_ask(charlie, alice, scope_a, served, api_client_for):
     served(scope_a, [KEY])
     response = api_client_for(charlie).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
-    body = assert_error(response, 403, "scope")
+    body = assert_error(response, 404, "scope")
     assert "flowerpot" not in str(body)
     assert not AnswerRecord.objects.exists()
 

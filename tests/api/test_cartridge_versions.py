@@ -60,13 +60,13 @@ def test_it_answers_404_naming_the_version_for_an_unknown_or_foreign_id(
 def test_another_scopes_client_cannot_read_versions(alice, charlie, scope_a, served, api_client_for):
     version = served(scope_a, ["The spare key is under the blue flowerpot."])
     client = api_client_for(charlie)
-    assert_error(client.get("/api/scopes/scope-a/cartridges/"), 403, "scope")
-    assert_error(client.get(f"/api/scopes/scope-a/cartridges/{version.pk}/"), 403, "scope")
+    assert_error(client.get("/api/scopes/scope-a/cartridges/"), 404, "scope")
+    assert_error(client.get(f"/api/scopes/scope-a/cartridges/{version.pk}/"), 404, "scope")
 
 
 def test_a_staff_user_without_a_grant_cannot_read_a_scope_over_the_api(operator, scope_a, served, api_client_for):
     served(scope_a, ["The spare key is under the blue flowerpot."])
-    assert_error(api_client_for(operator).get("/api/scopes/scope-a/cartridges/"), 403, "scope")
+    assert_error(api_client_for(operator).get("/api/scopes/scope-a/cartridges/"), 404, "scope")
 
 
 def test_rollback_reactivates_the_previous_version_through_the_gate(alice, scope_a, served, append, api_client_for):
@@ -88,5 +88,5 @@ def test_rollback_refuses_with_nothing_to_roll_back_to_and_rejects_fields(
     assert_error(client.post("/api/scopes/scope-a/cartridges/rollback/", {}, format="json"), 409, "scope")
     assert_error(client.post("/api/scopes/scope-a/cartridges/rollback/", {"to": 1}, format="json"), 400, "to")
     assert_error(
-        api_client_for(charlie).post("/api/scopes/scope-a/cartridges/rollback/", {}, format="json"), 403, "scope"
+        api_client_for(charlie).post("/api/scopes/scope-a/cartridges/rollback/", {}, format="json"), 404, "scope"
     )

@@ -75,9 +75,9 @@ def test_another_scopes_client_can_neither_compile_nor_evaluate_nor_activate(
     append(scope_a, KEY)
     version = cartridge_compile(scope=scope_a)
     client = api_client_for(charlie)
-    assert_error(client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json"), 403, "scope")
-    assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/evaluate/", {}, format="json"), 403, "scope")
-    assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/activate/", {}, format="json"), 403, "scope")
+    assert_error(client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json"), 404, "scope")
+    assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/evaluate/", {}, format="json"), 404, "scope")
+    assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/activate/", {}, format="json"), 404, "scope")
     # nor through its own scope's URL with A's version id
     assert_error(client.post(f"/api/scopes/scope-c/cartridges/{version.pk}/activate/", {}, format="json"), 404, "version")
     assert CartridgeVersion.objects.count() == 1

@@ -60,7 +60,7 @@ def test_it_rejects_an_oversized_case_question(alice, scope_a, api_client_for, s
 def test_another_scopes_client_can_neither_list_nor_attach(charlie, alice, scope_a, api_client_for):
     api_client_for(alice).post(URL, {"question": "Where is the spare key?", "answers": ["flowerpot"]}, format="json")
     client = api_client_for(charlie)
-    body = assert_error(client.get(URL), 403, "scope")
+    body = assert_error(client.get(URL), 404, "scope")
     assert "spare key" not in str(body)
-    assert_error(client.post(URL, {"question": "q?", "answers": ["x"]}, format="json"), 403, "scope")
+    assert_error(client.post(URL, {"question": "q?", "answers": ["x"]}, format="json"), 404, "scope")
     assert EvaluationCase.objects.count() == 1

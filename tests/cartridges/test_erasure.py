@@ -9,7 +9,7 @@ from cartridges.services import cartridge_activate, cartridge_answer, cartridge_
 from cartridges.storage import blob_exists, blob_read
 from memories.models import ErasureStatus
 from memories.registry import view_rebuilders
-from memories.selectors import erasure_request_status, log_head
+from memories.selectors import erasure_request_status, log_head, scope_head
 from memories.services import erasure_request_file, erasure_request_process, scope_create
 from mnesio_site.exceptions import MnesioError
 
@@ -38,14 +38,14 @@ def test_it_registers_the_rebuilder_with_the_log():
 
 
 def test_it_destroys_and_rebuilds_cartridges_holding_an_erased_subject(scope_a, append, fake_engine, blob_root):
-    _log_with_dana(scope_a, append)
-    old_partial = cartridge_compile(scope=scope_a, log_head=2)
-    old = cartridge_compile(scope=scope_a)
-    cartridge_activate(version=old)
-    # a log that never held Dana's memories: the same other memories in another scope
+    # a log that never held Dana's memories: the same other memories in another scope, below the same head
     clean_scope = scope_create(name="never-dana")
     for text in OTHERS:
         append(clean_scope, text)
+    _log_with_dana(scope_a, append)
+    old_partial = cartridge_compile(scope=scope_a, log_head=5)
+    old = cartridge_compile(scope=scope_a)
+    cartridge_activate(version=old)
 
     request = _erase("dana")
 
@@ -57,8 +57,9 @@ def test_it_destroys_and_rebuilds_cartridges_holding_an_erased_subject(scope_a, 
         assert CartridgeDestruction.objects.get(version=version).erasure_request_id == request.pk
     rebuilt = active_version(scope=scope_a)
     assert rebuilt is not None and rebuilt.pk not in (old.pk, old_partial.pk)
-    assert rebuilt.log_head == log_head() == 8
-    assert rebuilt.manifest["left_out"] == [2, 4] and not rebuilt.subjects.exists()
+    # compiled at the scope's own head (the global head is not a client's business), here also the log's
+    assert rebuilt.log_head == scope_head(scope=scope_a) == log_head() == 8
+    assert rebuilt.manifest["left_out"] == [5, 7] and not rebuilt.subjects.exists()
     never = cartridge_compile(scope=clean_scope, log_head=rebuilt.log_head)
     assert blob_read(version=rebuilt) == blob_read(version=never)
     assert rebuilt.sha256 == never.sha256

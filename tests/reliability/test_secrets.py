@@ -73,7 +73,7 @@ def test_no_plaintext_leaks_outside_the_sealed_log_after_a_full_run(
     assert call("post", memories, {"content": f"{MARKER}\x00nul"}).status_code == 400
     assert call("post", memories, {"content": f"{MARKER}", "subject": "dana\x07"}).status_code == 400
     assert call("post", memories, {"content": f"{MARKER}", "contnet": f"{MARKER}"}).status_code == 400
-    assert call("post", memories, {"content": f"{MARKER}"}, who=foreign).status_code == 403
+    assert call("post", memories, {"content": f"{MARKER}"}, who=foreign).status_code == 404
     call("post", "/api/scopes/scope-a/evaluation-cases/", {"question": "Where is the spare key?", "answers": ["flowerpot"]})
 
     compiled = call("post", "/api/scopes/scope-a/cartridges/compile/", {"activate": True})

@@ -129,13 +129,15 @@ def erasure_check(*, articles, pool: BackendPool, budget: int, num_questions: in
                                description=f"kveval erasure check: {scope_data.article} without paragraph {target}")
     subjects = [f"kveval-{run_id}-p{i}" for i in range(len(scope_data.paragraphs))]
     target_seq = None
+    # the same other memories in a scope that never held the target, appended first so that they lie below
+    # the erased scope's head, which the rebuilt version is compiled at (compiles default to the scope's head)
+    for i, text in enumerate(scope_data.paragraphs):
+        if i != target:
+            memory_append(scope=never_scope, subject=subjects[i], content=text)
     for i, text in enumerate(scope_data.paragraphs):
         memory = memory_append(scope=scope, subject=subjects[i], content=text)
         if i == target:
             target_seq = memory.seq
-    for i, text in enumerate(scope_data.paragraphs):
-        if i != target:
-            memory_append(scope=never_scope, subject=subjects[i], content=text)  # the same other memories
     log(f"erasure check: {scope_data.article}, {len(scope_data.paragraphs)} paragraphs ({scope_data.num_tokens} "
         f"tokens) in scope {scope.name}; erasing paragraph {target} ({len(questions)} question(s))")
 

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.core.management.commands.flush import Command as FlushCommand
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from memories.models import TRUNCATE_TRIGGERS, Memory
+from memories.models import Memory
 
 
 def is_test_database(database: str) -> bool:
@@ -24,13 +24,22 @@ def is_test_database(database: str) -> bool:
     return name.startswith("test_") or name == ":memory:" or "mode=memory" in name
 
 
+def truncate_triggers() -> list[str]:
+    """Every registered trigger that rejects TRUNCATE (both apps'), as pgtrigger.ignore() names them."""
+    return [
+        f"{model._meta.label}:{trigger.name}"
+        for model, trigger in pgtrigger.registered()
+        if "TRUNCATE" in str(trigger.operation)
+    ]
+
+
 class Command(FlushCommand):
     def handle(self, **options: Any) -> None:
         database = options.get("database") or DEFAULT_DB_ALIAS
         connection = connections[database]
         if is_test_database(database):
             if connection.vendor == "postgresql":
-                with pgtrigger.ignore(*TRUNCATE_TRIGGERS, databases=[database]):
+                with pgtrigger.ignore(*truncate_triggers(), databases=[database]):
                     return super().handle(**options)
             return super().handle(**options)
         try:
