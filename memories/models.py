@@ -188,7 +188,7 @@ class Subject(AppendOnlyModel):
         ]
 
     def __str__(self) -> str:
-        return self.external_id
+        return f"{self.external_id} ({self.scope.name if self.scope_id else 'legacy, every scope'})"
 
     @property
     def is_shredded(self) -> bool:

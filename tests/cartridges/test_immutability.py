@@ -6,6 +6,7 @@ from django.db import DatabaseError, connection, transaction
 
 from cartridges.models import (
     CartridgeActivation,
+    CartridgeBlob,
     CartridgeDestruction,
     CartridgeEvaluation,
     CartridgeVersion,
@@ -74,3 +75,47 @@ def test_it_refuses_update_and_delete_through_the_orm(history):
     with pytest.raises(ImmutableRowError):
         CartridgeEvaluation.objects.all().delete()
     assert CartridgeVersion.objects.filter(pk=history.pk, log_head=1).exists()
+
+
+def _truncate(table: str) -> str:
+    """Run TRUNCATE in a savepoint (deferred FK checks fired first, as the log tests do); return the error."""
+    with pytest.raises(DatabaseError) as info, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute(f"TRUNCATE {table} CASCADE")
+    return str(info.value)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("model", [*TABLES, CartridgeBlob], ids=lambda m: m.__name__)
+def test_it_refuses_truncate_of_every_append_only_cartridge_table(history, model):
+    before = model.objects.count()
+    assert "TRUNCATE is not allowed" in _truncate(model._meta.db_table)
+    assert model.objects.count() == before > 0
+
+
+@pytest.mark.postgres
+def test_an_emptied_subject_index_does_not_let_an_erased_cartridge_serve(scope_a, append, fake_engine):
+    """A superuser who disables the triggers and empties the index: erasure still finds and destroys the version."""
+    import pgtrigger
+
+    from cartridges.selectors import active_version, version_state
+    from cartridges.services import cartridge_answer
+    from memories.models import ErasureStatus
+    from memories.selectors import erasure_request_status
+    from memories.services import erasure_request_file, erasure_request_process
+
+    append(scope_a, "The car is parked on level 3.")
+    append(scope_a, "Dana's locker code is 4417.", subject="dana")
+    version = cartridge_compile(scope=scope_a)
+    cartridge_activate(version=version)
+    with pgtrigger.ignore("cartridges.CartridgeVersionSubject:cartridgeversionsubject_protect"):
+        _raw("DELETE FROM cartridges_cartridgeversionsubject", [])
+    assert not CartridgeVersionSubject.objects.exists()
+
+    request = erasure_request_file(subject="dana", requested_by=None, reason="asked")
+    erasure_request_process(erasure_request=request)
+    assert erasure_request_status(erasure_request=request) == ErasureStatus.VIEWS_REBUILT
+    assert version_state(version=version) == "destroyed"
+    answer = cartridge_answer(scope=scope_a, question="What is Dana's locker code?")
+    assert answer.version_id != version.pk and "4417" not in answer.answer
+    assert active_version(scope=scope_a).manifest["left_out"] == [2]
