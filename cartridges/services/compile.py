@@ -1,7 +1,8 @@
 """Compile a scope's log into a cartridge version, and rebuild (replay) any version from the log alone.
 
 Decisions (see also the module docstrings of gate/activate/erase):
-- The head defaults to the global log head (memories.selectors.log_head) and is written into the header;
+- The head defaults to the scope's head (its newest memory's seq; the global head would tell a client how
+  busy other scopes are) and is written into the header; an operator may name any head up to the global one;
   the version is unique per (scope, compatibility key, head, manifest digest), so a redelivered or
   concurrent compile returns the existing row, and an erasure at an unchanged head still gets a new
   version (its manifest lacks the erased seqs).
