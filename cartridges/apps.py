@@ -32,10 +32,10 @@ def _purge_on_every_request_and_task() -> None:
 def _purge(**_: object) -> None:
     from django.db import DatabaseError
 
-    from .engine import cartridges_purge_unservable
+    from .engine import cartridges_purge_destroyed
 
     try:
-        cartridges_purge_unservable()
+        cartridges_purge_destroyed()
     except DatabaseError:  # the request itself meets the database error (a 503); serving re-checks the version
         import logging
 

@@ -18,7 +18,6 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, make_backend
-from memories.models import Memory
 from mnesio_site.exceptions import MnesioError
 
 from . import conf
@@ -125,28 +124,24 @@ def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exc
         log.exception("could not record the refused load of cartridge version=%s", version.pk)
 
 
-def cartridges_purge_unservable() -> list[int]:
-    """Drop every cached cartridge whose version was destroyed or lists an erased subject; return their ids.
+def cartridges_purge_destroyed() -> list[int]:
+    """Drop every cached cartridge whose version was destroyed; return their ids.
 
     Runs at the start of every request and every task of this process (CartridgesConfig.ready connects
     it), so a version destroyed by another process (an erasure processed by a worker) leaves this
     process's memory within one request. One query while the LRU holds anything, none when it is empty.
+    (Whether a cached version may still serve is decided per answer by active_version, manifest included.)
     """
     with _lock:
         cached = sorted({key[0] for key in _cartridges})
     if not cached:
         return []
-    destroyed = set(CartridgeDestruction.objects.filter(version_id__in=cached).values_list("version_id", flat=True))
-    manifests = dict(CartridgeVersion.objects.filter(pk__in=set(cached) - destroyed).values_list("pk", "manifest"))
-    for pk, manifest in manifests.items():
-        seqs = [entry[0] for entry in manifest.get("entries", [])]
-        if Memory.objects.filter(seq__in=seqs, subject__shredded_at__isnull=False).exists():
-            destroyed.add(pk)
+    destroyed = sorted(CartridgeDestruction.objects.filter(version_id__in=cached).values_list("version_id", flat=True))
     for version_id in destroyed:
         cartridge_forget(version_id=version_id)
     if destroyed:
-        log.info("dropped %d unservable cartridge(s) from this process's cache: %s", len(destroyed), sorted(destroyed))
-    return sorted(destroyed)
+        log.info("dropped %d destroyed cartridge(s) from this process's cache: %s", len(destroyed), destroyed)
+    return destroyed
 
 
 def cartridge_forget(*, version_id: int) -> None:

@@ -24,6 +24,16 @@ def real_backend():
     return make_backend("transformers", dtype="f32", quant="none", device="cpu")
 
 
+@pytest.fixture(autouse=True)
+def fresh_engine():
+    """Empty this process's cartridge LRU around each test (backends stay loaded): no test sees another's cache."""
+    from cartridges import engine
+
+    engine.cache_clear()
+    yield
+    engine.cache_clear()
+
+
 @pytest.fixture
 def eager_tasks():
     """Run Celery tasks in-process (the embedded default's mode) for tests that start no worker."""

@@ -15,16 +15,6 @@ def blob_root(settings, tmp_path):
     return root
 
 
-@pytest.fixture(autouse=True)
-def fresh_engine():
-    """Empty this process's cartridge LRU around each test (backends stay loaded)."""
-    from cartridges import engine
-
-    engine.cache_clear()
-    yield
-    engine.cache_clear()
-
-
 @pytest.fixture
 def fake_engine(settings):
     """The settings default configuration: the torch-free fake backend."""

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-# Blobs in a temp dir, an empty cartridge LRU (both autouse) and the fake engine: the cartridges tests' own.
-from tests.cartridges.conftest import blob_root, fake_engine, fresh_engine  # noqa: F401
+# Blobs in a temp dir (autouse) and the fake engine: the cartridges tests' own (the empty LRU is tests/conftest's).
+from tests.cartridges.conftest import blob_root, fake_engine  # noqa: F401
 
 # The worker harness of the cartridges tests: a real ``celery worker`` process against the test database.
 from tests.cartridges.test_worker import Worker, _database_url, _wait, redis_clean, start_worker  # noqa: F401

@@ -3,7 +3,7 @@
 Before the fix a web process's LRU still held the destroyed version's decrypted KV after another process (a
 worker) processed the erasure; serving was refused by the database check, but the decrypted state stayed in
 memory. Now every request and task first drops cached versions that were destroyed or list an erased
-subject (cartridges.engine.cartridges_purge_unservable). Two real processes: this test process plays the
+subject (cartridges.engine.cartridges_purge_destroyed). Two real processes: this test process plays the
 worker, a second Python process plays the web process and handles one real request through Django's
 handler after the erasure.
 """
