@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from cartridges import engine, selectors
 from cartridges.models import AnswerRecord, CartridgeEvaluation, CartridgeVersion
-from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Scope
+from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope
 from memories.selectors import log_head
 
 # How many recent answers per mode the latency percentiles are computed over (the "recent window").
@@ -82,7 +82,8 @@ def kv_metrics(*, scopes: Iterable[Any] | None = None, now: datetime | None = No
     scope_list = list(scope_qs.order_by("name"))
     scope_ids = [s.pk for s in scope_list]
     erasures = ErasureRequest.objects.all() if scopes is None else ErasureRequest.objects.filter(scope_id__in=scope_ids)
-    head = log_head()
+    # a client's view counts from its own scopes' newest memory: the global head would reveal other scopes' activity
+    head = log_head() if scopes is None else (Memory.objects.filter(scope_id__in=scope_ids).aggregate(h=Max("seq"))["h"] or 0)
     scope_rows = [_scope_row(scope, now, head) for scope in scope_list]
     return {
         "generated_at": _iso(now),
@@ -126,7 +127,7 @@ def _scope_row(scope: Any, now: datetime, head: int) -> dict[str, Any]:
             "quant": version.quant,
             "created_at": _iso(version.created_at),
             "age_s": round((now - version.created_at).total_seconds(), 3),
-            # how far behind the global log head it was compiled (other scopes' appends count too)
+            # how far behind the view's head it was compiled (the global head for operators, the client's scopes' otherwise)
             "log_head_lag": head - version.log_head,
         },
     }

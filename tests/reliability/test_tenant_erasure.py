@@ -73,6 +73,8 @@ def test_a_client_sees_its_scope_head_never_the_global_one(scope_a, scope_c, ali
     too_far = client.get("/api/scopes/scope-c/memories/?as_of=9").json()
     assert "10" not in too_far["message"] and too_far["extra"]["head"] == 6
     compile_too_far = client.post("/api/scopes/scope-c/cartridges/compile/", {"log_head": 10}, format="json")
+    metrics = client.get("/api/kv/metrics").json()
+    assert metrics["log_head"] == 6 and [row["scope"] for row in metrics["scopes"]] == ["scope-c"]
     message = compile_too_far.json()["message"]
     assert compile_too_far.status_code == 400 and message.endswith("head 6 but got 10") and message.count("10") == 1
 
