@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
@@ -64,3 +65,36 @@ app.conf.beat_schedule = {
 }
 
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def master_key_refuse_unknown(**kwargs: object) -> None:
+    """Refuse to start a worker whose master key does not open the keys already stored, naming the variable.
+
+    A worker with the wrong key would fail every task that opens a key and, worse, wrap new keys (answer
+    requests, blob keys) that the right processes can never open. It checks before the pool forks, then
+    closes its connection (a forked child must not share it).
+    """
+    import logging
+
+    import django
+    from django.db import DatabaseError, connections
+
+    django.setup()
+    from memories.crypto import MasterKeyUnavailable
+    from memories.keyring import master_key_verify
+
+    try:
+        report = master_key_verify()
+    except DatabaseError as exc:
+        # the database is down or not migrated: start anyway (like the broker, it may come back); the check
+        # before each process's first wrap (memories.keyring.master_key_verify_once) still refuses to write
+        logging.getLogger("mnesio").warning("master key not verified at worker start: %s", type(exc).__name__)
+        return
+    finally:
+        connections.close_all()
+    if not report.ok:
+        import sys
+
+        print(f"mnesio worker refused to start: {report.message()}", file=sys.stderr, flush=True)
+        raise SystemExit(f"refused to start: {MasterKeyUnavailable.__name__}: `MNESIO_MASTER_KEY` does not open the stored keys")

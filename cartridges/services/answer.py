@@ -125,12 +125,13 @@ def evaluation_case_add(*, scope, question: str, answers: list[str], actor=None)
     )
 
 
-def _request_aad(request_id: int, part: str) -> bytes:
+def answer_request_aad(request_id: int, part: str) -> bytes:
+    """Associated data of a request's wrapped key (``part="key"``), sealed question and sealed answer."""
     return f"mnesio:answer-request:v1|{request_id}|{part}".encode()
 
 
 def _request_key(request: AnswerRequest) -> bytes:
-    return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=_request_aad(request.pk, "key"))
+    return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=answer_request_aad(request.pk, "key"))
 
 
 def _seal(key: bytes, data: bytes, aad: bytes) -> bytes:
@@ -164,11 +165,11 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
         actor=actor if getattr(actor, "is_authenticated", False) else None,
     )
     # the associated data names the row, so the key and the question are sealed once the id exists
-    wrapped, wrapped_by = crypto.wrap(key, aad=_request_aad(request.pk, "key"))
+    wrapped, wrapped_by = crypto.wrap(key, aad=answer_request_aad(request.pk, "key"))
     AnswerRequest.objects.filter(pk=request.pk).update(
         wrapped_key=wrapped,
         wrapped_by=wrapped_by,
-        sealed_question=_seal(key, question.encode(), _request_aad(request.pk, "question")),
+        sealed_question=_seal(key, question.encode(), answer_request_aad(request.pk, "question")),
     )
     request.refresh_from_db()
     return request
@@ -180,13 +181,13 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     if request.answered_at is not None:
         return request
     key = _request_key(request)
-    question = _open(key, request.sealed_question, _request_aad(request.pk, "question")).decode()
+    question = _open(key, request.sealed_question, answer_request_aad(request.pk, "question")).decode()
     try:
         result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
     except MnesioError as exc:
         AnswerRequest.objects.filter(pk=request.pk).update(error=exc.message[:1000], answered_at=timezone.now())
     else:
-        sealed = _seal(key, json.dumps(result.as_dict()).encode(), _request_aad(request.pk, "answer"))
+        sealed = _seal(key, json.dumps(result.as_dict()).encode(), answer_request_aad(request.pk, "answer"))
         AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
     request.refresh_from_db()
     return request
@@ -202,7 +203,7 @@ def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
     error = request.error
     payload = None
     if not error:
-        payload = json.loads(_open(_request_key(request), request.sealed_answer, _request_aad(request.pk, "answer")))
+        payload = json.loads(_open(_request_key(request), request.sealed_answer, answer_request_aad(request.pk, "answer")))
     request.delete()
     if error:
         raise Conflict(error, extra={"field": "answer_request"})
