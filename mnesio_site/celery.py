@@ -24,6 +24,7 @@ app.conf.update(
         "memories.tasks.erasure_request_process_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
         "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},
+        "cartridges.tasks.answer_requests_sweep_task": {"queue": "default"},
     },
     # Acknowledge only after the task finished: a worker killed mid-compile leaves the
     # message unacked, so the broker delivers it again (tasks are idempotent, see cartridges.tasks).
@@ -60,6 +61,13 @@ app.conf.beat_schedule = {
         "task": "memories.tasks.erasure_requests_requeue_task",
         "schedule": 300.0,
         # a run that waited past the next one is redundant: no pile-up while no worker consumes `default`
+        "options": {"queue": "default", "expires": 290},
+    },
+    # Answer requests never collected expire (MNESIO_ANSWER_REQUEST_TTL_S): a sealed question and answer
+    # must not outlive their caller's interest, an erasure or a master-key rotation's retired key.
+    "answer-requests-sweep": {
+        "task": "cartridges.tasks.answer_requests_sweep_task",
+        "schedule": 300.0,
         "options": {"queue": "default", "expires": 290},
     },
 }

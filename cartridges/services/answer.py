@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -177,7 +178,10 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
 
 def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice."""
-    request = AnswerRequest.objects.select_related("scope").get(pk=answer_request.pk)
+    request = AnswerRequest.objects.select_related("scope").filter(pk=answer_request.pk).first()
+    if request is None:  # collected, swept, or discarded by an erasure meanwhile
+        raise MnesioError(f"`answer_request` {answer_request.pk} does not exist (collected, expired or discarded)",
+                          extra={"field": "answer_request"}, status_code=404)
     if request.answered_at is not None:
         return request
     key = _request_key(request)
@@ -198,6 +202,13 @@ def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
     request = AnswerRequest.objects.filter(pk=answer_request.pk).first()
     if request is None:
         raise MnesioError(f"`answer_request` {answer_request.pk} does not exist or was collected", extra={"field": "answer_request"}, status_code=404)
+    ttl = conf.answer_request_ttl_s()
+    if request.created_at <= timezone.now() - timedelta(seconds=ttl):
+        request.delete()  # what the sweep would do: an expired answer is not handed out
+        raise MnesioError(
+            f"`answer_request` {request.pk} expired: it was not collected within {ttl} s (MNESIO_ANSWER_REQUEST_TTL_S)",
+            extra={"field": "answer_request"}, status_code=404,
+        )
     if request.answered_at is None:
         raise Conflict(f"`answer_request` {request.pk} is not answered yet; try again shortly", extra={"field": "answer_request"})
     error = request.error
@@ -208,3 +219,20 @@ def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
     if error:
         raise Conflict(error, extra={"field": "answer_request"})
     return AnswerResult(**payload)
+
+
+def answer_requests_sweep(*, older_than_s: int) -> int:
+    """Delete answer requests (with their keys) filed more than ``older_than_s`` ago; return how many.
+
+    A request nobody collects would otherwise keep a sealed question and answer for ever, outliving an
+    erasure of what the answer quoted and a rotation that retires the key. Celery beat runs it
+    (``answer_requests_sweep_task``) with MNESIO_ANSWER_REQUEST_TTL_S.
+    """
+    if not isinstance(older_than_s, int) or isinstance(older_than_s, bool) or older_than_s < 0:
+        raise MnesioError(f"`older_than_s` has to be a whole number of seconds >= 0 but got {older_than_s!r}",
+                          extra={"field": "older_than_s"})
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    num, _ = AnswerRequest.objects.filter(created_at__lte=cutoff).delete()
+    if num:
+        log.info("swept %d answer request(s) never collected", num)
+    return num

@@ -62,6 +62,16 @@ def _serving_version_id(scope_id: int) -> int | None:
 
 def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
     """Destroy every cartridge holding the erased subject, then recompile, gate and activate its scopes."""
+    # --- i11-keys (issue 11 item 7): discard pending answer requests of the scopes holding the subject's
+    # memories. The lead re-wires this block when subjects become per-scope rows.
+    from memories.models import Memory
+
+    from .forget import answer_requests_discard
+
+    answer_requests_discard(
+        scope_ids=list(Memory.objects.filter(subject_id=erasure_request.subject_id).values_list("scope_id", flat=True).distinct())
+    )
+    # --- end i11-keys
     subject = erasure_request.subject.external_id
     versions = list(CartridgeVersion.objects.filter(subjects__subject=subject).select_related("scope").order_by("id"))
     affected = {}
