@@ -12,6 +12,7 @@ class CartridgesConfig(AppConfig):
         from memories.keyring import KeyHolder, register_key_holder
         from memories.registry import register_view_rebuilder
 
+        from .selectors import evaluation_case_aad
         from .services.answer import answer_request_aad
         from .services.erase import cartridge_views_rebuild
         from .storage import blob_key_aad
@@ -23,3 +24,5 @@ class CartridgesConfig(AppConfig):
                                       "cartridge blob keys"))
         register_key_holder(KeyHolder("cartridges.AnswerRequest", "wrapped_key", "wrapped_by",
                                       lambda row: answer_request_aad(row.pk, "key"), "answer request keys"))
+        register_key_holder(KeyHolder("cartridges.EvaluationCase", "wrapped_key", "wrapped_by",
+                                      lambda row: evaluation_case_aad(row.pk, "key"), "evaluation case keys"))

@@ -21,13 +21,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from memories import crypto
+from memories.models import Subject
 from memories.selectors import log_head, scope_memories_open
 from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import conf, engine
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
-from ..selectors import active_configuration, active_version
+from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .errors import NoActiveCartridge, NothingToCompile
+from .gate import normalize
 
 log = logging.getLogger("cartridges")
 
@@ -111,19 +113,80 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
     )
 
 
-def evaluation_case_add(*, scope, question: str, answers: list[str], actor=None) -> EvaluationCase:
-    """Attach an evaluation case (a question and its accepted answers) to ``scope`` for the gate."""
+MAX_CASE_SUBJECTS = 100
+
+
+def evaluation_case_subjects_resolve(*, scope, subjects: object) -> list[Subject]:
+    """Return the subjects named by external id, each of which has to have memories in ``scope`` and not be erased."""
+    if not isinstance(subjects, list) or not all(isinstance(x, str) and x.strip() for x in subjects):
+        raise MnesioError("`subjects` has to be a list of subject ids (non-empty strings)", extra={"field": "subjects"})
+    if len(subjects) > MAX_CASE_SUBJECTS:
+        raise MnesioError(f"`subjects` has to hold at most {MAX_CASE_SUBJECTS} ids but got {len(subjects)}",
+                          extra={"field": "subjects"})
+    wanted = sorted({x.strip() for x in subjects})
+    # only subjects of this scope: a subject known elsewhere is as unknown here as one that never existed
+    rows = {row.external_id: row for row in Subject.objects.filter(external_id__in=wanted, memories__scope=scope).distinct()}
+    unknown = [x[:200] for x in wanted if x not in rows]
+    if unknown:
+        raise MnesioError(
+            f"`subjects` has to name subjects with memories in scope '{scope.name}' but got unknown {unknown}",
+            extra={"field": "subjects", "unknown": unknown},
+        )
+    erased = sorted(x for x, row in rows.items() if row.is_shredded)
+    if erased:
+        raise Conflict(f"`subjects` {erased} were erased; a case about them is refused", extra={"field": "subjects"})
+    return list(rows.values())
+
+
+def _subjects_quoted(*, scope, answers: list[str]) -> set[str]:
+    """External ids of the scope's subjects whose memory text contains an accepted answer (normalized, whole words)."""
+    wanted = [f" {n} " for n in (normalize(a) for a in answers) if n]
+    found = set()
+    for memory in scope_memories_open(scope=scope, as_of=log_head()):
+        if memory.erased or memory.subject is None or memory.subject in found:
+            continue
+        text = f" {normalize(memory.text)} "
+        if any(w in text for w in wanted):
+            found.add(memory.subject)
+    return found
+
+
+def evaluation_case_add(
+    *, scope, question: str, answers: list[str], subjects: list[str] | None = None, actor=None
+) -> EvaluationCase:
+    """Attach a sealed evaluation case to ``scope`` for the gate, linked to the subjects it concerns.
+
+    The subjects are ``subjects`` (external ids with memories in the scope) plus every subject whose memory
+    quotes an accepted answer now; erasing any of them erases the case (services.forget). The subject rows
+    are locked while the case is linked, so an erasure either sees the link or is seen here (refused).
+    """
     question = question_validate(question)
     if not isinstance(answers, list) or not answers:
         raise MnesioError("`answers` has to be a non-empty list of strings", extra={"field": "answers"})
     if not all(isinstance(a, str) and a.strip() for a in answers):
         raise MnesioError("`answers` has to hold only non-empty strings", extra={"field": "answers"})
-    return EvaluationCase.objects.create(
-        scope=scope,
-        question=question,
-        answers=[a.strip() for a in answers],
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
-    )
+    answers = [a.strip() for a in answers]
+    given = evaluation_case_subjects_resolve(scope=scope, subjects=subjects) if subjects is not None else []
+    external_ids = {s.external_id for s in given} | _subjects_quoted(scope=scope, answers=answers)
+    with transaction.atomic():
+        linked = list(Subject.objects.select_for_update().filter(external_id__in=external_ids).order_by("pk"))
+        erased = sorted(s.external_id for s in linked if s.is_shredded)
+        if erased:  # erased between the checks above and this lock
+            raise Conflict(f"`subjects` {erased} were erased; a case about them is refused", extra={"field": "subjects"})
+        case = EvaluationCase.objects.create(
+            scope=scope, created_by=actor if getattr(actor, "is_authenticated", False) else None
+        )
+        # the associated data names the row, so the key and the content are sealed once the id exists
+        key = crypto.new_data_key()
+        wrapped, wrapped_by = crypto.wrap(key, aad=evaluation_case_aad(case.pk, "key"))
+        content = json.dumps({"question": question, "answers": answers}).encode()
+        EvaluationCase.objects.filter(pk=case.pk).update(
+            wrapped_key=wrapped, wrapped_by=wrapped_by, sealed=_seal(key, content, evaluation_case_aad(case.pk, "content"))
+        )
+        case.subjects.set(linked)
+    case.refresh_from_db()
+    log.info("evaluation case added id=%s scope=%s num_subjects=%d", case.pk, scope.pk, len(linked))
+    return case
 
 
 def answer_request_aad(request_id: int, part: str) -> bytes:

@@ -62,12 +62,14 @@ def _serving_version_id(scope_id: int) -> int | None:
 
 def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
     """Destroy every cartridge holding the erased subject, then recompile, gate and activate its scopes."""
-    # --- i11-keys (issue 11 item 7): discard pending answer requests of the scopes holding the subject's
-    # memories. The lead re-wires this block when subjects become per-scope rows.
+    # --- i11-keys (issue 11 items 6 and 7): forget the subject's evaluation cases and discard pending answer
+    # requests of the scopes holding its memories, before any rebuild gates without them. The lead re-wires
+    # this block when subjects become per-scope rows.
     from memories.models import Memory
 
-    from .forget import answer_requests_discard
+    from .forget import answer_requests_discard, evaluation_cases_forget
 
+    evaluation_cases_forget(subject_ids=[erasure_request.subject_id])
     answer_requests_discard(
         scope_ids=list(Memory.objects.filter(subject_id=erasure_request.subject_id).values_list("scope_id", flat=True).distinct())
     )

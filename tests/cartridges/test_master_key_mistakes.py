@@ -109,6 +109,16 @@ def test_api_calls_that_meet_an_unknown_master_key_answer_json_503(
     assert _counts() == before
 
 
+def test_an_admin_page_that_meets_an_unknown_master_key_answers_json_503(admin_client, scope_a, settings, stored):
+    from cartridges.services import evaluation_case_add
+
+    evaluation_case_add(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
+    settings.MNESIO_MASTER_KEY = os.urandom(32)
+    response = admin_client.get("/admin/cartridges/evaluationcase/")
+    _assert_503(response)
+    assert "flowerpot" not in response.content.decode()
+
+
 def test_the_middleware_turns_an_unknown_master_key_into_json_503(rf):
     from mnesio_site.middleware import MasterKeyUnavailableMiddleware
 
