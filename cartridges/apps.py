@@ -8,16 +8,25 @@ class CartridgesConfig(AppConfig):
     verbose_name = "KV cartridges"
 
     def ready(self) -> None:
-        """Register with memories: the erasure rebuilder and the blob-key re-wrapper for key rotation."""
-        from memories.registry import register_key_rewrapper, register_view_rebuilder
+        """Register with memories: the erasure rebuilder, and every table of wrapped keys with the keyring."""
+        from memories.keyring import KeyHolder, register_key_holder
+        from memories.registry import register_view_rebuilder
 
+        from .selectors import evaluation_case_aad
+        from .services.answer import answer_request_aad
         from .services.erase import cartridge_views_rebuild
-        from .storage import blob_keys_rewrap
+        from .storage import blob_key_aad
 
         register_view_rebuilder(cartridge_views_rebuild)
         _purge_on_every_request_and_task()
-        # rotate_master_key re-wraps cartridge blob keys in the same run as the subject keys.
-        register_key_rewrapper("cartridge blob keys", blob_keys_rewrap)
+        # rotate_master_key re-wraps these in the same loop as the subject keys; a process whose master key
+        # does not know their key ids refuses to write (memories.keyring.master_key_verify).
+        register_key_holder(KeyHolder("cartridges.CartridgeBlob", "wrapped_key", "wrapped_by", blob_key_aad,
+                                      "cartridge blob keys"))
+        register_key_holder(KeyHolder("cartridges.AnswerRequest", "wrapped_key", "wrapped_by",
+                                      lambda row: answer_request_aad(row.pk, "key"), "answer request keys"))
+        register_key_holder(KeyHolder("cartridges.EvaluationCase", "wrapped_key", "wrapped_by",
+                                      lambda row: evaluation_case_aad(row.pk, "key"), "evaluation case keys"))
 
 
 def _purge_on_every_request_and_task() -> None:

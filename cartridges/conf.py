@@ -126,6 +126,11 @@ def orphan_blob_grace_s() -> int:
     return _int("MNESIO_ORPHAN_BLOB_GRACE_S", int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 1800)) + 60, minimum=0)
 
 
+def answer_request_ttl_s() -> int:
+    """How long an AnswerRequest waits to be collected before it expires and is swept (default one hour)."""
+    return _int("MNESIO_ANSWER_REQUEST_TTL_S", 3600, minimum=1)
+
+
 def compile_pause_s() -> float:
     """Fault injection for tests: sleep this long between opening the log and compiling (0 in production)."""
     return _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, maximum=600.0)

@@ -224,16 +224,41 @@ class CartridgeDestruction(ImmutableModel):
 
 
 class EvaluationCase(models.Model):
-    """An operator's question with accepted answers, used by the gate for a scope's task accuracy."""
+    """An operator's question with accepted answers, used by the gate for a scope's task accuracy.
+
+    A case often quotes a memory (its answer is a fact a person told the agent), so it is sealed like one:
+    question and answers are AES-GCM sealed (JSON) with a key of the case's own, wrapped by the master key
+    (registered in memories.keyring for rotation and verification), the associated data naming the row.
+    ``subjects`` are the people it concerns: those given explicitly, plus, at creation time, every subject
+    of the scope whose memory text contains one of the accepted answers (normalized as the gate's
+    ``normalize``). A memory appended later is not matched. Erasing any of them destroys the case's key and
+    sealed bytes (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``,
+    and the gate runs without it. Read cases through ``cartridges.selectors.evaluation_case_open``.
+    """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="evaluation_cases")
-    question = models.TextField()
-    answers = models.JSONField(help_text="accepted answers; a case counts as correct when one appears in the answer")
+    # nonce (12) + AES-GCM(master key, case key); NULL once erased
+    wrapped_key = models.BinaryField(null=True, blank=True)
+    wrapped_by = models.CharField(max_length=32, blank=True, help_text="id of the master key that wrapped it")
+    # nonce (12) + AES-GCM(case key, {"question": ..., "answers": [...]}); NULL once erased
+    sealed = models.BinaryField(null=True, blank=True)
+    erased_at = models.DateTimeField(null=True, blank=True)
+    subjects = models.ManyToManyField("memories.Subject", blank=True, related_name="evaluation_cases")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["id"]
+        constraints = [
+            # an erased case has no key or sealed bytes left, and a live one has both once sealed
+            models.CheckConstraint(
+                condition=models.Q(erased_at__isnull=True) | models.Q(wrapped_key__isnull=True, sealed__isnull=True),
+                name="cartridges_evaluationcase_erased_has_no_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"evaluation case #{self.pk}" + (" (erased)" if self.erased_at else "")
 
 
 class AnswerRecord(models.Model):

@@ -1,7 +1,9 @@
 """Reads of the cartridge lifecycle: the active configuration, what serves a scope, a version's state."""
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +11,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from kvengine.base import canonical_json
+from memories import crypto
 from memories.models import Memory
 from mnesio_site.exceptions import NotFound
 
@@ -183,12 +186,63 @@ def version_history(*, version: CartridgeVersion) -> list[dict[str, Any]]:
     return events
 
 
+def evaluation_case_aad(case_id: int, part: str) -> bytes:
+    """Associated data of an evaluation case's wrapped key (``part="key"``) and sealed content (``"content"``)."""
+    return f"mnesio:evaluation-case:v1|{case_id}|{part}".encode()
+
+
+@dataclass(frozen=True)
+class OpenedCase:
+    """An evaluation case as a reader sees it: question and answers, or None for both once erased."""
+
+    id: int
+    scope_id: int
+    question: str | None
+    answers: list[str] | None
+    subjects: list[str]  # external ids of the subjects it concerns
+    erased_at: dt.datetime | None
+    created_at: dt.datetime
+
+    @property
+    def erased(self) -> bool:
+        return self.question is None
+
+
+def evaluation_case_open(*, case: EvaluationCase) -> OpenedCase:
+    """Open one case (unwrap its key, unseal its content); an erased case opens as erased, with no text."""
+    question = answers = None
+    if case.erased_at is None and case.wrapped_key is not None and case.sealed is not None:
+        key = crypto.unwrap(bytes(case.wrapped_key), wrapped_by=case.wrapped_by, aad=evaluation_case_aad(case.pk, "key"))
+        sealed = bytes(case.sealed)
+        content = json.loads(crypto.unseal(key, sealed[: crypto.NONCE_BYTES], sealed[crypto.NONCE_BYTES :],
+                                           aad=evaluation_case_aad(case.pk, "content")))
+        question, answers = content["question"], list(content["answers"])
+    return OpenedCase(
+        id=case.pk, scope_id=case.scope_id, question=question, answers=answers,
+        subjects=[s.external_id for s in case.subjects.all()], erased_at=case.erased_at, created_at=case.created_at,
+    )
+
+
 def scope_evaluation_cases(*, scope) -> QuerySet[EvaluationCase]:
-    """The operator's evaluation cases of ``scope``, oldest first."""
-    return EvaluationCase.objects.filter(scope=scope).order_by("id")
+    """The operator's evaluation cases of ``scope`` (erased ones included), oldest first, still sealed."""
+    return EvaluationCase.objects.filter(scope=scope).prefetch_related("subjects").order_by("id")
+
+
+def scope_evaluation_cases_open(*, scope) -> list[OpenedCase]:
+    """The scope's cases that are not erased, opened: what the gate scores (erased ones are skipped)."""
+    return [evaluation_case_open(case=c) for c in scope_evaluation_cases(scope=scope).filter(erased_at__isnull=True)]
+
+
+def scope_evaluation_cases_num_erased(*, scope) -> int:
+    """How many of the scope's cases are erased (the gate records it beside the cases it scored)."""
+    return EvaluationCase.objects.filter(scope=scope, erased_at__isnull=False).count()
 
 
 def evaluation_cases_digest(*, scope) -> str:
-    """A digest of the scope's cases: an evaluation made before a case was added or changed is stale."""
-    rows = list(scope_evaluation_cases(scope=scope).values_list("id", "question", "answers"))
-    return hashlib.sha256(canonical_json([[i, q, a] for i, q, a in rows]).encode()).hexdigest()
+    """A digest of the scope's live cases: an evaluation made before a case was added or erased is stale.
+
+    Cases are never edited, so their ids say which were scored; hashing ids only keeps this readable
+    without the master key (activation checks it) and holds no case text.
+    """
+    ids = list(EvaluationCase.objects.filter(scope=scope, erased_at__isnull=True).order_by("id").values_list("id", flat=True))
+    return hashlib.sha256(canonical_json(["live-case-ids", ids]).encode()).hexdigest()

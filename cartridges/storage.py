@@ -16,7 +16,6 @@ from datetime import timedelta
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
-from django.db import transaction
 from django.utils import timezone
 
 from memories import crypto
@@ -173,24 +172,21 @@ def blobs_sweep(*, older_than_s: int) -> list[str]:
     return dead
 
 
-def blob_keys_rewrap() -> int:
-    """Re-wrap every blob key with the current master key (run after memories' master-key rotation).
+def blob_key_aad(row: CartridgeBlob) -> bytes:
+    """Associated data of a blob key row (the keyring re-wraps and verifies blob keys with it)."""
+    return _key_aad(row.storage_name)
 
-    Keys wrapped by ``MNESIO_MASTER_KEY_OLD`` are unwrapped with it; blobs are not touched. Each key is
-    re-wrapped in its own transaction under a row lock, so an interrupted run can simply be repeated.
+
+def blob_keys_rewrap() -> int:
+    """Re-wrap every blob key with the current master key (``rotate_master_key`` does it with all other keys).
+
+    Keys wrapped by ``MNESIO_MASTER_KEY_OLD`` are unwrapped with it; blobs are not touched. The loop is the
+    keyring's one re-wrap loop (each key in its own transaction under a row lock: re-run after an interruption).
     Returns how many keys were re-wrapped.
     """
-    current_id = crypto.master_key_id(crypto.master_key())
-    num = 0
-    for pk in list(CartridgeBlob.objects.exclude(wrapped_by=current_id).values_list("pk", flat=True)):
-        with transaction.atomic():
-            row = CartridgeBlob.objects.select_for_update().filter(pk=pk).exclude(wrapped_by=current_id).first()
-            if row is None:  # destroyed or re-wrapped meanwhile
-                continue
-            aad = _key_aad(row.storage_name)
-            key = crypto.unwrap(bytes(row.wrapped_key), wrapped_by=row.wrapped_by, aad=aad)
-            wrapped, wrapped_by = crypto.wrap(key, aad=aad)
-            CartridgeBlob.objects.filter(pk=pk).update(wrapped_key=wrapped, wrapped_by=wrapped_by)
-            num += 1
-    log.info("cartridge blob keys re-wrapped=%d master_key_id=%s", num, current_id)
+    from memories.keyring import holder_rewrap, key_holders
+
+    holder = next(h for h in key_holders() if h.label == CartridgeBlob._meta.label)
+    num = holder_rewrap(holder)
+    log.info("cartridge blob keys re-wrapped=%d", num)
     return num

@@ -22,9 +22,16 @@ from django.db import transaction
 from memories.models import Scope
 from mnesio_site.exceptions import MnesioError
 
+from . import conf
 from .models import AnswerRequest, CartridgeVersion
 from .selectors import active_configuration, evaluation_cases_digest, version_latest_evaluation
-from .services import answer_request_answer, cartridge_activate, cartridge_compile, cartridge_evaluate
+from .services import (
+    answer_request_answer,
+    answer_requests_sweep,
+    cartridge_activate,
+    cartridge_compile,
+    cartridge_evaluate,
+)
 from .storage import blobs_sweep
 
 log = logging.getLogger("cartridges")
@@ -102,5 +109,14 @@ def cartridge_answer_task(answer_request_id: int) -> dict[str, Any]:
     request = AnswerRequest.objects.filter(pk=answer_request_id).first()
     if request is None:  # collected (or never existed): nothing to do
         return {"ok": False, "error": f"answer request {answer_request_id} does not exist"}
-    request = answer_request_answer(answer_request=request)
+    try:
+        request = answer_request_answer(answer_request=request)
+    except MnesioError as exc:  # discarded by an erasure or swept while waiting
+        return _error(exc)
     return {"ok": not request.error, "answer_request": request.pk}
+
+
+@shared_task(**_RELIABLE)
+def answer_requests_sweep_task() -> dict[str, Any]:
+    """Expire answer requests never collected within MNESIO_ANSWER_REQUEST_TTL_S (run by celery beat)."""
+    return {"ok": True, "swept": answer_requests_sweep(older_than_s=conf.answer_request_ttl_s())}

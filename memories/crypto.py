@@ -27,7 +27,7 @@ __all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES"]
 
 
 class MasterKeyUnavailable(ImproperlyConfigured):
-    """A wrapped key names a master key that is not configured."""
+    """A wrapped key names a master key that is not configured (a request that meets it is a JSON 503)."""
 
 
 def _dev_master_key(path: Path) -> bytes:
@@ -93,8 +93,18 @@ def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
     return AESGCM(key).decrypt(bytes(nonce), bytes(ciphertext), aad)
 
 
-def wrap(data_key: bytes, *, aad: bytes) -> tuple[bytes, str]:
-    """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``."""
+def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> tuple[bytes, str]:
+    """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``.
+
+    The first wrap of a process (per set of configured keys) verifies that the master key opens the keys
+    already stored (memories.keyring): a process started with the wrong key refuses to write rather than
+    wrap keys the right process could never open. ``verify=False`` only for migrations, which run before
+    every holder's table exists.
+    """
+    if verify:
+        from memories.keyring import master_key_verify_once  # keyring imports this module
+
+        master_key_verify_once()
     current = master_key()
     nonce, ciphertext = seal(current, data_key, aad=aad)
     return nonce + ciphertext, master_key_id(current)
@@ -104,6 +114,10 @@ def unwrap(wrapped: bytes, *, wrapped_by: str, aad: bytes) -> bytes:
     """Unwrap a data key with whichever configured master key has id ``wrapped_by``."""
     keys = known_master_keys()
     if wrapped_by not in keys:
+        # a key rotated elsewhere since this process verified: verify again before its next wrap
+        from memories.keyring import master_key_verify_forget
+
+        master_key_verify_forget()
         raise MasterKeyUnavailable(
             f"a data key was wrapped by master key id {wrapped_by!r}, but only {sorted(keys)} are configured; "
             "set `MNESIO_MASTER_KEY_OLD` to the previous key and run `manage.py rotate_master_key`"

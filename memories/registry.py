@@ -29,20 +29,4 @@ def view_rebuilders() -> list[ViewRebuilder]:
     """Return the registered rebuilders in registration order."""
     return list(_rebuilders)
 
-
-# Other holders of keys wrapped by the master key (cartridge blob keys) register a re-wrapper here, so
-# `manage.py rotate_master_key` rotates everything in one run. Each returns how many keys it re-wrapped.
-KeyRewrapper = Callable[[], int]
-
-_rewrappers: dict[str, KeyRewrapper] = {}
-
-
-def register_key_rewrapper(name: str, fn: KeyRewrapper) -> KeyRewrapper:
-    """Register ``fn`` under ``name`` to re-wrap its keys after a master-key rotation (idempotent)."""
-    _rewrappers[name] = fn
-    return fn
-
-
-def key_rewrappers() -> dict[str, KeyRewrapper]:
-    """Return the registered re-wrappers by name."""
-    return dict(_rewrappers)
+# Tables of keys wrapped by the master key register in memories.keyring (rotation and verification).

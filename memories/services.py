@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import logging
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 from django.utils.text import slugify
 
-from memories import crypto, registry
+from memories import crypto, keyring, registry
 from memories.models import (
     ErasureEvent,
     ErasureRequest,
@@ -438,50 +438,27 @@ def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> E
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RotationReport:
-    """What ``master_key_rotate`` did."""
+    """What ``master_key_rotate`` did: keys re-wrapped in all, by table, and keys that were already current."""
 
     master_key_id: str
     num_rewrapped: int
     num_already_current: int
+    by_table: dict[str, int] = field(default_factory=dict)
 
 
 def master_key_rotate() -> RotationReport:
-    """Re-wrap every live subject and scope key with the current master key; memory rows are not touched.
+    """Re-wrap every live wrapped key of every registered table (memories.keyring) with the current master key.
 
-    Keys wrapped by ``MNESIO_MASTER_KEY_OLD`` are unwrapped with it. Each key is re-wrapped in its own
-    transaction under a row lock (a concurrent shred wins or waits), so the command can be re-run after
-    an interruption.
+    Keys wrapped by ``MNESIO_MASTER_KEY_OLD`` are unwrapped with it; memory rows, blobs and sealed bytes are
+    not touched. Refused before anything changes when a live key was wrapped by a master key this process
+    does not know. Each key is re-wrapped in its own transaction under a row lock (a concurrent shred wins
+    or waits), so the command can be re-run after an interruption.
     """
     current_id = crypto.master_key_id(crypto.master_key())
-    num_rewrapped = 0
-    live_subjects = Subject.objects.filter(shredded_at__isnull=True)
-    num_current = live_subjects.filter(master_key_id=current_id).count() + ScopeKey.objects.filter(
-        master_key_id=current_id
-    ).count()
-    for pk in list(live_subjects.exclude(master_key_id=current_id).values_list("pk", flat=True)):
-        with transaction.atomic():
-            row = (
-                Subject.objects.select_for_update()
-                .filter(pk=pk, shredded_at__isnull=True)
-                .exclude(master_key_id=current_id)
-                .first()
-            )
-            if row is None:
-                continue
-            aad = crypto.subject_key_aad(row.external_id, row.scope_id)
-            data_key = crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
-            wrapped, kid = crypto.wrap(data_key, aad=aad)
-            Subject.objects.filter(pk=pk)._privileged_update(wrapped_key=wrapped, master_key_id=kid)
-            num_rewrapped += 1
-    for pk in list(ScopeKey.objects.exclude(master_key_id=current_id).values_list("pk", flat=True)):
-        with transaction.atomic():
-            row = ScopeKey.objects.select_for_update().filter(pk=pk).exclude(master_key_id=current_id).first()
-            if row is None:
-                continue
-            aad = crypto.scope_key_aad(row.scope_id)
-            data_key = crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
-            wrapped, kid = crypto.wrap(data_key, aad=aad)
-            ScopeKey.objects.filter(pk=pk)._privileged_update(wrapped_key=wrapped, master_key_id=kid)
-            num_rewrapped += 1
+    num_current = keyring.keys_already_current()
+    by_table = keyring.keys_rewrap()
+    num_rewrapped = sum(by_table.values())
     logger.info("master key rotated id=%s rewrapped=%s", current_id, num_rewrapped)
-    return RotationReport(master_key_id=current_id, num_rewrapped=num_rewrapped, num_already_current=num_current)
+    return RotationReport(
+        master_key_id=current_id, num_rewrapped=num_rewrapped, num_already_current=num_current, by_table=by_table
+    )

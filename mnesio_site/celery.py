@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
@@ -23,6 +24,7 @@ app.conf.update(
         "memories.tasks.erasure_request_process_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
         "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},
+        "cartridges.tasks.answer_requests_sweep_task": {"queue": "default"},
     },
     # Acknowledge only after the task finished: a worker killed mid-compile leaves the
     # message unacked, so the broker delivers it again (tasks are idempotent, see cartridges.tasks).
@@ -61,6 +63,46 @@ app.conf.beat_schedule = {
         # a run that waited past the next one is redundant: no pile-up while no worker consumes `default`
         "options": {"queue": "default", "expires": 290},
     },
+    # Answer requests never collected expire (MNESIO_ANSWER_REQUEST_TTL_S): a sealed question and answer
+    # must not outlive their caller's interest, an erasure or a master-key rotation's retired key.
+    "answer-requests-sweep": {
+        "task": "cartridges.tasks.answer_requests_sweep_task",
+        "schedule": 300.0,
+        "options": {"queue": "default", "expires": 290},
+    },
 }
 
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def master_key_refuse_unknown(**kwargs: object) -> None:
+    """Refuse to start a worker whose master key does not open the keys already stored, naming the variable.
+
+    A worker with the wrong key would fail every task that opens a key and, worse, wrap new keys (answer
+    requests, blob keys) that the right processes can never open. It checks before the pool forks, then
+    closes its connection (a forked child must not share it).
+    """
+    import logging
+
+    import django
+    from django.db import DatabaseError, connections
+
+    django.setup()
+    from memories.crypto import MasterKeyUnavailable
+    from memories.keyring import master_key_verify
+
+    try:
+        report = master_key_verify()
+    except DatabaseError as exc:
+        # the database is down or not migrated: start anyway (like the broker, it may come back); the check
+        # before each process's first wrap (memories.keyring.master_key_verify_once) still refuses to write
+        logging.getLogger("mnesio").warning("master key not verified at worker start: %s", type(exc).__name__)
+        return
+    finally:
+        connections.close_all()
+    if not report.ok:
+        import sys
+
+        print(f"mnesio worker refused to start: {report.message()}", file=sys.stderr, flush=True)
+        raise SystemExit(f"refused to start: {MasterKeyUnavailable.__name__}: `MNESIO_MASTER_KEY` does not open the stored keys")

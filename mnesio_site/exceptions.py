@@ -79,10 +79,29 @@ def _database_unavailable(exc: DatabaseError) -> Response:
     )
 
 
+def master_key_unavailable_body() -> dict[str, Any]:
+    """The 503 body for a request that met a wrapped key this process's master key cannot open.
+
+    It names the variable to fix, not the key ids (those are in the server log and in
+    ``manage.py check --database default``): a client can do nothing about it but wait for an operator.
+    """
+    return {
+        "message": "the server's master key (`MNESIO_MASTER_KEY`) does not open the keys stored for this data, so "
+        "the request was refused and nothing was written; an operator has to start the service with the right "
+        "`MNESIO_MASTER_KEY` (see `manage.py check --database default`)",
+        "extra": {"kind": "master_key_unavailable", "variable": "MNESIO_MASTER_KEY"},
+    }
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render MnesioError, engine errors, lost database connections and DRF errors as ``{"message", "extra"}``."""
     if isinstance(exc, MnesioError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+    from memories.crypto import MasterKeyUnavailable  # the project package does not import apps at load time
+
+    if isinstance(exc, MasterKeyUnavailable):
+        log.error("master key unavailable during a request: %s", exc)
+        return Response(master_key_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
     if isinstance(exc, (OperationalError, InterfaceError)):
         return _database_unavailable(exc)
     try:

@@ -119,6 +119,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "mnesio_site.middleware.MasterKeyUnavailableMiddleware",  # a wrong master key is a JSON 503, not a 500
 ]
 
 ROOT_URLCONF = "mnesio_site.urls"

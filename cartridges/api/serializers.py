@@ -161,7 +161,12 @@ class AnswerSerializer(serializers.Serializer):
 
 
 class EvaluationCaseSerializer(StrictFieldsMixin, serializers.Serializer):
-    """An evaluation case of a scope: a question and the answers that count as correct."""
+    """An evaluation case of a scope: a question, the answers that count as correct, the subjects it concerns.
+
+    ``subjects`` (optional) names subjects with memories in the scope; subjects whose memories quote an
+    answer are linked as well. Once one of them is erased the case is erased: ``erased_at`` is set and
+    ``question`` and ``answers`` are null.
+    """
 
     id = serializers.IntegerField(read_only=True)
     question = TextField(trim_whitespace=True, allow_blank=False)
@@ -171,6 +176,11 @@ class EvaluationCaseSerializer(StrictFieldsMixin, serializers.Serializer):
         max_length=MAX_ANSWERS_PER_CASE,
         allow_empty=False,
     )
+    subjects = serializers.ListField(
+        child=TextField(allow_blank=False, max_length=200), max_length=100, required=False,
+        help_text="external ids of subjects in the scope this case concerns",
+    )
+    erased_at = serializers.DateTimeField(read_only=True, allow_null=True)
     created_at = serializers.DateTimeField(read_only=True)
 
     def validate_question(self, value: str) -> str:

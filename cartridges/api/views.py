@@ -236,7 +236,8 @@ class EvaluationCaseListView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(selectors.scope_evaluation_cases(scope=scope_row), request, view=self)
-        return paginator.get_paginated_response(s.EvaluationCaseSerializer(page, many=True).data)
+        opened = [selectors.evaluation_case_open(case=case) for case in page]
+        return paginator.get_paginated_response(s.EvaluationCaseSerializer(opened, many=True).data)
 
     @extend_schema(summary="Attach an evaluation case (a question and its accepted answers) for the gate",
                    request=s.EvaluationCaseSerializer,
@@ -245,8 +246,9 @@ class EvaluationCaseListView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = _validated(s.EvaluationCaseSerializer, request)
         case = services.evaluation_case_add(scope=scope_row, question=data["question"], answers=data["answers"],
-                                            actor=request.user)
-        return Response(s.EvaluationCaseSerializer(case).data, status=status.HTTP_201_CREATED)
+                                            subjects=data.get("subjects"), actor=request.user)
+        return Response(s.EvaluationCaseSerializer(selectors.evaluation_case_open(case=case)).data,
+                        status=status.HTTP_201_CREATED)
 
 
 class IsOperatorForWrites(permissions.BasePermission):

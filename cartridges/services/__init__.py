@@ -7,14 +7,17 @@ from .answer import (
     answer_request_answer,
     answer_request_collect,
     answer_request_file,
+    answer_requests_sweep,
     cartridge_answer,
     evaluation_case_add,
+    evaluation_case_subjects_resolve,
     question_validate,
 )
 from .compile import RebuildResult, cartridge_compile, cartridge_rebuild, head_validate
 from .config import kv_configuration_switch
 from .erase import cartridge_destroy, cartridge_views_rebuild
 from .errors import ContextTooLong, GateFailed, NoActiveCartridge, NothingToCompile
+from .forget import answer_requests_discard, evaluation_cases_forget
 from .gate import GateResult, cartridge_evaluate, cartridge_is_committable, is_committable
 
 __all__ = [
@@ -22,5 +25,6 @@ __all__ = [
     "RebuildResult", "cartridge_activate", "cartridge_answer", "cartridge_compile", "cartridge_destroy",
     "cartridge_evaluate", "cartridge_is_committable", "cartridge_rebuild", "cartridge_rollback",
     "cartridge_views_rebuild", "evaluation_case_add", "head_validate", "is_committable", "kv_configuration_switch",
-    "question_validate",
+    "question_validate", "answer_requests_discard", "answer_requests_sweep", "evaluation_case_subjects_resolve",
+    "evaluation_cases_forget",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,13 +21,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from memories import crypto
-from memories.selectors import log_head, scope_memories_open
+from memories.models import Subject
+from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
+from memories.services import subject_id_validate
 from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import conf, engine
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
-from ..selectors import active_configuration, active_version
+from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .errors import NoActiveCartridge, NothingToCompile
+from .gate import normalize
 
 log = logging.getLogger("cartridges")
 
@@ -110,27 +114,96 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
     )
 
 
-def evaluation_case_add(*, scope, question: str, answers: list[str], actor=None) -> EvaluationCase:
-    """Attach an evaluation case (a question and its accepted answers) to ``scope`` for the gate."""
+MAX_CASE_SUBJECTS = 100
+
+
+def evaluation_case_subjects_resolve(*, scope, subjects: object) -> list[Subject]:
+    """Return the subjects named by external id, each of which has to have memories in ``scope`` and not be erased."""
+    if not isinstance(subjects, list) or not all(isinstance(x, str) and x.strip() for x in subjects):
+        raise MnesioError("`subjects` has to be a list of subject ids (non-empty strings)", extra={"field": "subjects"})
+    if len(subjects) > MAX_CASE_SUBJECTS:
+        raise MnesioError(f"`subjects` has to hold at most {MAX_CASE_SUBJECTS} ids but got {len(subjects)}",
+                          extra={"field": "subjects"})
+    wanted = sorted({subject_id_validate(x) for x in subjects})
+    # only subjects of this scope: a subject known elsewhere is as unknown here as one that never existed
+    rows = {}
+    for external_id in wanted:
+        row = (
+            Subject.objects.filter(scope=scope, external_id__in=subject_id_variants(external_id), memories__scope=scope).first()
+            or legacy_subjects_in_scope(external_id=external_id, scope=scope).first()
+        )
+        if row is not None:
+            rows[external_id] = row
+    unknown = [x[:200] for x in wanted if x not in rows]
+    if unknown:
+        raise MnesioError(
+            f"`subjects` has to name subjects with memories in scope '{scope.name}' but got unknown {unknown}",
+            extra={"field": "subjects", "unknown": unknown},
+        )
+    erased = sorted(x for x, row in rows.items() if row.is_shredded)
+    if erased:
+        raise Conflict(f"`subjects` {erased} were erased; a case about them is refused", extra={"field": "subjects"})
+    return list(rows.values())
+
+
+def _subjects_quoted(*, scope, answers: list[str]) -> set[int]:
+    """Subject rows (pks) of the scope whose memory text contains an accepted answer (normalized, whole words)."""
+    wanted = [f" {n} " for n in (normalize(a) for a in answers) if n]
+    found: set[int] = set()
+    for memory in scope_memories_open(scope=scope, as_of=log_head()):
+        if memory.erased or memory.subject_id is None or memory.subject_id in found:
+            continue
+        text = f" {normalize(memory.text)} "
+        if any(w in text for w in wanted):
+            found.add(memory.subject_id)
+    return found
+
+
+def evaluation_case_add(
+    *, scope, question: str, answers: list[str], subjects: list[str] | None = None, actor=None
+) -> EvaluationCase:
+    """Attach a sealed evaluation case to ``scope`` for the gate, linked to the subjects it concerns.
+
+    The subjects are ``subjects`` (external ids with memories in the scope) plus every subject whose memory
+    quotes an accepted answer now; erasing any of them erases the case (services.forget). The subject rows
+    are locked while the case is linked, so an erasure either sees the link or is seen here (refused).
+    """
     question = question_validate(question)
     if not isinstance(answers, list) or not answers:
         raise MnesioError("`answers` has to be a non-empty list of strings", extra={"field": "answers"})
     if not all(isinstance(a, str) and a.strip() for a in answers):
         raise MnesioError("`answers` has to hold only non-empty strings", extra={"field": "answers"})
-    return EvaluationCase.objects.create(
-        scope=scope,
-        question=question,
-        answers=[a.strip() for a in answers],
-        created_by=actor if getattr(actor, "is_authenticated", False) else None,
-    )
+    answers = [a.strip() for a in answers]
+    given = evaluation_case_subjects_resolve(scope=scope, subjects=subjects) if subjects is not None else []
+    subject_ids = {s.pk for s in given} | _subjects_quoted(scope=scope, answers=answers)
+    with transaction.atomic():
+        linked = list(Subject.objects.select_for_update().filter(pk__in=subject_ids).order_by("pk"))
+        erased = sorted(s.external_id for s in linked if s.is_shredded)
+        if erased:  # erased between the checks above and this lock
+            raise Conflict(f"`subjects` {erased} were erased; a case about them is refused", extra={"field": "subjects"})
+        case = EvaluationCase.objects.create(
+            scope=scope, created_by=actor if getattr(actor, "is_authenticated", False) else None
+        )
+        # the associated data names the row, so the key and the content are sealed once the id exists
+        key = crypto.new_data_key()
+        wrapped, wrapped_by = crypto.wrap(key, aad=evaluation_case_aad(case.pk, "key"))
+        content = json.dumps({"question": question, "answers": answers}).encode()
+        EvaluationCase.objects.filter(pk=case.pk).update(
+            wrapped_key=wrapped, wrapped_by=wrapped_by, sealed=_seal(key, content, evaluation_case_aad(case.pk, "content"))
+        )
+        case.subjects.set(linked)
+    case.refresh_from_db()
+    log.info("evaluation case added id=%s scope=%s num_subjects=%d", case.pk, scope.pk, len(linked))
+    return case
 
 
-def _request_aad(request_id: int, part: str) -> bytes:
+def answer_request_aad(request_id: int, part: str) -> bytes:
+    """Associated data of a request's wrapped key (``part="key"``), sealed question and sealed answer."""
     return f"mnesio:answer-request:v1|{request_id}|{part}".encode()
 
 
 def _request_key(request: AnswerRequest) -> bytes:
-    return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=_request_aad(request.pk, "key"))
+    return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=answer_request_aad(request.pk, "key"))
 
 
 def _seal(key: bytes, data: bytes, aad: bytes) -> bytes:
@@ -164,11 +237,11 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
         actor=actor if getattr(actor, "is_authenticated", False) else None,
     )
     # the associated data names the row, so the key and the question are sealed once the id exists
-    wrapped, wrapped_by = crypto.wrap(key, aad=_request_aad(request.pk, "key"))
+    wrapped, wrapped_by = crypto.wrap(key, aad=answer_request_aad(request.pk, "key"))
     AnswerRequest.objects.filter(pk=request.pk).update(
         wrapped_key=wrapped,
         wrapped_by=wrapped_by,
-        sealed_question=_seal(key, question.encode(), _request_aad(request.pk, "question")),
+        sealed_question=_seal(key, question.encode(), answer_request_aad(request.pk, "question")),
     )
     request.refresh_from_db()
     return request
@@ -176,17 +249,20 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
 
 def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice."""
-    request = AnswerRequest.objects.select_related("scope").get(pk=answer_request.pk)
+    request = AnswerRequest.objects.select_related("scope").filter(pk=answer_request.pk).first()
+    if request is None:  # collected, swept, or discarded by an erasure meanwhile
+        raise MnesioError(f"`answer_request` {answer_request.pk} does not exist (collected, expired or discarded)",
+                          extra={"field": "answer_request"}, status_code=404)
     if request.answered_at is not None:
         return request
     key = _request_key(request)
-    question = _open(key, request.sealed_question, _request_aad(request.pk, "question")).decode()
+    question = _open(key, request.sealed_question, answer_request_aad(request.pk, "question")).decode()
     try:
         result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
     except MnesioError as exc:
         AnswerRequest.objects.filter(pk=request.pk).update(error=exc.message[:1000], answered_at=timezone.now())
     else:
-        sealed = _seal(key, json.dumps(result.as_dict()).encode(), _request_aad(request.pk, "answer"))
+        sealed = _seal(key, json.dumps(result.as_dict()).encode(), answer_request_aad(request.pk, "answer"))
         AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
     request.refresh_from_db()
     return request
@@ -197,13 +273,37 @@ def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
     request = AnswerRequest.objects.filter(pk=answer_request.pk).first()
     if request is None:
         raise MnesioError(f"`answer_request` {answer_request.pk} does not exist or was collected", extra={"field": "answer_request"}, status_code=404)
+    ttl = conf.answer_request_ttl_s()
+    if request.created_at <= timezone.now() - timedelta(seconds=ttl):
+        request.delete()  # what the sweep would do: an expired answer is not handed out
+        raise MnesioError(
+            f"`answer_request` {request.pk} expired: it was not collected within {ttl} s (MNESIO_ANSWER_REQUEST_TTL_S)",
+            extra={"field": "answer_request"}, status_code=404,
+        )
     if request.answered_at is None:
         raise Conflict(f"`answer_request` {request.pk} is not answered yet; try again shortly", extra={"field": "answer_request"})
     error = request.error
     payload = None
     if not error:
-        payload = json.loads(_open(_request_key(request), request.sealed_answer, _request_aad(request.pk, "answer")))
+        payload = json.loads(_open(_request_key(request), request.sealed_answer, answer_request_aad(request.pk, "answer")))
     request.delete()
     if error:
         raise Conflict(error, extra={"field": "answer_request"})
     return AnswerResult(**payload)
+
+
+def answer_requests_sweep(*, older_than_s: int) -> int:
+    """Delete answer requests (with their keys) filed more than ``older_than_s`` ago; return how many.
+
+    A request nobody collects would otherwise keep a sealed question and answer for ever, outliving an
+    erasure of what the answer quoted and a rotation that retires the key. Celery beat runs it
+    (``answer_requests_sweep_task``) with MNESIO_ANSWER_REQUEST_TTL_S.
+    """
+    if not isinstance(older_than_s, int) or isinstance(older_than_s, bool) or older_than_s < 0:
+        raise MnesioError(f"`older_than_s` has to be a whole number of seconds >= 0 but got {older_than_s!r}",
+                          extra={"field": "older_than_s"})
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    num, _ = AnswerRequest.objects.filter(created_at__lte=cutoff).delete()
+    if num:
+        log.info("swept %d answer request(s) never collected", num)
+    return num

@@ -32,6 +32,7 @@ from ..storage import blob_destroy
 from .activate import cartridge_activate
 from .compile import cartridge_compile
 from .errors import NothingToCompile
+from .forget import answer_requests_discard, evaluation_cases_forget
 
 log = logging.getLogger("cartridges")
 
@@ -82,8 +83,18 @@ def versions_holding(*, subjects: list[Subject]) -> list[CartridgeVersion]:
 
 
 def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
-    """Destroy every cartridge holding the erased subjects, then recompile, gate and activate their scopes."""
-    versions = versions_holding(subjects=erasure_request_subjects(erasure_request=erasure_request))
+    """Destroy every cartridge holding the erased subjects, then recompile, gate and activate their scopes.
+
+    First the derived copies that are not cartridges: the evaluation cases linked to the subjects are
+    forgotten (their keys destroyed) and the pending answer requests of the scopes holding the subjects'
+    memories are discarded, so no rebuild gates with them and nothing sealed outlives the erasure.
+    """
+    subjects = erasure_request_subjects(erasure_request=erasure_request)
+    evaluation_cases_forget(subject_ids=[subject.pk for subject in subjects])
+    answer_requests_discard(
+        scope_ids=sorted(set(Memory.objects.filter(subject__in=subjects).values_list("scope_id", flat=True)))
+    )
+    versions = versions_holding(subjects=subjects)
     affected = {}
     for version in versions:
         if _serving_version_id(version.scope_id) == version.pk:

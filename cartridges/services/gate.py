@@ -15,7 +15,8 @@ because they need a loadable cartridge and the version's texts):
    in the normalized answer): cartridge >= text re-reading - ``MNESIO_GATE_ACCURACY_TOLERANCE``; the
    BM25 top-k retrieval baseline (the k best memories re-read as text) is recorded beside it and is
    required too when ``MNESIO_GATE_REQUIRE_RETRIEVAL`` is on. With no cases the accuracy check has
-   nothing to compare and passes (recorded as ``num_cases: 0``).
+   nothing to compare and passes (recorded as ``num_cases: 0``). Cases erased with a subject they concern
+   are skipped and counted (``num_cases_erased``).
 Figures hold numbers only, never memory or question text.
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
 from ..selectors import (
     active_configuration,
     evaluation_cases_digest,
-    scope_evaluation_cases,
+    scope_evaluation_cases_num_erased,
+    scope_evaluation_cases_open,
     version_erased_subjects,
 )
 from ..storage import BlobTampered, BlobUnavailable, blob_read
@@ -166,7 +168,9 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
         result.fail(f"the log no longer yields every memory of version {version.pk}; it cannot be compared with text")
         return
     texts = [opened[s].text for s in seqs]
-    cases = list(scope_evaluation_cases(scope=version.scope))
+    # erased cases (a subject they concern was erased) cannot be opened: the gate runs without them, counted
+    cases = scope_evaluation_cases_open(scope=version.scope)
+    num_cases_erased = scope_evaluation_cases_num_erased(scope=version.scope)
     probes = auto_probes(texts, conf.gate_num_auto_probes()) + [c.question for c in cases]
     started = time.perf_counter()
     options = {}
@@ -202,6 +206,7 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
     accuracy = {mode: (correct[mode] / n if n else None) for mode in correct}
     result.figures["accuracy"] = {
         "num_cases": n,
+        "num_cases_erased": num_cases_erased,
         **accuracy,
         "tolerance": tolerance,
         "retrieval_top_k": k,

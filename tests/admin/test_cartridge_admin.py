@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cartridges import selectors
 from cartridges.models import (
     CartridgeActivation,
     CartridgeEvaluation,
@@ -128,7 +129,19 @@ def test_an_operator_attaches_an_evaluation_case(admin_client, admin_user, scope
     admin_client.post("/admin/cartridges/evaluationcase/add/",
                       {"scope": scope_a.pk, "question": "Where is the spare key?", "answers": "flowerpot\nblue pot\n"})
     case = EvaluationCase.objects.get()
-    assert case.answers == ["flowerpot", "blue pot"] and case.created_by == admin_user
+    opened = selectors.evaluation_case_open(case=case)
+    assert opened.answers == ["flowerpot", "blue pot"] and case.created_by == admin_user and opened.subjects == []
+
+
+def test_an_operator_links_a_case_to_subjects_of_the_scope_only(admin_client, scope_a, scope_c, append):
+    append(scope_a, "Dana parks in bay 12.", subject="dana")
+    append(scope_c, "Erin likes tea.", subject="erin")
+    response = admin_client.post("/admin/cartridges/evaluationcase/add/",
+                                 {"scope": scope_a.pk, "question": "Where does Erin park?", "answers": "x", "subject_ids": "erin"})
+    assert response.status_code == 200 and "subjects" in response.content.decode() and not EvaluationCase.objects.exists()
+    admin_client.post("/admin/cartridges/evaluationcase/add/",
+                      {"scope": scope_a.pk, "question": "Where does Dana park?", "answers": "x", "subject_ids": "dana\n"})
+    assert selectors.evaluation_case_open(case=EvaluationCase.objects.get()).subjects == ["dana"]
 
 
 def test_staff_rights_are_needed(client, alice, scope_a, served):

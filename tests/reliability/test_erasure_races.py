@@ -17,8 +17,8 @@ from django.db import connection
 
 from cartridges.models import CartridgeBlob, CartridgeVersion
 from cartridges.selectors import version_state
-from cartridges.services import compile as compile_module
 from cartridges.services import cartridge_compile
+from cartridges.services import compile as compile_module
 from cartridges.storage import blob_exists, blob_read
 from memories.models import ErasureStatus, Memory, Scope
 from memories.selectors import erasure_request_status

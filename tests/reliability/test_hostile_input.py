@@ -114,12 +114,12 @@ def test_hostile_query_and_path_values_get_a_4xx(owner_client):
 @pytest.fixture
 def non_empty_lists(owner_client, scope_a):
     """Give every list endpoint of scope A a row: an empty list is answered without any LIMIT query."""
-    from cartridges.models import EvaluationCase
+    from cartridges.services import evaluation_case_add
     from memories.services import erasure_request_file, memory_append
 
     memory_append(scope=scope_a, subject="user-7", content="User 7 prefers tea.")
     erasure_request_file(subject="user-7", requested_by=None, reason="test", scope=scope_a)  # not enqueued
-    EvaluationCase.objects.create(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
+    evaluation_case_add(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
     return owner_client
 
 

@@ -86,7 +86,7 @@ class Command(BaseCommand):
             memory_append(scope=scope, subject=subject, content=text, idempotency_key=key, actor=user).appended
             for key, subject, text in MEMORIES
         )
-        known = set(selectors.scope_evaluation_cases(scope=scope).values_list("question", flat=True))
+        known = {case.question for case in selectors.scope_evaluation_cases_open(scope=scope)}
         for question, answers in CASES:
             if question not in known:
                 evaluation_case_add(scope=scope, question=question, answers=answers, actor=user)

@@ -1,4 +1,8 @@
-"""Re-wrap every live subject and scope key with MNESIO_MASTER_KEY (old keys read with MNESIO_MASTER_KEY_OLD)."""
+"""Re-wrap every live wrapped key (every table in memories.keyring) with MNESIO_MASTER_KEY.
+
+Keys wrapped by the previous key are read with MNESIO_MASTER_KEY_OLD. Refused, naming the variables, before
+anything changes when a live key was wrapped by a master key that neither variable holds.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -6,7 +10,6 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from memories import crypto
-from memories.registry import key_rewrappers
 from memories.services import master_key_rotate
 
 
@@ -19,13 +22,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             report = master_key_rotate()
-            # Keys held by derived views (cartridge blob keys) are wrapped by the same master key.
-            others = {name: fn() for name, fn in key_rewrappers().items()}
         except crypto.MasterKeyUnavailable as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
             f"master key {report.master_key_id}: re-wrapped {report.num_rewrapped} key(s), "
             f"{report.num_already_current} already current"
         )
-        for name, num in others.items():
+        for name, num in report.by_table.items():
             self.stdout.write(f"{name}: re-wrapped {num} key(s)")

@@ -8,7 +8,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cartridges', '0003_blob_key_rewrap'),
+        ('cartridges', '0006_evaluation_case_drop_plaintext'),
     ]
 
     operations = [
