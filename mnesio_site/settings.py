@@ -83,7 +83,12 @@ def parse_master_key(raw: str, *, name: str) -> bytes:
 # ---------------------------------------------------------------------------
 # Core Django
 # ---------------------------------------------------------------------------
-DEBUG = envbool("MNESIO_DEBUG", "true")
+# Off unless asked for: only bin/run (the embedded demo) sets MNESIO_DEBUG=true. With debug off, SECRET_KEY and
+# the master key must be set (the test suite sets test values: tests/settings.py).
+DEBUG = envbool("MNESIO_DEBUG", "false")
+# Error pages and error log records show tracebacks without any variable's value, in debug or not
+# (frame variables hold master-key bytes, data keys and memory plaintext).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "mnesio_site.debug.SecretsExceptionReporterFilter"
 # Where the embedded default keeps its SQLite file, blobs, dev master key and model cache.
 DATA_DIR = Path(env("MNESIO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 
