@@ -226,6 +226,13 @@ MNESIO_MAX_QUESTION_CHARS = envint("MNESIO_MAX_QUESTION_CHARS", "2000", minimum=
 # KV engine defaults (an operator can switch the active configuration at runtime)
 # ---------------------------------------------------------------------------
 MNESIO_KV_BACKEND = envchoice("MNESIO_KV_BACKEND", "transformers", ["fake", "transformers"])
+# The fake engine answers with whole memory texts: tests only (the suite turns this on, tests/settings.py).
+MNESIO_ALLOW_FAKE_BACKEND = envbool("MNESIO_ALLOW_FAKE_BACKEND", "false")
+if MNESIO_KV_BACKEND == "fake" and not MNESIO_ALLOW_FAKE_BACKEND:
+    raise ImproperlyConfigured(
+        "`MNESIO_KV_BACKEND` 'fake' answers with whole memory texts and is for tests only: it has to be "
+        "'transformers' unless `MNESIO_ALLOW_FAKE_BACKEND=true`"
+    )
 MNESIO_KV_MODEL = env("MNESIO_KV_MODEL", "smollm2-135m-instruct")
 MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16"])
 MNESIO_KV_QUANT = envchoice("MNESIO_KV_QUANT", "none", ["none", "q8", "q4"])
