@@ -330,6 +330,13 @@ class EvaluationCaseForm(forms.ModelForm):
         model = EvaluationCase
         fields = ["scope", "question", "answers"]
 
+    def clean_question(self) -> str:
+        # The service's own validation (MNESIO_MAX_QUESTION_CHARS, not blank), as a form error instead of a 500.
+        try:
+            return services.question_validate(self.cleaned_data["question"])
+        except MnesioError as exc:
+            raise forms.ValidationError(exc.message) from None
+
     def clean_answers(self) -> list[str]:
         answers = [line.strip() for line in self.cleaned_data["answers"].splitlines() if line.strip()]
         if not answers:

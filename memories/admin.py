@@ -10,8 +10,9 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from memories.models import ErasureEvent, ErasureRequest, Memory, Scope, ScopeGrant, Subject
-from memories.selectors import erasure_request_status
-from memories.services import erasure_request_enqueue, erasure_request_file
+from memories.selectors import erasure_request_status, subject_get
+from memories.services import MAX_REASON_CHARS, erasure_request_enqueue, erasure_request_file
+from mnesio_site.exceptions import MnesioError
 
 # Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
 PROCESS_PERMISSION = "memories.process_erasurerequest"
@@ -90,6 +91,15 @@ class ErasureRequestForm(forms.ModelForm):
         help_texts = {"scope": "Leave empty to erase the subject in every scope (needs the permission "
                                "'Can file an erasure of a subject in every scope')."}
 
+    def clean_reason(self) -> str:
+        # The service's limit, as a form error: a longer reason used to reach the service and answer 500.
+        reason = self.cleaned_data["reason"]
+        if len(reason) > MAX_REASON_CHARS:
+            raise forms.ValidationError(
+                f"`reason` has to be at most {MAX_REASON_CHARS} characters but got {len(reason)}"
+            )
+        return reason
+
     def clean_scope(self) -> Scope | None:
         scope = self.cleaned_data.get("scope")
         if scope is None and not self.user.has_perm(EVERYWHERE_PERMISSION):
@@ -103,6 +113,16 @@ class ErasureRequestForm(forms.ModelForm):
                 f"filing one for a scope needs `{ADD_PERMISSION}`"
             )
         return scope
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        subject, scope = cleaned.get("subject"), cleaned.get("scope")
+        if subject is not None and scope is not None:
+            try:  # the service's own check (the subject has memories in that scope), as a form error
+                subject_get(external_id=subject.external_id, scope=scope)
+            except MnesioError as exc:
+                self.add_error("subject", exc.message)
+        return cleaned
 
 
 @admin.register(ErasureRequest)
