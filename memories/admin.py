@@ -8,6 +8,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
+from rest_framework.authtoken.models import TokenProxy
 
 from memories.models import ErasureEvent, ErasureRequest, Memory, Scope, ScopeGrant, Subject
 from memories.selectors import erasure_request_status, subject_get
@@ -18,6 +19,12 @@ from mnesio_site.exceptions import MnesioError
 PROCESS_PERMISSION = "memories.process_erasurerequest"
 EVERYWHERE_PERMISSION = "memories.erase_subject_everywhere"
 ADD_PERMISSION = "memories.add_erasurerequest"
+
+
+# API tokens are knox's (stored hashed). DRF's plaintext token table stays installed only for the migration
+# that converts it (0003_api_tokens_hashed); its admin would let staff create plaintext tokens again.
+if admin.site.is_registered(TokenProxy):
+    admin.site.unregister(TokenProxy)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -109,7 +109,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    # Only for memories/migrations/0003_api_tokens_hashed.py, which converts its plaintext tokens into knox's.
     "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "pgtrigger",
     "memories",
@@ -268,7 +270,7 @@ if CELERY_TASK_SOFT_TIME_LIMIT >= CELERY_TASK_TIME_LIMIT:
 # ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "mnesio_site.authentication.TokenAuthentication",  # knox: tokens stored hashed
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -282,6 +284,15 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Long-term memory for AI agents: an append-only log compiled into KV cartridges.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and the docs page list every route and field: for logged-in users only (token or session).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+}
+# API tokens (django-rest-knox): `Authorization: Token <key>`, no expiry (a client's token does not stop
+# working silently after knox's default 10 hours; revoke one by deleting it in the admin).
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Token",
+    "TOKEN_TTL": None,
+    "AUTO_REFRESH": False,
 }
 
 # ---------------------------------------------------------------------------

@@ -140,14 +140,14 @@ def charlie(scope_c):
 
 @pytest.fixture
 def api_client_for(db):
-    """Factory: user -> DRF APIClient authenticated with the user's token."""
-    from rest_framework.authtoken.models import Token
+    """Factory: user -> DRF APIClient authenticated with a new API token of the user (knox, stored hashed)."""
+    from knox.models import AuthToken
     from rest_framework.test import APIClient
 
     def make(user):
-        token, _ = Token.objects.get_or_create(user=user)
+        _, key = AuthToken.objects.create(user=user)
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
         return client
 
     return make
