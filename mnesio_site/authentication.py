@@ -2,8 +2,13 @@
 prefix, never the secret), sent as ``Authorization: Token <key>`` like the plaintext DRF tokens before them."""
 from __future__ import annotations
 
+from typing import Any
+
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
+from knox.settings import knox_settings
 from knox.signals import token_expired
 
 
@@ -23,3 +28,15 @@ class TokenAuthentication(KnoxTokenAuthentication):
             token_expired.send(sender=self.__class__, username=username, source="auth_token")
             return True
         return False
+
+
+class TokenScheme(OpenApiAuthenticationExtension):
+    """The schema's security scheme for these tokens: the same `tokenAuth` DRF's token authentication had."""
+
+    target_class = TokenAuthentication
+    name = "tokenAuth"
+    match_subclasses = True
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return build_bearer_security_scheme_object(header_name="Authorization",
+                                                   token_prefix=knox_settings.AUTH_HEADER_PREFIX)
