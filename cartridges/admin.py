@@ -27,11 +27,12 @@ from cartridges.models import (
     EvaluationCase,
     KvConfiguration,
 )
+from cartridges.services.config import backends_allowed
 from cartridges.services.errors import GateFailed
 from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
 from kvengine import DTYPES, QUANTS
 from memories.models import Scope
-from memories.selectors import log_head
+from memories.selectors import scope_head
 from mnesio_site.exceptions import MnesioError
 
 
@@ -46,6 +47,14 @@ def _queue(task: Any, request: HttpRequest, *args: Any) -> str:
     if "version" in outcome:
         return f"compiled version {outcome['version']}"
     return f"evaluation {outcome.get('evaluation')}: {'passed' if outcome.get('passed') else 'failed'}"
+
+
+# Operator permissions (Meta.permissions of CartridgeVersion and KvConfiguration): every action and write
+# form needs its own, not only is_staff (a view-only operator sees the history and changes nothing).
+COMPILE_PERMISSION = "cartridges.compile_cartridge"
+EVALUATE_PERMISSION = "cartridges.evaluate_cartridge"
+ACTIVATE_PERMISSION = "cartridges.activate_cartridge"  # activate and roll back
+SWITCH_PERMISSION = "cartridges.switch_kvconfiguration"
 
 
 def _reasons_html(reasons: list[str]) -> str:
@@ -140,11 +149,12 @@ def _scopes_of(queryset: QuerySet) -> list[Scope]:
     return list(Scope.objects.filter(pk__in=queryset.values("scope_id")).order_by("name"))
 
 
-@admin.action(description="Compile a cartridge of the scope(s) at the current log head")
+@admin.action(description="Compile a cartridge of the scope(s) at their newest memory", permissions=["compile_cartridge"])
 def compile_scopes(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    head = log_head()
     for scope in _scopes_of(queryset):
-        if not scope.memories.exists():
+        # the scope's own head, as the API's default: the version's head is shown to the scope's clients
+        head = scope_head(scope=scope)
+        if not head:
             modeladmin.message_user(request, f"Scope '{scope.name}': no memories to compile.", messages.WARNING)
             continue
         outcome = _queue(cartridge_compile_task, request, scope.pk, head, False)
@@ -152,7 +162,8 @@ def compile_scopes(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset:
         modeladmin.message_user(request, f"Scope '{scope.name}' at log head {head}: {outcome}.", level)
 
 
-@admin.action(description="Roll back the scope(s) to the previous version (through the gate)")
+@admin.action(description="Roll back the scope(s) to the previous version (through the gate)",
+              permissions=["activate_cartridge"])
 def rollback_scopes(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     for scope in _scopes_of(queryset):
         try:
@@ -200,8 +211,19 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    # ``@admin.action(permissions=[name])`` asks ``has_<name>_permission``
+    def has_compile_cartridge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(COMPILE_PERMISSION)
+
+    def has_evaluate_cartridge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(EVALUATE_PERMISSION)
+
+    def has_activate_cartridge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(ACTIVATE_PERMISSION)
+
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        # Actions change state through services, not rows: offer them to whoever may view versions.
+        # Actions change state through services, not rows: offered to whoever may view versions AND holds the
+        # action's own permission (super() drops the actions whose permissions the user lacks).
         actions = super().get_actions(request)
         return actions if self.has_view_permission(request) else {}
 
@@ -220,14 +242,14 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
         left_out = (obj.manifest or {}).get("left_out", [])
         return f"{len(entries)} memories (seqs {[seq for seq, _ in entries]}), subjects {subjects}, left out (erased) {left_out}"
 
-    @admin.action(description="Evaluate (run the gate) the selected versions")
+    @admin.action(description="Evaluate (run the gate) the selected versions", permissions=["evaluate_cartridge"])
     def evaluate(self, request: HttpRequest, queryset: QuerySet) -> None:
         for version in queryset.order_by("id"):
             outcome = _queue(cartridge_evaluate_task, request, version.pk)
             self.message_user(request, f"Version {version.pk}: {outcome}.",
                               messages.WARNING if "failed" in outcome else messages.SUCCESS)
 
-    @admin.action(description="Activate the selected versions (through the gate)")
+    @admin.action(description="Activate the selected versions (through the gate)", permissions=["activate_cartridge"])
     def activate(self, request: HttpRequest, queryset: QuerySet) -> None:
         for version in queryset.select_related("scope").order_by("id"):
             try:
@@ -248,7 +270,7 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
 class KvConfigurationForm(forms.ModelForm):
     """Switch the engine: a known backend, model, precision and quant (validated before the service runs)."""
 
-    backend = forms.ChoiceField(choices=[(b, b) for b in ("fake", "transformers")])
+    backend = forms.ChoiceField(choices=())
     model = forms.ChoiceField(choices=())
     dtype = forms.ChoiceField(choices=[(d, d) for d in DTYPES], label="precision (dtype)")
     quant = forms.ChoiceField(choices=[(q, q) for q in QUANTS])
@@ -260,6 +282,7 @@ class KvConfigurationForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.fields["model"].choices = [(m, m) for m in conf.allowed_models()]  # read now: tests override it
+        self.fields["backend"].choices = [(b, b) for b in backends_allowed()]  # no 'fake' unless allowed
         active = selectors.active_configuration()
         for name in self.Meta.fields:
             self.fields[name].initial = getattr(active, name)
@@ -272,6 +295,9 @@ class KvConfigurationAdmin(admin.ModelAdmin):
     form = KvConfigurationForm
     list_display = ["id", "active", "backend", "model", "dtype", "quant", "created_by", "created_at"]
     ordering = ["-created_at", "-id"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(SWITCH_PERMISSION)  # adding a row IS the switch
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -310,6 +336,13 @@ class EvaluationCaseForm(forms.ModelForm):
     class Meta:
         model = EvaluationCase
         fields = ["scope"]
+
+    def clean_question(self) -> str:
+        # The service's own validation (MNESIO_MAX_QUESTION_CHARS, not blank), as a form error instead of a 500.
+        try:
+            return services.question_validate(self.cleaned_data["question"])
+        except MnesioError as exc:
+            raise forms.ValidationError(exc.message) from None
 
     def clean_answers(self) -> list[str]:
         answers = [line.strip() for line in self.cleaned_data["answers"].splitlines() if line.strip()]
@@ -409,6 +442,9 @@ def _extend_scope_admin() -> None:
     if scope_admin is None:  # memories registers it; keep working without it
         return
     scope_admin.actions = [*(scope_admin.actions or []), compile_scopes, rollback_scopes]
+    # the permission checks its actions name (instance attributes: called with the request only)
+    scope_admin.has_compile_cartridge_permission = lambda request: request.user.has_perm(COMPILE_PERMISSION)
+    scope_admin.has_activate_cartridge_permission = lambda request: request.user.has_perm(ACTIVATE_PERMISSION)
     base_get_inlines = scope_admin.get_inlines
 
     def get_inlines(request: HttpRequest, obj: Any = None) -> list:

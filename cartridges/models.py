@@ -70,6 +70,7 @@ class KvConfiguration(ImmutableModel):
     class Meta:
         ordering = ["-created_at", "-id"]
         triggers = _protect("kvconfiguration")
+        permissions = [("switch_kvconfiguration", "Can switch the active KV configuration")]
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.model}/{self.dtype}/{self.quant}"
@@ -116,6 +117,11 @@ class CartridgeVersion(ImmutableModel):
     class Meta:
         ordering = ["-id"]
         triggers = _protect("cartridgeversion")
+        permissions = [
+            ("compile_cartridge", "Can compile a scope's cartridge"),
+            ("evaluate_cartridge", "Can evaluate (run the gate on) a cartridge version"),
+            ("activate_cartridge", "Can activate a cartridge version or roll a scope back"),
+        ]
         constraints = [
             # Idempotent compile: one version per scope, key, head and set of memories (a redelivered
             # task, or a concurrent duplicate, finds this row instead of making a second one).

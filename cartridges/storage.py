@@ -17,6 +17,7 @@ from datetime import timedelta
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from memories import crypto
 from mnesio_site.exceptions import Conflict, MnesioError
@@ -64,6 +65,7 @@ def _key_aad(name: str) -> bytes:
     return b"mnesio:cartridge-blob-key:v1|" + name.encode()
 
 
+@sensitive_variables()
 def blob_reserve(*, scope) -> tuple[CartridgeBlob, bytes]:
     """Record a fresh blob key under a new storage name before anything is written (see CartridgeBlob)."""
     name = f"scope-{scope.pk}/{uuid.uuid4().hex}.kvc"
@@ -73,6 +75,7 @@ def blob_reserve(*, scope) -> tuple[CartridgeBlob, bytes]:
     return row, key
 
 
+@sensitive_variables()
 def blob_write(*, blob: CartridgeBlob, key: bytes, data: bytes) -> StoredBlob:
     """Encrypt ``data`` with the blob key and store it under the reserved name."""
     nonce, ciphertext = crypto.seal(key, data, aad=_blob_aad(blob.storage_name))
@@ -95,6 +98,7 @@ def blob_write(*, blob: CartridgeBlob, key: bytes, data: bytes) -> StoredBlob:
     return StoredBlob(name=saved, stored_sha256=hashlib.sha256(stored).hexdigest(), stored_size_bytes=len(stored))
 
 
+@sensitive_variables()
 def blob_read(*, version: CartridgeVersion) -> bytes:
     """Return the cartridge file of ``version`` after checking stored digest, GCM tag and file sha256."""
     try:

@@ -2,13 +2,29 @@
 "process" action, scopes and grants editable."""
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
+from rest_framework.authtoken.models import TokenProxy
 
 from memories.models import ErasureEvent, ErasureRequest, Memory, Scope, ScopeGrant, Subject
-from memories.selectors import erasure_request_status
-from memories.services import erasure_request_enqueue, erasure_request_file
+from memories.selectors import erasure_request_status, subject_get
+from memories.services import MAX_REASON_CHARS, erasure_request_enqueue, erasure_request_file
+from mnesio_site.exceptions import MnesioError
+
+# Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
+PROCESS_PERMISSION = "memories.process_erasurerequest"
+EVERYWHERE_PERMISSION = "memories.erase_subject_everywhere"
+ADD_PERMISSION = "memories.add_erasurerequest"
+
+
+# API tokens are knox's (stored hashed). DRF's plaintext token table stays installed only for the migration
+# that converts it (0003_api_tokens_hashed); its admin would let staff create plaintext tokens again.
+if admin.site.is_registered(TokenProxy):
+    admin.site.unregister(TokenProxy)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -46,10 +62,12 @@ class MemoryAdmin(ReadOnlyAdmin):
 
 @admin.register(Subject)
 class SubjectAdmin(ReadOnlyAdmin):
-    list_display = ["external_id", "shredded", "shredded_at", "master_key_id", "created_at"]
-    list_filter = [("shredded_at", admin.EmptyFieldListFilter)]
-    search_fields = ["external_id"]
-    fields = ["external_id", "shredded", "shredded_at", "master_key_id", "created_at"]
+    # subjects are per scope (legacy rows have none): the same id in two scopes is two rows
+    list_display = ["external_id", "scope", "shredded", "shredded_at", "master_key_id", "created_at"]
+    list_filter = [("shredded_at", admin.EmptyFieldListFilter), "scope"]
+    list_select_related = ["scope"]
+    search_fields = ["external_id", "scope__name"]
+    fields = ["external_id", "scope", "shredded", "shredded_at", "master_key_id", "created_at"]
     readonly_fields = fields
 
     @admin.display(boolean=True, description="shredded")
@@ -71,14 +89,60 @@ class ErasureEventInline(admin.TabularInline):
         return False
 
 
+class ErasureRequestForm(forms.ModelForm):
+    """Collects subject, reason and scope; a request without a scope (every scope) needs its own permission."""
+
+    user: Any = None  # set by ErasureRequestAdmin.get_form (the requesting operator)
+
+    class Meta:
+        model = ErasureRequest
+        fields = ["subject", "reason", "scope"]
+        help_texts = {"scope": "Leave empty to erase the subject in every scope (needs the permission "
+                               "'Can file an erasure of a subject in every scope')."}
+
+    def clean_reason(self) -> str:
+        # The service's limit, as a form error: a longer reason used to reach the service and answer 500.
+        reason = self.cleaned_data["reason"]
+        if len(reason) > MAX_REASON_CHARS:
+            raise forms.ValidationError(
+                f"`reason` has to be at most {MAX_REASON_CHARS} characters but got {len(reason)}"
+            )
+        return reason
+
+    def clean_scope(self) -> Scope | None:
+        scope = self.cleaned_data.get("scope")
+        if scope is None and not self.user.has_perm(EVERYWHERE_PERMISSION):
+            raise forms.ValidationError(
+                "`scope` is required: erasing a subject in every scope needs the permission "
+                f"`{EVERYWHERE_PERMISSION}`; choose the scope to erase the subject in"
+            )
+        if scope is not None and not self.user.has_perm(ADD_PERMISSION):
+            raise forms.ValidationError(
+                f"`scope` has to be empty: you may only file erasures in every scope (`{EVERYWHERE_PERMISSION}`), "
+                f"filing one for a scope needs `{ADD_PERMISSION}`"
+            )
+        return scope
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        subject, scope = cleaned.get("subject"), cleaned.get("scope")
+        if subject is not None and scope is not None:
+            try:  # the service's own check (the subject has memories in that scope), as a form error
+                subject_get(external_id=subject.external_id, scope=scope)
+            except MnesioError as exc:
+                self.add_error("subject", exc.message)
+        return cleaned
+
+
 @admin.register(ErasureRequest)
 class ErasureRequestAdmin(admin.ModelAdmin):
     """Operators file requests here (add form) and process them with the "process" action; nothing is edited."""
 
+    form = ErasureRequestForm
     list_display = ["id", "subject", "status", "requested_by", "scope", "created_at"]
     list_select_related = ["subject", "requested_by", "scope"]
     search_fields = ["subject__external_id"]
-    fields = ["subject", "reason"]
+    fields = ["subject", "reason", "scope"]
     autocomplete_fields = ["subject"]
     inlines = [ErasureEventInline]
     actions = ["process"]
@@ -90,7 +154,19 @@ class ErasureRequestAdmin(admin.ModelAdmin):
         return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else []
 
     def get_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else ["subject", "reason"]
+        return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else ["subject", "reason", "scope"]
+
+    def get_form(self, request: HttpRequest, obj=None, change: bool = False, **kwargs: Any):
+        form = super().get_form(request, obj, change=change, **kwargs)  # a new class per call
+        form.user = request.user
+        return form
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Filing for one scope (add) or for every scope (its own permission); the form checks which.
+        return request.user.has_perm(ADD_PERMISSION) or request.user.has_perm(EVERYWHERE_PERMISSION)
+
+    def has_process_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PROCESS_PERMISSION)
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
         # Viewing is allowed (the change page renders read-only); saving an existing request is not.
@@ -105,14 +181,16 @@ class ErasureRequestAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ErasureRequest, form, change: bool) -> None:
         # Filing goes through the service (the `requested` event, validation); the form only collects input.
-        created = erasure_request_file(subject=obj.subject.external_id, requested_by=request.user, reason=obj.reason)
+        created = erasure_request_file(
+            subject=obj.subject.external_id, requested_by=request.user, reason=obj.reason, scope=obj.scope
+        )
         obj.pk = created.pk
         obj.created_at = created.created_at
 
     def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
         """Nothing related is saved from the form (events are written by the service)."""
 
-    @admin.action(description="Process (shred keys, rebuild views) in the background")
+    @admin.action(description="Process (shred keys, rebuild views) in the background", permissions=["process"])
     def process(self, request: HttpRequest, queryset) -> None:
         with transaction.atomic():
             for erasure_request in queryset:

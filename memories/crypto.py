@@ -19,6 +19,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.views.decorators.debug import sensitive_variables
 
 NONCE_BYTES = 12  # the GCM standard nonce size; random per encryption (2^-32 collision bound is far off)
 KEY_BYTES = 32  # AES-256
@@ -30,6 +31,7 @@ class MasterKeyUnavailable(ImproperlyConfigured):
     """A wrapped key names a master key that is not configured (a request that meets it is a JSON 503)."""
 
 
+@sensitive_variables()
 def _dev_master_key(path: Path) -> bytes:
     """Return the development master key, creating it (32 random bytes, mode 0600) on first use."""
     from mnesio_site.settings import parse_master_key
@@ -51,6 +53,7 @@ def _dev_master_key(path: Path) -> bytes:
     return parse_master_key(path.read_text().strip(), name="MNESIO_MASTER_KEY_DEV_FILE")
 
 
+@sensitive_variables()
 def master_key() -> bytes:
     """Return the current master key (MNESIO_MASTER_KEY, or the dev file when debugging)."""
     key = getattr(settings, "MNESIO_MASTER_KEY", None)
@@ -61,11 +64,13 @@ def master_key() -> bytes:
     return _dev_master_key(Path(settings.MNESIO_MASTER_KEY_DEV_FILE))
 
 
+@sensitive_variables()
 def master_key_id(key: bytes) -> str:
     """Return a short public fingerprint of a master key (what wrapped rows record)."""
     return hashlib.sha256(b"mnesio master key id\x00" + key).hexdigest()[:16]
 
 
+@sensitive_variables()
 def known_master_keys() -> dict[str, bytes]:
     """Return the configured master keys by id: the current one and MNESIO_MASTER_KEY_OLD if set."""
     keys = {}
@@ -77,22 +82,26 @@ def known_master_keys() -> dict[str, bytes]:
     return keys
 
 
+@sensitive_variables()
 def new_data_key() -> bytes:
     """Return a fresh random AES-256 data key."""
     return AESGCM.generate_key(bit_length=256)
 
 
+@sensitive_variables()
 def seal(key: bytes, plaintext: bytes, *, aad: bytes) -> tuple[bytes, bytes]:
     """Encrypt ``plaintext`` with AES-256-GCM; return ``(nonce, ciphertext_with_tag)``."""
     nonce = os.urandom(NONCE_BYTES)
     return nonce, AESGCM(key).encrypt(nonce, plaintext, aad)
 
 
+@sensitive_variables()
 def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
     """Decrypt and authenticate; raises ``InvalidTag`` when anything (bytes, aad, key) does not match."""
     return AESGCM(key).decrypt(bytes(nonce), bytes(ciphertext), aad)
 
 
+@sensitive_variables()
 def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> tuple[bytes, str]:
     """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``.
 
@@ -110,6 +119,7 @@ def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> tuple[bytes, st
     return nonce + ciphertext, master_key_id(current)
 
 
+@sensitive_variables()
 def unwrap(wrapped: bytes, *, wrapped_by: str, aad: bytes) -> bytes:
     """Unwrap a data key with whichever configured master key has id ``wrapped_by``."""
     keys = known_master_keys()

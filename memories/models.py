@@ -255,6 +255,10 @@ class ErasureRequest(AppendOnlyModel):
     class Meta:
         ordering = ["-created_at", "-id"]
         triggers = _append_only_triggers()
+        permissions = [
+            ("process_erasurerequest", "Can process an erasure request (shred keys, rebuild views)"),
+            ("erase_subject_everywhere", "Can file an erasure of a subject in every scope"),
+        ]
 
     def __str__(self) -> str:
         return f"erasure request #{self.pk} for {self.subject_id}"

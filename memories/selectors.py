@@ -11,6 +11,7 @@ from django.core.validators import slug_re
 from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from memories import crypto
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, Subject
@@ -94,6 +95,7 @@ def scope_memories(*, scope: Scope, as_of: int | None = None) -> QuerySet[Memory
     return rows
 
 
+@sensitive_variables()
 def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
     """Decrypt rows (fetched with ``scope__key`` and ``subject`` selected); each data key is unwrapped once."""
     keys: dict[tuple[str, int], bytes] = {}

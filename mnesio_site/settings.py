@@ -83,7 +83,12 @@ def parse_master_key(raw: str, *, name: str) -> bytes:
 # ---------------------------------------------------------------------------
 # Core Django
 # ---------------------------------------------------------------------------
-DEBUG = envbool("MNESIO_DEBUG", "true")
+# Off unless asked for: only bin/run (the embedded demo) sets MNESIO_DEBUG=true. With debug off, SECRET_KEY and
+# the master key must be set (the test suite sets test values: tests/settings.py).
+DEBUG = envbool("MNESIO_DEBUG", "false")
+# Error pages and error log records show tracebacks without any variable's value, in debug or not
+# (frame variables hold master-key bytes, data keys and memory plaintext).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "mnesio_site.debug.SecretsExceptionReporterFilter"
 # Where the embedded default keeps its SQLite file, blobs, dev master key and model cache.
 DATA_DIR = Path(env("MNESIO_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 
@@ -104,7 +109,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    # Only for memories/migrations/0003_api_tokens_hashed.py, which converts its plaintext tokens into knox's.
     "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "pgtrigger",
     "memories",
@@ -225,6 +232,13 @@ MNESIO_MAX_QUESTION_CHARS = envint("MNESIO_MAX_QUESTION_CHARS", "2000", minimum=
 # KV engine defaults (an operator can switch the active configuration at runtime)
 # ---------------------------------------------------------------------------
 MNESIO_KV_BACKEND = envchoice("MNESIO_KV_BACKEND", "transformers", ["fake", "transformers"])
+# The fake engine answers with whole memory texts: tests only (the suite turns this on, tests/settings.py).
+MNESIO_ALLOW_FAKE_BACKEND = envbool("MNESIO_ALLOW_FAKE_BACKEND", "false")
+if MNESIO_KV_BACKEND == "fake" and not MNESIO_ALLOW_FAKE_BACKEND:
+    raise ImproperlyConfigured(
+        "`MNESIO_KV_BACKEND` 'fake' answers with whole memory texts and is for tests only: it has to be "
+        "'transformers' unless `MNESIO_ALLOW_FAKE_BACKEND=true`"
+    )
 MNESIO_KV_MODEL = env("MNESIO_KV_MODEL", "smollm2-135m-instruct")
 MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16"])
 MNESIO_KV_QUANT = envchoice("MNESIO_KV_QUANT", "none", ["none", "q8", "q4"])
@@ -260,7 +274,7 @@ if CELERY_TASK_SOFT_TIME_LIMIT >= CELERY_TASK_TIME_LIMIT:
 # ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "mnesio_site.authentication.TokenAuthentication",  # knox: tokens stored hashed
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -274,6 +288,15 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Long-term memory for AI agents: an append-only log compiled into KV cartridges.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and the docs page list every route and field: for logged-in users only (token or session).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+}
+# API tokens (django-rest-knox): `Authorization: Token <key>`, no expiry (a client's token does not stop
+# working silently after knox's default 10 hours; revoke one by deleting it in the admin).
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Token",
+    "TOKEN_TTL": None,
+    "AUTO_REFRESH": False,
 }
 
 # ---------------------------------------------------------------------------

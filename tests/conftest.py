@@ -56,14 +56,31 @@ def append():
     return do
 
 
+# What an operator may do besides viewing (Meta.permissions of the models; tests/reliability/test_isolation.py
+# checks that each admin action and operator write needs its own).
+OPERATOR_PERMISSIONS = [
+    "memories.add_erasurerequest", "memories.process_erasurerequest", "memories.erase_subject_everywhere",
+    "cartridges.compile_cartridge", "cartridges.evaluate_cartridge", "cartridges.activate_cartridge",
+    "cartridges.switch_kvconfiguration", "cartridges.add_evaluationcase",
+]
+
+
 @pytest.fixture
 def operator(db):
-    """A staff user (an operator) with no scope grants."""
+    """A staff user (an operator) holding the operator permissions, with no scope grants."""
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+    from django.db.models import Q
 
-    return get_user_model().objects.create_user(
+    user = get_user_model().objects.create_user(
         username="olga", email="olga@example.com", password="x-olga-operator", is_staff=True
     )
+    wanted = Q()
+    for dotted in OPERATOR_PERMISSIONS:
+        app_label, codename = dotted.split(".")
+        wanted |= Q(content_type__app_label=app_label, codename=codename)
+    user.user_permissions.add(*Permission.objects.filter(wanted))
+    return user
 
 
 @pytest.fixture
@@ -133,14 +150,14 @@ def charlie(scope_c):
 
 @pytest.fixture
 def api_client_for(db):
-    """Factory: user -> DRF APIClient authenticated with the user's token."""
-    from rest_framework.authtoken.models import Token
+    """Factory: user -> DRF APIClient authenticated with a new API token of the user (knox, stored hashed)."""
+    from knox.models import AuthToken
     from rest_framework.test import APIClient
 
     def make(user):
-        token, _ = Token.objects.get_or_create(user=user)
+        _, key = AuthToken.objects.create(user=user)
         client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
         return client
 
     return make

@@ -252,14 +252,21 @@ class EvaluationCaseListView(APIView):
 
 
 class IsOperatorForWrites(permissions.BasePermission):
-    """Anyone authenticated reads; only staff (operators) write."""
+    """Anyone authenticated reads; only a staff user holding ``cartridges.switch_kvconfiguration`` switches."""
 
-    message = "switching the KV configuration needs an operator (staff) account"
+    permission = "cartridges.switch_kvconfiguration"
+    message = (
+        "switching the KV configuration needs an operator (staff) account with the permission "
+        "`cartridges.switch_kvconfiguration`"
+    )
 
     def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
         if request.method in permissions.SAFE_METHODS:
-            return bool(request.user and request.user.is_authenticated)
-        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+            return True
+        return bool(user.is_staff and user.has_perm(self.permission))
 
 
 class KvConfigurationView(APIView):

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from memories import crypto
 from memories.models import Subject
@@ -202,20 +203,24 @@ def answer_request_aad(request_id: int, part: str) -> bytes:
     return f"mnesio:answer-request:v1|{request_id}|{part}".encode()
 
 
+@sensitive_variables()
 def _request_key(request: AnswerRequest) -> bytes:
     return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=answer_request_aad(request.pk, "key"))
 
 
+@sensitive_variables()
 def _seal(key: bytes, data: bytes, aad: bytes) -> bytes:
     nonce, ciphertext = crypto.seal(key, data, aad=aad)
     return nonce + ciphertext
 
 
+@sensitive_variables()
 def _open(key: bytes, sealed: bytes, aad: bytes) -> bytes:
     sealed = bytes(sealed)
     return crypto.unseal(key, sealed[: crypto.NONCE_BYTES], sealed[crypto.NONCE_BYTES :], aad=aad)
 
 
+@sensitive_variables()
 def answer_request_file(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
     """Seal a question for a worker to answer (queue ``cartridge_answer_task`` with the returned row's id)."""
     question = question_validate(question)
@@ -227,6 +232,7 @@ def answer_request_file(*, scope, question: str, mode: str = "cartridge", actor=
     return request
 
 
+@sensitive_variables()
 def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> AnswerRequest:
     request = AnswerRequest.objects.create(
         scope=scope,
@@ -247,6 +253,7 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
     return request
 
 
+@sensitive_variables()
 def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice."""
     request = AnswerRequest.objects.select_related("scope").filter(pk=answer_request.pk).first()
@@ -268,6 +275,7 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     return request
 
 
+@sensitive_variables()
 def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
     """Open the answer of a request and delete the request with its key (a second collect is a 404-able error)."""
     request = AnswerRequest.objects.filter(pk=answer_request.pk).first()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 
 from kvengine import DTYPES, QUANTS
@@ -25,13 +26,21 @@ BACKENDS = ["fake", "transformers"]
 
 def _choice(field: str, value: object, allowed: list[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise MnesioError(f"`{field}` has to be one of {allowed} but got {value!r}", extra={"field": field, "allowed": allowed})
+        why = ""
+        if field == "backend" and value == "fake":
+            why = " ('fake' answers with whole memory texts: it is for tests only, set MNESIO_ALLOW_FAKE_BACKEND=true)"
+        raise MnesioError(f"`{field}` has to be one of {allowed} but got {value!r}{why}", extra={"field": field, "allowed": allowed})
     return value
+
+
+def backends_allowed() -> list[str]:
+    """The backends an operator may switch to: the fake one only where settings allow it (tests)."""
+    return BACKENDS if getattr(settings, "MNESIO_ALLOW_FAKE_BACKEND", False) else [b for b in BACKENDS if b != "fake"]
 
 
 def kv_configuration_switch(*, backend: str, model: str, dtype: str, quant: str, actor=None) -> KvConfiguration:
     """Make (backend, model, dtype, quant) the active configuration and queue recompiles of every scope."""
-    backend = _choice("backend", backend, BACKENDS)
+    backend = _choice("backend", backend, backends_allowed())
     model = _choice("model", model, conf.allowed_models())
     dtype = _choice("dtype", dtype, list(DTYPES))
     quant = _choice("quant", quant, list(QUANTS))

@@ -22,14 +22,17 @@ def _run(**options) -> str:
 
 def test_it_builds_a_served_demo_and_prints_how_to_use_it(settings, tmp_path, monkeypatch):
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+    from knox.crypto import hash_token
+    from knox.models import AuthToken
 
     monkeypatch.delenv("MNESIO_DEMO_PASSWORD", raising=False)
     settings.DATA_DIR = tmp_path
     out = _run(base_url="http://127.0.0.1:8123")
     scope = Scope.objects.get(name="demo")
     operator = get_user_model().objects.get(username="operator")
-    token = Token.objects.get(user=operator)
+    token = (tmp_path / "demo-api-token").read_text().strip()
+    assert AuthToken.objects.get(user=operator).digest == hash_token(token)  # stored hashed; the secret in DATA_DIR
+    assert oct((tmp_path / "demo-api-token").stat().st_mode & 0o777) == "0o600"
     assert operator.is_staff and operator.is_superuser and scope.grants.filter(user=operator).exists()
     assert Memory.objects.filter(scope=scope).count() == 12 and EvaluationCase.objects.filter(scope=scope).count() == 3
     version = active_version(scope=scope)
@@ -39,8 +42,8 @@ def test_it_builds_a_served_demo_and_prints_how_to_use_it(settings, tmp_path, mo
     records = AnswerRecord.objects.order_by("id")
     assert [(r.mode, r.version_id, r.actor) for r in records] == [("cartridge", version.pk, operator), ("text", None, operator)]
     assert "Biscuit" in out  # the fake answers with the memory that holds the answer
-    assert token.key in out and "Dashboard: http://127.0.0.1:8123/dashboard/" in out
-    assert f'curl -H "Authorization: Token {token.key}" http://127.0.0.1:8123/api/kv/metrics' in out
+    assert f"API token: {token}" in out and "Dashboard: http://127.0.0.1:8123/dashboard/" in out
+    assert f'curl -H "Authorization: Token {token}" http://127.0.0.1:8123/api/kv/metrics' in out
     assert "/api/scopes/demo/ask/" in out and "gate: passed" in out
     password = (tmp_path / "demo-operator-password").read_text().strip()
     assert operator.check_password(password) and f"operator / password {password}" in out
@@ -48,6 +51,8 @@ def test_it_builds_a_served_demo_and_prints_how_to_use_it(settings, tmp_path, mo
 
 
 def test_it_is_safe_to_run_twice(settings, tmp_path, monkeypatch):
+    from knox.models import AuthToken
+
     monkeypatch.delenv("MNESIO_DEMO_PASSWORD", raising=False)
     settings.DATA_DIR = tmp_path
     _run()
@@ -59,6 +64,8 @@ def test_it_is_safe_to_run_twice(settings, tmp_path, monkeypatch):
     assert "0 memories appended (12 in all)" in out and "is active" in out
     password = (tmp_path / "demo-operator-password").read_text().strip()
     assert f"password {password}" in out  # the second run can still tell how to log in
+    token = (tmp_path / "demo-api-token").read_text().strip()
+    assert f"API token: {token}" in out and AuthToken.objects.count() == 1  # the same token, printed again
 
 
 def test_a_given_password_is_set_and_not_stored(settings, tmp_path, monkeypatch):

@@ -58,8 +58,8 @@ def all_routes() -> list[Route]:
 
 # Unscoped API and page routes, with how each keeps scopes apart (checked by test_isolation).
 UNSCOPED_API = {
-    "api/schema/": "public: the OpenAPI document, no data",
-    "api/docs/": "public: the Swagger page, no data",
+    "api/schema/": "any logged-in user (token or session): the OpenAPI document, no data",
+    "api/docs/": "any logged-in user (token or session): the Swagger page, no data",
     "api/scopes/": "lists only the caller's granted scopes",
     "api/kv/configuration/": "reads the global configuration (no scope data); writes need staff",
     "api/^kv/metrics/?$": "clients see only their own scopes",

@@ -217,6 +217,7 @@ def test_rotation_through_key_files_keeps_every_memory_openable(settings, tmp_pa
         "DATABASE_URL": f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}",
         "MNESIO_MASTER_KEY_FILE": str(tmp_path / "new.key"),
         "MNESIO_MASTER_KEY_OLD_FILE": str(tmp_path / "old.key"),
+        "SECRET_KEY": "s" * 60,  # production settings (MNESIO_DEBUG defaults to false) require one
     }
     out = _manage("rotate_master_key", env=env).stdout
     assert "re-wrapped 4 key(s)" in out, out  # three subject keys and one scope key

@@ -18,7 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from rest_framework.authtoken.models import Token
+from knox.crypto import hash_token
+from knox.models import AuthToken
 from rest_framework.test import APIRequestFactory
 
 from cartridges import selectors
@@ -80,7 +81,7 @@ class Command(BaseCommand):
         )
         user, password_note = self._operator(options["username"], options["password"])
         scope_grant(scope=scope, user=user, actor=user)
-        token, _ = Token.objects.get_or_create(user=user)
+        token = self._token(user)
 
         appended = sum(
             memory_append(scope=scope, subject=subject, content=text, idempotency_key=key, actor=user).appended
@@ -125,6 +126,20 @@ class Command(BaseCommand):
             return user, f"password {stored.read_text().strip()}"
         return user, "password unchanged (set one with --password or `manage.py changepassword`)"
 
+    def _token(self, user: Any) -> str:
+        """The operator's demo API token: stored hashed (knox); the secret is kept owner-only in DATA_DIR so a
+        second run can print it again (as the generated password), else a new one is made."""
+        stored = Path(settings.DATA_DIR) / "demo-api-token"
+        if stored.exists():
+            key = stored.read_text().strip()
+            if AuthToken.objects.filter(user=user, digest=hash_token(key)).exists():
+                return key
+        _, key = AuthToken.objects.create(user=user, expiry=None)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_text(key + "\n")
+        stored.chmod(0o600)
+        return key
+
     def _gate(self, version: Any, user: Any) -> None:
         """Evaluate (unless a current evaluation exists) and activate through the gate; report the figures."""
         state = selectors.version_state(version=version)
@@ -151,14 +166,14 @@ class Command(BaseCommand):
                 return
         self.stdout.write(self.style.SUCCESS(f"cartridge version {version.pk} is active"))
 
-    def _ask(self, scope: Scope, token: Token, base: str) -> None:
+    def _ask(self, scope: Scope, token: str, base: str) -> None:
         """Ask one question through the API's view (token auth, serializer, service), in both modes."""
         factory = APIRequestFactory()
         view = AskView.as_view()
         for mode in ("cartridge", "text"):
             request = factory.post(
                 f"/api/scopes/{scope.name}/ask/", {"question": QUESTION, "mode": mode}, format="json",
-                HTTP_AUTHORIZATION=f"Token {token.key}",
+                HTTP_AUTHORIZATION=f"Token {token}",
             )
             response = view(request, scope=scope.name)
             body = response.data
@@ -170,8 +185,8 @@ class Command(BaseCommand):
                 f"[version {body['version_id']}, first token {body['ttft_s']:.3f} s, total {body['total_s']:.3f} s]"
             )
 
-    def _instructions(self, scope: Scope, user: Any, token: Token, password_note: str, base: str) -> None:
-        auth = f'-H "Authorization: Token {token.key}"'
+    def _instructions(self, scope: Scope, user: Any, token: str, password_note: str, base: str) -> None:
+        auth = f'-H "Authorization: Token {token}"'
         json_header = "-H 'Content-Type: application/json'"
         api = f"{base}/api/scopes/{scope.name}"
 
@@ -187,7 +202,7 @@ class Command(BaseCommand):
             "",
             self.style.SUCCESS("mnesio demo ready"),
             f"  operator login (admin, dashboard): {user.get_username()} / {password_note}",
-            f"  API token: {token.key}",
+            f"  API token: {token}",
             "",
             "Try it:",
             f"  curl {auth} {api}/memories/",

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memories', '0001_initial'),
+        ('memories', '0003_api_tokens_hashed'),
     ]
 
     operations = [
