@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cartridges.models import EvaluationCase
+from cartridges.selectors import evaluation_case_open
 from memories.models import ErasureRequest, Subject
 from memories.services import MAX_REASON_CHARS
 
@@ -75,4 +76,5 @@ def test_limits_within_bounds_still_file(superuser_client, scope_a, append):
     response = superuser_client.post("/admin/cartridges/evaluationcase/add/", {
         "scope": scope_a.pk, "question": "Where is the spare key?", "answers": "flowerpot",
     })
-    assert response.status_code == 302 and EvaluationCase.objects.get().answers == ["flowerpot"]
+    assert response.status_code == 302
+    assert evaluation_case_open(case=EvaluationCase.objects.get()).answers == ["flowerpot"]

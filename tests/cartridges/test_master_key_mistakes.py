@@ -19,6 +19,7 @@ from memories import crypto
 from memories.models import Memory, ScopeKey, Subject
 from memories.selectors import scope_memories_open
 from memories.services import memory_append, scope_create
+from mnesio_site.settings import parse_master_key
 
 pytestmark = pytest.mark.django_db
 
@@ -146,7 +147,9 @@ def test_rotation_with_the_right_old_key_still_works_after_a_refused_start(setti
 def test_the_database_check_names_the_variable(settings, wrong_key):
     with pytest.raises(SystemCheckError, match="MNESIO_MASTER_KEY"):
         call_command("check", "--database", "default", stdout=io.StringIO(), stderr=io.StringIO())
-    settings.MNESIO_MASTER_KEY = None  # back to this test process's own key
+    # back to this test process's own key (tests/settings.py puts one in the environment)
+    raw = os.environ.get("MNESIO_MASTER_KEY")
+    settings.MNESIO_MASTER_KEY = parse_master_key(raw, name="MNESIO_MASTER_KEY") if raw else None
     call_command("check", "--database", "default", stdout=io.StringIO(), stderr=io.StringIO())
 
 
