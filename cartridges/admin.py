@@ -30,10 +30,10 @@ from cartridges.models import (
 from cartridges.services.config import backends_allowed
 from cartridges.services.errors import GateFailed
 from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
+from core.errors import MnesioError
 from kvengine import DTYPES, QUANTS
 from memories.models import Scope
 from memories.selectors import scope_head
-from mnesio_site.exceptions import MnesioError
 
 
 def _queue(task: Any, request: HttpRequest, *args: Any) -> str:

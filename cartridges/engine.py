@@ -17,8 +17,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
+from core.errors import MnesioError
 from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, make_backend
-from mnesio_site.exceptions import MnesioError
 
 from . import conf
 from .models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion

@@ -12,52 +12,10 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
-from memories.models import reject_truncate
-from mnesio_site.exceptions import Conflict
+from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
 
 
-class ImmutableRowError(Conflict):
-    """An attempt to change or delete an immutable lifecycle row."""
-
-
-class ImmutableQuerySet(models.QuerySet):
-    """A queryset that refuses bulk update and delete (the ORM half of immutability)."""
-
-    def update(self, **kwargs):  # noqa: D401 - Django signature
-        raise ImmutableRowError(f"{self.model.__name__} rows are immutable; record a new row instead of updating")
-
-    def delete(self):
-        raise ImmutableRowError(f"{self.model.__name__} rows are immutable and cannot be deleted")
-
-
-class ImmutableModel(models.Model):
-    """Base of rows that are inserted once and never changed."""
-
-    objects = ImmutableQuerySet.as_manager()
-
-    class Meta:
-        abstract = True
-
-    def save(self, *args, **kwargs) -> None:
-        """Insert only; a second save of a stored row is refused."""
-        if not self._state.adding:
-            raise ImmutableRowError(f"{type(self).__name__} rows are immutable; record a new row instead of updating")
-        kwargs["force_insert"] = True
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise ImmutableRowError(f"{type(self).__name__} rows are immutable and cannot be deleted")
-
-
-def _protect(prefix: str) -> list[pgtrigger.Trigger]:
-    """Database triggers that reject UPDATE, DELETE and TRUNCATE of every row (raw SQL included)."""
-    return [
-        pgtrigger.Protect(name=f"{prefix}_protect", operation=pgtrigger.Update | pgtrigger.Delete),
-        reject_truncate(f"{prefix}_protect_truncate"),
-    ]
-
-
-class KvConfiguration(ImmutableModel):
+class KvConfiguration(AppendOnlyModel):
     """One operator switch of the engine configuration; the newest row is the active configuration."""
 
     backend = models.CharField(max_length=32)
@@ -69,14 +27,14 @@ class KvConfiguration(ImmutableModel):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        triggers = _protect("kvconfiguration")
+        triggers = append_only_triggers("kvconfiguration_")
         permissions = [("switch_kvconfiguration", "Can switch the active KV configuration")]
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.model}/{self.dtype}/{self.quant}"
 
 
-class CartridgeVersion(ImmutableModel):
+class CartridgeVersion(AppendOnlyModel):
     """A compiled cartridge of a scope: its key, where its encrypted blob lives, and what went into it."""
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="cartridge_versions")
@@ -116,7 +74,7 @@ class CartridgeVersion(ImmutableModel):
 
     class Meta:
         ordering = ["-id"]
-        triggers = _protect("cartridgeversion")
+        triggers = append_only_triggers("cartridgeversion_")
         permissions = [
             ("compile_cartridge", "Can compile a scope's cartridge"),
             ("evaluate_cartridge", "Can evaluate (run the gate on) a cartridge version"),
@@ -138,14 +96,14 @@ class CartridgeVersion(ImmutableModel):
         return (self.config_backend, self.config_model, self.config_dtype, self.config_quant)
 
 
-class CartridgeVersionSubject(ImmutableModel):
+class CartridgeVersionSubject(AppendOnlyModel):
     """A subject whose memories went into a version (an index of the manifest for erasure lookups)."""
 
     version = models.ForeignKey(CartridgeVersion, on_delete=models.PROTECT, related_name="subjects")
     subject = models.CharField(max_length=200, db_index=True, help_text="the subject's external id")
 
     class Meta:
-        triggers = _protect("cartridgeversionsubject")
+        triggers = append_only_triggers("cartridgeversionsubject_")
         constraints = [models.UniqueConstraint(fields=["version", "subject"], name="cartridge_version_subject_unique")]
 
 
@@ -180,7 +138,7 @@ class CartridgeBlob(models.Model):
         ]
 
 
-class CartridgeEvaluation(ImmutableModel):
+class CartridgeEvaluation(AppendOnlyModel):
     """One gate run over a version: passed or not, every reason, and the figures measured."""
 
     version = models.ForeignKey(CartridgeVersion, on_delete=models.PROTECT, related_name="evaluations")
@@ -194,10 +152,10 @@ class CartridgeEvaluation(ImmutableModel):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        triggers = _protect("cartridgeevaluation")
+        triggers = append_only_triggers("cartridgeevaluation_")
 
 
-class CartridgeActivation(ImmutableModel):
+class CartridgeActivation(AppendOnlyModel):
     """A version put into service for its scope; the scope's newest activation is what serves."""
 
     KINDS = ["activate", "rollback", "erasure", "recompile"]
@@ -211,10 +169,10 @@ class CartridgeActivation(ImmutableModel):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        triggers = _protect("cartridgeactivation")
+        triggers = append_only_triggers("cartridgeactivation_")
 
 
-class CartridgeDestruction(ImmutableModel):
+class CartridgeDestruction(AppendOnlyModel):
     """The blob and blob key of a version were destroyed (by an erasure, or an operator's reason)."""
 
     version = models.OneToOneField(CartridgeVersion, on_delete=models.PROTECT, related_name="destruction")
@@ -226,7 +184,7 @@ class CartridgeDestruction(ImmutableModel):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        triggers = _protect("cartridgedestruction")
+        triggers = append_only_triggers("cartridgedestruction_")
 
 
 class EvaluationCase(models.Model):

@@ -10,10 +10,10 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 
+from core.errors import NotFound
 from kvengine.base import canonical_json
 from memories import crypto
 from memories.models import Memory
-from mnesio_site.exceptions import NotFound
 
 from .models import (
     CartridgeActivation,

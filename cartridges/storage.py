@@ -19,8 +19,8 @@ from django.core.files.storage import Storage, storages
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
+from core.errors import Conflict, MnesioError
 from memories import crypto
-from mnesio_site.exceptions import Conflict, MnesioError
 
 from .models import CartridgeBlob, CartridgeVersion
 

@@ -19,8 +19,8 @@ from typing import Any
 from celery import shared_task
 from django.db import transaction
 
+from core.errors import MnesioError
 from memories.models import Scope
-from mnesio_site.exceptions import MnesioError
 
 from . import conf
 from .models import AnswerRequest, CartridgeVersion

@@ -34,7 +34,7 @@ class MasterKeyUnavailable(ImproperlyConfigured):
 @sensitive_variables()
 def _dev_master_key(path: Path) -> bytes:
     """Return the development master key, creating it (32 random bytes, mode 0600) on first use."""
-    from mnesio_site.settings import parse_master_key
+    from core.keys import parse_master_key
 
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

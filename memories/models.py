@@ -7,71 +7,12 @@ raw SQL can still change rows. Seq allocation without gaps holds on both (see ``
 """
 from __future__ import annotations
 
-from typing import Any
-
 import pgtrigger
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-
-class ImmutableRowError(Exception):
-    """Raised by the ORM when code tries to change or remove an append-only row."""
-
-
-def reject_truncate(name: str) -> pgtrigger.Trigger:
-    """A statement-level trigger that rejects TRUNCATE (pgtrigger's Protect only covers row operations)."""
-    return pgtrigger.Trigger(
-        name=name,
-        level=pgtrigger.Statement,
-        when=pgtrigger.Before,
-        operation=pgtrigger.Truncate,
-        func="RAISE EXCEPTION 'mnesio: % is append-only; TRUNCATE is not allowed', TG_TABLE_NAME; RETURN NULL;",
-    )
-
-
-def _append_only_triggers() -> list[pgtrigger.Trigger]:
-    """Triggers that make a table insert-only: UPDATE, DELETE and TRUNCATE all raise."""
-    return [
-        pgtrigger.Protect(name="protect_update", operation=pgtrigger.Update),
-        pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
-        reject_truncate("protect_truncate"),
-    ]
-
-
-class AppendOnlyQuerySet(models.QuerySet):
-    """A queryset that refuses bulk changes (the ORM half of append-only, the only half on SQLite)."""
-
-    def update(self, **kwargs: Any) -> int:
-        raise ImmutableRowError(f"{self.model._meta.label} rows are append-only: update() is not allowed")
-
-    def delete(self) -> tuple[int, dict[str, int]]:
-        raise ImmutableRowError(f"{self.model._meta.label} rows are append-only: delete() is not allowed")
-
-    def bulk_update(self, objs: Any, fields: Any, batch_size: int | None = None) -> int:
-        raise ImmutableRowError(f"{self.model._meta.label} rows are append-only: bulk_update() is not allowed")
-
-    def _privileged_update(self, **kwargs: Any) -> int:
-        """The one door for the changes a model's trigger allows (shred, re-wrap); callers in services only."""
-        return super().update(**kwargs)
-
-
-class AppendOnlyModel(models.Model):
-    """A row that is written once: saving an existing row or deleting one raises."""
-
-    objects = AppendOnlyQuerySet.as_manager()
-
-    class Meta:
-        abstract = True
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if not self._state.adding:
-            raise ImmutableRowError(f"{self._meta.label} rows are append-only: an existing row cannot be saved")
-        kwargs["force_insert"] = True
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> Any:
-        raise ImmutableRowError(f"{self._meta.label} rows are append-only: delete() is not allowed")
+from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
 
 
 class Scope(models.Model):
@@ -234,7 +175,7 @@ class Memory(AppendOnlyModel):
             models.CheckConstraint(condition=models.Q(seq__gte=1), name="memories_memory_seq_positive"),
         ]
         indexes = [models.Index(fields=["scope", "seq"], name="memories_memory_scope_seq")]
-        triggers = _append_only_triggers()
+        triggers = append_only_triggers()
 
     def __str__(self) -> str:
         return f"memory #{self.seq}"
@@ -254,7 +195,7 @@ class ErasureRequest(AppendOnlyModel):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        triggers = _append_only_triggers()
+        triggers = append_only_triggers()
         permissions = [
             ("process_erasurerequest", "Can process an erasure request (shred keys, rebuild views)"),
             ("erase_subject_everywhere", "Can file an erasure of a subject in every scope"),
@@ -290,4 +231,4 @@ class ErasureEvent(AppendOnlyModel):
                 name="memories_erasureevent_step_once",
             ),
         ]
-        triggers = _append_only_triggers()
+        triggers = append_only_triggers()

@@ -13,9 +13,9 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
+from core.errors import MnesioError, NotFound
 from memories import crypto
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, Subject
-from mnesio_site.exceptions import MnesioError, NotFound
 
 
 class MemoryIntegrityError(MnesioError):

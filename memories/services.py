@@ -14,6 +14,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 from django.utils.text import slugify
 
+from core.errors import Conflict, MnesioError
 from memories import crypto, keyring, registry
 from memories.models import (
     ErasureEvent,
@@ -35,7 +36,6 @@ from memories.selectors import (
     subject_get,
     subject_id_variants,
 )
-from mnesio_site.exceptions import Conflict, MnesioError
 
 logger = logging.getLogger("memories")
 

@@ -6,13 +6,13 @@ PostgreSQL and ``REDIS_URL`` at Redis for a real deployment (see README.md).
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from core.keys import parse_master_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -69,17 +69,6 @@ def envsecret(name: str, default: str = "") -> str:
     return env(name, default)
 
 
-def parse_master_key(raw: str, *, name: str) -> bytes:
-    """Decode a base64 (urlsafe or standard) 32-byte AES-256 master key."""
-    try:
-        key = base64.urlsafe_b64decode(raw.replace("+", "-").replace("/", "_") + "=" * (-len(raw) % 4))
-    except (binascii.Error, ValueError):
-        raise ImproperlyConfigured(f"`{name}` has to be 32 bytes encoded as base64 but is not valid base64") from None
-    if len(key) != 32:
-        raise ImproperlyConfigured(f"`{name}` has to decode to 32 bytes (AES-256) but decodes to {len(key)}")
-    return key
-
-
 # ---------------------------------------------------------------------------
 # Core Django
 # ---------------------------------------------------------------------------
@@ -114,6 +103,7 @@ INSTALLED_APPS = [
     "knox",
     "drf_spectacular",
     "pgtrigger",
+    "core",
     "memories",
     "cartridges",
 ]
@@ -126,7 +116,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "mnesio_site.middleware.MasterKeyUnavailableMiddleware",  # a wrong master key is a JSON 503, not a 500
+    "core.middleware.MasterKeyUnavailableMiddleware",  # a wrong master key is a JSON 503, not a 500
 ]
 
 ROOT_URLCONF = "mnesio_site.urls"
@@ -279,8 +269,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "mnesio_site.exceptions.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "mnesio_site.pagination.BoundedLimitOffsetPagination",
+    "EXCEPTION_HANDLER": "core.errors.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
 }
 SPECTACULAR_SETTINGS = {

@@ -1,13 +1,11 @@
 """Serializers for the cartridge API: every request body is validated here, unknown keys rejected."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from django.conf import settings
 from rest_framework import serializers
 
 from cartridges import conf
+from core.serializers import Choice, StrictSerializer, TextField
 from kvengine import DTYPES, QUANTS
 
 MODES = ("cartridge", "text")
@@ -15,41 +13,6 @@ BACKENDS = ("fake", "transformers")
 # Bounds on evaluation cases (a case is a question plus the answers counted as correct).
 MAX_ANSWERS_PER_CASE = 20
 MAX_ANSWER_CHARS = 500
-
-
-class StrictFieldsMixin:
-    """Reject request keys the serializer does not accept for writing, naming each one."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            writable = sorted(name for name, field in self.fields.items() if not field.read_only)
-            unknown = sorted(str(key) for key in data if key not in writable)
-            if unknown:
-                raise serializers.ValidationError(
-                    {key: [f"unknown field; the accepted fields are {writable}"] for key in unknown}
-                )
-        return super().to_internal_value(data)
-
-
-class StrictSerializer(StrictFieldsMixin, serializers.Serializer):
-    """A plain Serializer that rejects unknown fields."""
-
-
-class TextField(serializers.CharField):
-    """A CharField that accepts only JSON strings (DRF's own turns numbers into text silently)."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class Choice(serializers.ChoiceField):
-    """A ChoiceField whose error lists the allowed values and what was received."""
-
-    def __init__(self, choices: Any, **kwargs: Any):
-        super().__init__(choices, **kwargs)
-        self.error_messages["invalid_choice"] = f"has to be one of {list(self.choices)} but got {{input!r}}"
 
 
 def _check_question(value: str) -> str:
@@ -160,7 +123,7 @@ class AnswerSerializer(serializers.Serializer):
     note = serializers.CharField(allow_blank=True)
 
 
-class EvaluationCaseSerializer(StrictFieldsMixin, serializers.Serializer):
+class EvaluationCaseSerializer(StrictSerializer):
     """An evaluation case of a scope: a question, the answers that count as correct, the subjects it concerns.
 
     ``subjects`` (optional) names subjects with memories in the scope; subjects whose memories quote an

@@ -20,21 +20,14 @@ from rest_framework.views import APIView
 from cartridges import metrics, selectors, services
 from cartridges.api import serializers as s
 from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
-from memories.api.views import request_body
+from core.api import validated
+from core.errors import MnesioError
+from core.pagination import BoundedLimitOffsetPagination
 from memories.selectors import scope_get_for_user, scope_memories, user_scopes
-from mnesio_site.exceptions import MnesioError
-from mnesio_site.pagination import BoundedLimitOffsetPagination
 
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
 # How a task's refusal (returned, not raised: see cartridges.tasks) maps to an HTTP status when it ran eagerly.
 TASK_ERROR_STATUS = {"ContextTooLong": 422, "GateFailed": 409, "NoActiveCartridge": 409}
-
-
-def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
-    """Validate the JSON object body with ``serializer_class`` (unknown fields, types, bounds) and return it."""
-    serializer = serializer_class(data=request_body(request))
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 def task_actor_kwargs(task: Any, request: Any) -> dict[str, Any]:
@@ -152,7 +145,7 @@ class CartridgeCompileView(APIView):
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        data = _validated(s.CompileRequestSerializer, request)
+        data = validated(s.CompileRequestSerializer, request)
         head = services.head_validate(data.get("log_head"), scope=scope_row)
         if not scope_memories(scope=scope_row, as_of=head).exists():
             raise MnesioError(f"`scope` '{scope_row.name}' has no memories at log head {head}; append memories first",
@@ -176,7 +169,7 @@ class CartridgeEvaluateView(APIView):
     )
     def post(self, request: Request, scope: str, pk: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        _validated(s.EmptyRequestSerializer, request)
+        validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
         result = cartridge_evaluate_task.apply_async(
             args=[version.pk], kwargs=task_actor_kwargs(cartridge_evaluate_task, request)
@@ -197,7 +190,7 @@ class CartridgeActivateView(APIView):
     )
     def post(self, request: Request, scope: str, pk: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        _validated(s.EmptyRequestSerializer, request)
+        validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
         activation = services.cartridge_activate(version=version, actor=request.user)
         return Response(_activation_body(activation))
@@ -211,7 +204,7 @@ class CartridgeRollbackView(APIView):
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        _validated(s.EmptyRequestSerializer, request)
+        validated(s.EmptyRequestSerializer, request)
         return Response(_activation_body(services.cartridge_rollback(scope=scope_row, actor=request.user)))
 
 
@@ -223,7 +216,7 @@ class AskView(APIView):
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        data = _validated(s.AskSerializer, request)
+        data = validated(s.AskSerializer, request)
         result = services.cartridge_answer(scope=scope_row, question=data["question"], mode=data["mode"],
                                            actor=request.user)
         return Response(s.AnswerSerializer(result).data)
@@ -244,7 +237,7 @@ class EvaluationCaseListView(APIView):
                    responses={201: s.EvaluationCaseSerializer, 400: ERROR, 403: ERROR, 404: ERROR})
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        data = _validated(s.EvaluationCaseSerializer, request)
+        data = validated(s.EvaluationCaseSerializer, request)
         case = services.evaluation_case_add(scope=scope_row, question=data["question"], answers=data["answers"],
                                             subjects=data.get("subjects"), actor=request.user)
         return Response(s.EvaluationCaseSerializer(selectors.evaluation_case_open(case=case)).data,
@@ -284,7 +277,7 @@ class KvConfigurationView(APIView):
         responses={201: s.KvConfigurationSerializer, 400: ERROR, 403: ERROR},
     )
     def post(self, request: Request) -> Response:
-        data = _validated(s.KvConfigurationSwitchSerializer, request)
+        data = validated(s.KvConfigurationSwitchSerializer, request)
         services.kv_configuration_switch(**data, actor=request.user)
         return Response(metrics.configuration_summary(), status=status.HTTP_201_CREATED)
 

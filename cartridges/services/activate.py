@@ -16,8 +16,8 @@ import logging
 
 from django.db import transaction
 
+from core.errors import Conflict
 from memories.models import Scope
-from mnesio_site.exceptions import Conflict
 
 from ..models import CartridgeActivation, CartridgeEvaluation, CartridgeVersion
 from ..selectors import (

@@ -21,11 +21,11 @@ from django.db import transaction
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
+from core.errors import Conflict, MnesioError
 from memories import crypto
 from memories.models import Subject
 from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
 from memories.services import subject_id_validate
-from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import conf, engine
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
+from core.errors import Conflict, MnesioError
 from kvengine import ContextTooLongError, EmptyInputError
 from kvengine.base import canonical_json
 from kvengine.format import FORMAT_VERSION, read_header
 from memories.models import Subject
 from memories.selectors import log_head as current_log_head
 from memories.selectors import scope_head, scope_memories_open
-from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import conf, engine
 from ..models import CartridgeVersion, CartridgeVersionSubject

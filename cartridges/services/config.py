@@ -11,9 +11,9 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
+from core.errors import MnesioError
 from kvengine import DTYPES, QUANTS
 from memories.models import Scope
-from mnesio_site.exceptions import MnesioError
 
 from .. import conf
 from ..models import KvConfiguration

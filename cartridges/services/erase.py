@@ -22,9 +22,9 @@ from collections import defaultdict
 
 from django.db import IntegrityError, transaction
 
+from core.errors import Conflict, MnesioError
 from memories.models import ErasureRequest, Memory, Subject
 from memories.selectors import erasure_request_subjects
-from mnesio_site.exceptions import Conflict, MnesioError
 
 from .. import engine
 from ..models import CartridgeActivation, CartridgeDestruction, CartridgeVersion

@@ -1,7 +1,7 @@
 """Errors of the cartridge lifecycle; each is a MnesioError the API renders as a 4xx naming what was wrong."""
 from __future__ import annotations
 
-from mnesio_site.exceptions import Conflict, MnesioError
+from core.errors import Conflict, MnesioError
 
 
 class GateFailed(Conflict):

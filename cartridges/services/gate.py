@@ -29,10 +29,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.errors import MnesioError
 from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvError
 from kvengine.format import read_header
 from memories.selectors import scope_memories_open
-from mnesio_site.exceptions import MnesioError
 
 from .. import conf, engine
 from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion

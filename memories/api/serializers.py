@@ -1,23 +1,10 @@
 """Input and output shapes of the memories API (validation of shape only; rules live in services)."""
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework import serializers
 
+from core.serializers import StrictSerializer
 from memories.services import MAX_IDEMPOTENCY_KEY_CHARS, MAX_REASON_CHARS, MAX_SUBJECT_CHARS
-
-
-class StrictSerializer(serializers.Serializer):
-    """Rejects fields it does not know, so a typo (`contnet`) is a 400 naming it, not a silent drop."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if hasattr(self.initial_data, "keys") else []
-        if unknown:
-            raise serializers.ValidationError(
-                {name: [f"unknown field; allowed fields are {sorted(self.fields)}"] for name in unknown}
-            )
-        return attrs
 
 
 class MemoryAppendSerializer(StrictSerializer):

@@ -1,16 +1,15 @@
 """The memories API: every view resolves its scope with ``scope_get_for_user`` first (grant or 403/404)."""
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import ParseError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
+from core.api import request_body
+from core.pagination import BoundedLimitOffsetPagination
 from memories.api.serializers import (
     ErasureRequestFileSerializer,
     ErasureRequestSerializer,
@@ -32,24 +31,6 @@ from memories.selectors import (
     user_scopes,
 )
 from memories.services import erasure_request_file, memory_append
-from mnesio_site.exceptions import MnesioError
-from mnesio_site.pagination import BoundedLimitOffsetPagination
-
-
-def request_body(request: Request) -> dict[str, Any]:
-    """Return the parsed JSON object body, or raise a 400 naming `body` (malformed, nested too deep, not an object)."""
-    try:
-        data = request.data
-    except ParseError as exc:
-        raise MnesioError(f"`body` has to be a JSON object but is not valid JSON: {exc.detail}", extra={"field": "body"}) from None
-    except RecursionError:
-        # json's parser recurses once per nesting level: ~1,000 levels exhaust the stack (a hostile body)
-        raise MnesioError(
-            "`body` is nested too deeply to parse; send a JSON object of plain fields", extra={"field": "body"}
-        ) from None
-    if not isinstance(data, dict):
-        raise MnesioError(f"`body` has to be a JSON object but got {type(data).__name__}", extra={"field": "body"})
-    return data
 
 
 class ScopeListView(APIView):

@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from cartridges.models import AnswerRequest
 from cartridges.services import answer_request_answer, answer_request_collect, answer_request_file
+from core.errors import MnesioError
 from memories import crypto
 from memories.services import erasure_request_file, erasure_request_process
-from mnesio_site.exceptions import MnesioError
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from cartridges import engine
 from cartridges.models import CartridgeBlob, CartridgeVersion
 from cartridges.services import ContextTooLong, NothingToCompile, cartridge_compile, cartridge_rebuild
 from cartridges.storage import blob_read
+from core.errors import MnesioError
 from kvengine.fake import FakeKvBackend
-from mnesio_site.exceptions import MnesioError
 
 from .conftest import stored_files
 

@@ -12,7 +12,7 @@ from cartridges.services import (
     cartridge_compile,
     kv_configuration_switch,
 )
-from mnesio_site.exceptions import MnesioError
+from core.errors import MnesioError
 
 pytestmark = pytest.mark.django_db
 

@@ -7,11 +7,11 @@ from cartridges.models import CartridgeBlob, CartridgeDestruction, CartridgeVers
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, cartridge_views_rebuild
 from cartridges.storage import blob_exists, blob_read
+from core.errors import MnesioError
 from memories.models import ErasureStatus
 from memories.registry import view_rebuilders
 from memories.selectors import erasure_request_status, log_head, scope_head
 from memories.services import erasure_request_file, erasure_request_process, scope_create
-from mnesio_site.exceptions import MnesioError
 
 pytestmark = pytest.mark.django_db
 

@@ -96,7 +96,7 @@ def test_it_links_the_given_subjects_and_refuses_ones_not_in_the_scope(alice, sc
 
 
 def test_it_refuses_a_case_about_an_erased_subject(scope_a, append, fake_engine, blob_root):
-    from mnesio_site.exceptions import MnesioError
+    from core.errors import MnesioError
 
     append(scope_a, "Dana parks in bay 12.", subject="dana")
     _erase("dana")

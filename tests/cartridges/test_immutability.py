@@ -11,10 +11,10 @@ from cartridges.models import (
     CartridgeEvaluation,
     CartridgeVersion,
     CartridgeVersionSubject,
-    ImmutableRowError,
     KvConfiguration,
 )
 from cartridges.services import cartridge_activate, cartridge_compile, cartridge_destroy, kv_configuration_switch
+from core.models import ImmutableRowError
 
 pytestmark = pytest.mark.django_db
 
@@ -44,7 +44,7 @@ TABLES = [CartridgeVersion, CartridgeVersionSubject, CartridgeEvaluation, Cartri
 @pytest.mark.parametrize("model", TABLES, ids=lambda m: m.__name__)
 def test_it_refuses_update_of_a_lifecycle_row_by_sql(history, model):
     row = model.objects.order_by("id").first()
-    with pytest.raises(DatabaseError, match="Cannot update or delete rows"):
+    with pytest.raises(DatabaseError, match="Cannot (update|delete) rows"):
         _raw(f"UPDATE {model._meta.db_table} SET id = id WHERE id = %s", [row.pk])
 
 
@@ -52,7 +52,7 @@ def test_it_refuses_update_of_a_lifecycle_row_by_sql(history, model):
 @pytest.mark.parametrize("model", TABLES, ids=lambda m: m.__name__)
 def test_it_refuses_delete_of_a_lifecycle_row_by_sql(history, model):
     row = model.objects.order_by("id").first()
-    with pytest.raises(DatabaseError, match="Cannot update or delete rows"):
+    with pytest.raises(DatabaseError, match="Cannot (update|delete) rows"):
         _raw(f"DELETE FROM {model._meta.db_table} WHERE id = %s", [row.pk])
     assert model.objects.filter(pk=row.pk).exists()
 
@@ -108,7 +108,7 @@ def test_an_emptied_subject_index_does_not_let_an_erased_cartridge_serve(scope_a
     append(scope_a, "Dana's locker code is 4417.", subject="dana")
     version = cartridge_compile(scope=scope_a)
     cartridge_activate(version=version)
-    with pgtrigger.ignore("cartridges.CartridgeVersionSubject:cartridgeversionsubject_protect"):
+    with pgtrigger.ignore("cartridges.CartridgeVersionSubject:cartridgeversionsubject_protect_delete"):
         _raw("DELETE FROM cartridges_cartridgeversionsubject", [])
     assert not CartridgeVersionSubject.objects.exists()
 

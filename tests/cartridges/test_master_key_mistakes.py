@@ -121,13 +121,13 @@ def test_an_admin_page_that_meets_an_unknown_master_key_answers_json_503(admin_c
 
 
 def test_the_middleware_turns_an_unknown_master_key_into_json_503(rf):
-    from mnesio_site.middleware import MasterKeyUnavailableMiddleware
+    from core.middleware import MasterKeyUnavailableMiddleware
 
     middleware = MasterKeyUnavailableMiddleware(lambda request: None)
     response = middleware.process_exception(rf.get("/dashboard/"), crypto.MasterKeyUnavailable("x"))
     assert response.status_code == 503 and b"master_key_unavailable" in response.content
     assert middleware.process_exception(rf.get("/"), ValueError("other")) is None
-    assert "mnesio_site.middleware.MasterKeyUnavailableMiddleware" in django_settings.MIDDLEWARE
+    assert "core.middleware.MasterKeyUnavailableMiddleware" in django_settings.MIDDLEWARE
 
 
 def test_rotation_with_the_right_old_key_still_works_after_a_refused_start(settings, scope_a, wrong_key, stored):

@@ -11,9 +11,9 @@ from cartridges.models import CartridgeBlob, CartridgeVersion
 from cartridges.selectors import active_version
 from cartridges.services import cartridge_compile, cartridge_rebuild
 from cartridges.storage import blob_keys_rewrap, blob_read, blob_reserve, blob_write, blobs_sweep
+from core.errors import Conflict
 from memories.models import Subject
 from memories.services import subject_shred
-from mnesio_site.exceptions import Conflict
 
 from .conftest import stored_files
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+from core.errors import MnesioError, NotFound
 from memories import registry
 from memories.models import ErasureEvent, ErasureRequest, Subject
 from memories.selectors import erasure_request_status, scope_memories_open
 from memories.services import erasure_request_file, erasure_request_process, memory_append
 from memories.tasks import erasure_request_process_task
-from mnesio_site.exceptions import MnesioError, NotFound
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from memories.models import ErasureEvent, ErasureRequest, ImmutableRowError, LogHead, Memory, ScopeKey, Subject
+from core.models import ImmutableRowError
+from memories.models import ErasureEvent, ErasureRequest, LogHead, Memory, ScopeKey, Subject
 from memories.services import erasure_request_file, memory_append
 
 pytestmark = pytest.mark.django_db

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from core.errors import Conflict, MnesioError
 from memories.models import Memory
 from memories.selectors import as_of_validate, log_head, scope_memories_open
 from memories.services import memory_append
-from mnesio_site.exceptions import Conflict, MnesioError
 
 pytestmark = pytest.mark.django_db
 

@@ -61,7 +61,7 @@ def test_it_destroys_the_key_bytes_on_shred_and_opens_memories_as_erased(scope_a
 
 
 def test_it_refuses_a_new_memory_for_a_shredded_subject(scope_a):
-    from mnesio_site.exceptions import Conflict
+    from core.errors import Conflict
 
     memory_append(scope=scope_a, subject="p-1", content="p-1 was born in Lisbon.")
     subject_shred(subject=Subject.objects.get(external_id="p-1"))

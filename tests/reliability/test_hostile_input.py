@@ -173,8 +173,8 @@ def test_a_malformed_limit_or_offset_is_a_400_naming_it(owner_client, query):
 
 
 def test_a_limit_above_the_bound_is_clamped_and_paging_goes_on(owner_client, scope_a):
+    from core.pagination import BoundedLimitOffsetPagination
     from memories.services import memory_append
-    from mnesio_site.pagination import BoundedLimitOffsetPagination
 
     memory_append(scope=scope_a, content="The car is on level 3.")
     body = owner_client.get("/api/scopes/scope-a/memories/?limit=5000").json()

@@ -114,7 +114,7 @@ def test_a_client_cannot_erase_a_legacy_global_subject_that_also_lives_in_a_fore
             data_key, text.encode(), aad=crypto.memory_aad(seq=seq, scope_id=scope.pk, subject_id=legacy.pk)
         )
         Memory.objects.create(seq=seq, scope=scope, subject=legacy, nonce=nonce, ciphertext=ciphertext)
-    from mnesio_site.exceptions import Conflict
+    from core.errors import Conflict
 
     with pytest.raises(Conflict) as refused:
         erasure_request_file(subject="eve", requested_by=charlie, reason="take-over", scope=scope_c)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.errors import MnesioError
 from memories.models import Scope
-from mnesio_site.exceptions import MnesioError
 
 from ...selectors import version_state
 from ...services import cartridge_activate, cartridge_compile

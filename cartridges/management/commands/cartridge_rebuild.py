@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from mnesio_site.exceptions import MnesioError
+from core.errors import MnesioError
 
 from ...models import CartridgeDestruction, CartridgeVersion
 from ...services import cartridge_rebuild

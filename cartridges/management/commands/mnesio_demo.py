@@ -31,10 +31,10 @@ from cartridges.services import (
     cartridge_evaluate,
     evaluation_case_add,
 )
+from core.errors import MnesioError
 from memories.models import Scope
 from memories.selectors import log_head
 from memories.services import memory_append, scope_create, scope_grant
-from mnesio_site.exceptions import MnesioError
 
 # (idempotency key, subject or None, content): what "Pip", a small office assistant, remembers.
 MEMORIES = [

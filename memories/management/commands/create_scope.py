@@ -6,8 +6,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from core.errors import MnesioError
 from memories.services import scope_create, scope_grant
-from mnesio_site.exceptions import MnesioError
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 """A JSON 503 for a request that meets a master key this process does not know (admin, dashboard, any view).
 
-DRF views get the same answer from ``mnesio_site.exceptions.exception_handler``; this covers the views DRF
+DRF views get the same answer from ``core.errors.exception_handler``; this covers the views DRF
 does not handle, so an operator sees what to fix instead of a 500 page (and nothing is echoed but the
 variable's name: no key ids, no memory text).
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from mnesio_site.exceptions import master_key_unavailable_body
+from core.errors import master_key_unavailable_body
 
 log = logging.getLogger("mnesio")
 

@@ -6,7 +6,7 @@ import re
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 
-from mnesio_site.exceptions import MnesioError
+from core.errors import MnesioError
 
 # PostgreSQL's LIMIT and OFFSET are bigints: anything past this overflows (DataError) instead of paging.
 MAX_OFFSET = 2**63 - 1
