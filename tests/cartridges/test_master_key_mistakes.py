@@ -15,11 +15,11 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
 
+from core.keys import parse_master_key
 from memories import crypto
 from memories.models import Memory, ScopeKey, Subject
 from memories.selectors import scope_memories_open
 from memories.services import memory_append, scope_create
-from mnesio_site.settings import parse_master_key
 
 pytestmark = pytest.mark.django_db
 
