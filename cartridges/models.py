@@ -256,6 +256,9 @@ class AnswerRequest(models.Model):
     sealed_question = models.BinaryField()
     sealed_answer = models.BinaryField(null=True, blank=True)  # JSON of the AnswerResult, sealed
     error = models.CharField(max_length=1000, blank=True)  # an application error's message (never memory text)
+    # that error's HTTP status and kind, so collecting it answers as the synchronous ask would have
+    error_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error_kind = models.CharField(max_length=64, blank=True)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     answered_at = models.DateTimeField(null=True, blank=True)

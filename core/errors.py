@@ -109,7 +109,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     except ImportError:  # the engine is optional for the log-only parts
         KvError = ()  # type: ignore[assignment]
     if KvError and isinstance(exc, KvError):
-        return Response({"message": str(exc), "extra": {"kind": type(exc).__name__}}, status=status.HTTP_400_BAD_REQUEST)
+        # an engine refusal that no service turned into an application error: over the window is a 422 on
+        # every path (cartridges.services ContextTooLong), anything else the engine refuses is a 400
+        from kvengine.errors import ContextTooLongError
+
+        code = status.HTTP_422_UNPROCESSABLE_ENTITY if isinstance(exc, ContextTooLongError) else status.HTTP_400_BAD_REQUEST
+        return Response({"message": str(exc), "extra": {"kind": type(exc).__name__}}, status=code)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +24,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
+from kvengine import ContextTooLongError
 from memories import crypto
 from memories.models import Subject
 from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
@@ -30,7 +33,7 @@ from memories.services import subject_id_validate
 from .. import conf, engine
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
 from ..selectors import active_configuration, active_version, evaluation_case_aad
-from .errors import NoActiveCartridge, NothingToCompile
+from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
 from .gate import normalize
 
 log = logging.getLogger("cartridges")
@@ -67,6 +70,18 @@ def question_validate(question: object) -> str:
     return question.strip()
 
 
+@contextmanager
+def _context_too_long_as_422() -> Iterator[None]:
+    """The engine's over-window refusal as the application's ContextTooLong: 422 on every path, as for a compile."""
+    try:
+        yield
+    except ContextTooLongError as exc:
+        raise ContextTooLong(
+            f"{exc}; ask a shorter question, or split the scope", extra={"field": "question", "num_tokens": exc.num_tokens,
+                                                                       "limit": exc.limit, "kind": "context_too_long"},
+        ) from None
+
+
 def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
     """Answer ``question`` for ``scope`` from its active cartridge, or by re-reading the text when mode="text"."""
     question = question_validate(question)
@@ -83,14 +98,16 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
                 extra={"field": "scope"},
             )
         cartridge, backend = engine.cartridge_load(version=version, config=config)
-        answer = backend.answer(cartridge, question, max_new_tokens=max_new)
+        with _context_too_long_as_422():
+            answer = backend.answer(cartridge, question, max_new_tokens=max_new)
         note = ""
     else:
         version = None
         texts = [m.text for m in scope_memories_open(scope=scope, as_of=log_head()) if not m.erased]
         if not texts:
             raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
-        answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
+        with _context_too_long_as_422():
+            answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
     AnswerRecord.objects.create(
         scope=scope,
@@ -266,8 +283,11 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     question = _open(key, request.sealed_question, answer_request_aad(request.pk, "question")).decode()
     try:
         result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
-    except MnesioError as exc:
-        AnswerRequest.objects.filter(pk=request.pk).update(error=exc.message[:1000], answered_at=timezone.now())
+    except MnesioError as exc:  # kept with its status and kind: collecting answers as the synchronous ask would
+        AnswerRequest.objects.filter(pk=request.pk).update(
+            error=exc.message[:1000], error_status=exc.status_code, error_kind=type(exc).__name__[:64],
+            answered_at=timezone.now(),
+        )
     else:
         sealed = _seal(key, json.dumps(result.as_dict()).encode(), answer_request_aad(request.pk, "answer"))
         AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
@@ -290,13 +310,14 @@ def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
         )
     if request.answered_at is None:
         raise Conflict(f"`answer_request` {request.pk} is not answered yet; try again shortly", extra={"field": "answer_request"})
-    error = request.error
+    error, error_status, error_kind = request.error, request.error_status, request.error_kind
     payload = None
     if not error:
         payload = json.loads(_open(_request_key(request), request.sealed_answer, answer_request_aad(request.pk, "answer")))
     request.delete()
     if error:
-        raise Conflict(error, extra={"field": "answer_request"})
+        raise MnesioError(error, extra={"field": "answer_request", "kind": error_kind or None},
+                          status_code=error_status or Conflict.status_code)
     return AnswerResult(**payload)
 
 
