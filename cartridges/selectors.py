@@ -213,9 +213,7 @@ def evaluation_case_open(*, case: EvaluationCase) -> OpenedCase:
     question = answers = None
     if case.erased_at is None and case.wrapped_key is not None and case.sealed is not None:
         key = crypto.unwrap(bytes(case.wrapped_key), wrapped_by=case.wrapped_by, aad=evaluation_case_aad(case.pk, "key"))
-        sealed = bytes(case.sealed)
-        content = json.loads(crypto.unseal(key, sealed[: crypto.NONCE_BYTES], sealed[crypto.NONCE_BYTES :],
-                                           aad=evaluation_case_aad(case.pk, "content")))
+        content = json.loads(crypto.open_box(key, case.sealed, aad=evaluation_case_aad(case.pk, "content")))
         question, answers = content["question"], list(content["answers"])
     return OpenedCase(
         id=case.pk, scope_id=case.scope_id, question=question, answers=answers,

@@ -78,8 +78,7 @@ def blob_reserve(*, scope) -> tuple[CartridgeBlob, bytes]:
 @sensitive_variables()
 def blob_write(*, blob: CartridgeBlob, key: bytes, data: bytes) -> StoredBlob:
     """Encrypt ``data`` with the blob key and store it under the reserved name."""
-    nonce, ciphertext = crypto.seal(key, data, aad=_blob_aad(blob.storage_name))
-    stored = MAGIC + nonce + ciphertext
+    stored = MAGIC + crypto.seal_box(key, data, aad=_blob_aad(blob.storage_name))
     try:
         saved = blob_storage().save(blob.storage_name, ContentFile(stored))
     except OSError as exc:
@@ -128,7 +127,7 @@ def blob_read(*, version: CartridgeVersion) -> bytes:
     body = stored[len(MAGIC) :]
     try:
         key = crypto.unwrap(bytes(blob.wrapped_key), wrapped_by=blob.wrapped_by, aad=_key_aad(version.storage_name))
-        data = crypto.unseal(key, body[: crypto.NONCE_BYTES], body[crypto.NONCE_BYTES :], aad=_blob_aad(version.storage_name))
+        data = crypto.open_box(key, body, aad=_blob_aad(version.storage_name))
     except crypto.InvalidTag:
         raise BlobTampered(
             f"the blob of cartridge version {version.pk} fails authentication; refusing it",

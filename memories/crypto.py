@@ -14,6 +14,7 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -25,6 +26,20 @@ NONCE_BYTES = 12  # the GCM standard nonce size; random per encryption (2^-32 co
 KEY_BYTES = 32  # AES-256
 
 __all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES"]
+
+
+class WrappedKey(NamedTuple):
+    """A data key as every holder table stores it: sealed by a master key, and that master key's id.
+
+    A tuple, so ``wrapped, key_id = wrap(...)`` reads naturally; ``open`` unwraps it with whichever
+    configured master key has that id (memories.keyring lists every table holding these pairs).
+    """
+
+    wrapped: bytes  # nonce + AES-GCM(master key, data key, aad)
+    master_key_id: str
+
+    def open(self, *, aad: bytes) -> bytes:
+        return unwrap(self.wrapped, wrapped_by=self.master_key_id, aad=aad)
 
 
 class MasterKeyUnavailable(ImproperlyConfigured):
@@ -96,13 +111,27 @@ def seal(key: bytes, plaintext: bytes, *, aad: bytes) -> tuple[bytes, bytes]:
 
 
 @sensitive_variables()
+def seal_box(key: bytes, plaintext: bytes, *, aad: bytes) -> bytes:
+    """Encrypt into one stored value, ``nonce + ciphertext_with_tag`` (what every sealed column and blob holds)."""
+    nonce, ciphertext = seal(key, plaintext, aad=aad)
+    return nonce + ciphertext
+
+
+@sensitive_variables()
+def open_box(key: bytes, box: bytes, *, aad: bytes) -> bytes:
+    """Open a ``seal_box`` value; raises ``InvalidTag`` when anything (bytes, aad, key) does not match."""
+    box = bytes(box)
+    return unseal(key, box[:NONCE_BYTES], box[NONCE_BYTES:], aad=aad)
+
+
+@sensitive_variables()
 def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
     """Decrypt and authenticate; raises ``InvalidTag`` when anything (bytes, aad, key) does not match."""
     return AESGCM(key).decrypt(bytes(nonce), bytes(ciphertext), aad)
 
 
 @sensitive_variables()
-def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> tuple[bytes, str]:
+def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> WrappedKey:
     """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``.
 
     The first wrap of a process (per set of configured keys) verifies that the master key opens the keys
@@ -115,8 +144,7 @@ def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> tuple[bytes, st
 
         master_key_verify_once()
     current = master_key()
-    nonce, ciphertext = seal(current, data_key, aad=aad)
-    return nonce + ciphertext, master_key_id(current)
+    return WrappedKey(seal_box(current, data_key, aad=aad), master_key_id(current))
 
 
 @sensitive_variables()
@@ -132,8 +160,7 @@ def unwrap(wrapped: bytes, *, wrapped_by: str, aad: bytes) -> bytes:
             f"a data key was wrapped by master key id {wrapped_by!r}, but only {sorted(keys)} are configured; "
             "set `MNESIO_MASTER_KEY_OLD` to the previous key and run `manage.py rotate_master_key`"
         )
-    wrapped = bytes(wrapped)
-    return unseal(keys[wrapped_by], wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], aad=aad)
+    return open_box(keys[wrapped_by], wrapped, aad=aad)
 
 
 def memory_aad(*, seq: int, scope_id: int, subject_id: int | None) -> bytes:

@@ -207,7 +207,7 @@ def evaluation_case_add(
         wrapped, wrapped_by = crypto.wrap(key, aad=evaluation_case_aad(case.pk, "key"))
         content = json.dumps({"question": question, "answers": answers}).encode()
         EvaluationCase.objects.filter(pk=case.pk).update(
-            wrapped_key=wrapped, wrapped_by=wrapped_by, sealed=_seal(key, content, evaluation_case_aad(case.pk, "content"))
+            wrapped_key=wrapped, wrapped_by=wrapped_by, sealed=crypto.seal_box(key, content, aad=evaluation_case_aad(case.pk, "content"))
         )
         case.subjects.set(linked)
     case.refresh_from_db()
@@ -223,18 +223,6 @@ def answer_request_aad(request_id: int, part: str) -> bytes:
 @sensitive_variables()
 def _request_key(request: AnswerRequest) -> bytes:
     return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=answer_request_aad(request.pk, "key"))
-
-
-@sensitive_variables()
-def _seal(key: bytes, data: bytes, aad: bytes) -> bytes:
-    nonce, ciphertext = crypto.seal(key, data, aad=aad)
-    return nonce + ciphertext
-
-
-@sensitive_variables()
-def _open(key: bytes, sealed: bytes, aad: bytes) -> bytes:
-    sealed = bytes(sealed)
-    return crypto.unseal(key, sealed[: crypto.NONCE_BYTES], sealed[crypto.NONCE_BYTES :], aad=aad)
 
 
 @sensitive_variables()
@@ -264,7 +252,7 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
     AnswerRequest.objects.filter(pk=request.pk).update(
         wrapped_key=wrapped,
         wrapped_by=wrapped_by,
-        sealed_question=_seal(key, question.encode(), answer_request_aad(request.pk, "question")),
+        sealed_question=crypto.seal_box(key, question.encode(), aad=answer_request_aad(request.pk, "question")),
     )
     request.refresh_from_db()
     return request
@@ -280,7 +268,7 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     if request.answered_at is not None:
         return request
     key = _request_key(request)
-    question = _open(key, request.sealed_question, answer_request_aad(request.pk, "question")).decode()
+    question = crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")).decode()
     try:
         result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
     except MnesioError as exc:  # kept with its status and kind: collecting answers as the synchronous ask would
@@ -289,7 +277,7 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
             answered_at=timezone.now(),
         )
     else:
-        sealed = _seal(key, json.dumps(result.as_dict()).encode(), answer_request_aad(request.pk, "answer"))
+        sealed = crypto.seal_box(key, json.dumps(result.as_dict()).encode(), aad=answer_request_aad(request.pk, "answer"))
         AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
     request.refresh_from_db()
     return request
@@ -313,7 +301,7 @@ def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
     error, error_status, error_kind = request.error, request.error_status, request.error_kind
     payload = None
     if not error:
-        payload = json.loads(_open(_request_key(request), request.sealed_answer, answer_request_aad(request.pk, "answer")))
+        payload = json.loads(crypto.open_box(_request_key(request), request.sealed_answer, aad=answer_request_aad(request.pk, "answer")))
     request.delete()
     if error:
         raise MnesioError(error, extra={"field": "answer_request", "kind": error_kind or None},

@@ -100,3 +100,19 @@ def test_it_binds_a_wrapped_key_to_its_owner(scope_a):
     p1 = Subject.objects.get(external_id="p-1")
     with pytest.raises(crypto.InvalidTag):
         crypto.unwrap(p1.wrapped_key, wrapped_by=p1.master_key_id, aad=crypto.subject_key_aad("p-2"))
+
+
+def test_a_wrapped_key_is_one_type_that_opens_itself_and_sealed_values_are_one_shape():
+    """The envelope capability (issue 12, item 2): wrap -> WrappedKey -> open; seal_box/open_box for every column."""
+    from memories import crypto
+
+    data_key = crypto.new_data_key()
+    wrapped = crypto.wrap(data_key, aad=b"test", verify=False)
+    assert isinstance(wrapped, crypto.WrappedKey) and wrapped.master_key_id == crypto.master_key_id(crypto.master_key())
+    assert wrapped.open(aad=b"test") == data_key
+    with pytest.raises(crypto.InvalidTag):
+        wrapped.open(aad=b"another row")
+    box = crypto.seal_box(data_key, b"plain", aad=b"row-1")
+    assert len(box) == crypto.NONCE_BYTES + len(b"plain") + 16 and crypto.open_box(data_key, box, aad=b"row-1") == b"plain"
+    with pytest.raises(crypto.InvalidTag):
+        crypto.open_box(data_key, box, aad=b"row-2")
