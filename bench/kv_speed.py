@@ -138,7 +138,7 @@ class Bench:
         b = self.f32
         state = cartridge.payload.state
         prefilled = DynamicCache(ddp_cache_data=[tuple(t.clone() for t in state.prefix(i)) for i in range(state.num_layers)])
-        ids = torch.tensor([b.encode(b.full_text(texts, question))], device=b.device)
+        ids = torch.tensor([b.layout.encode(b.layout.full_text(texts, question))], device=b.device)
         with torch.inference_mode():
             start = time.perf_counter()
             cache = copy.deepcopy(prefilled)

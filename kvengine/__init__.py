@@ -5,8 +5,6 @@ Pure Python + torch/transformers; never imports Django, DRF or Celery.
 from __future__ import annotations
 
 from .base import (
-    DTYPES,
-    QUANTS,
     Answer,
     BackendDescription,
     Cartridge,
@@ -14,6 +12,7 @@ from .base import (
     FidelityReport,
     KvBackend,
 )
+from .config import ANSWER_MODES, BACKENDS, DTYPES, QUANTS, KvConfig, check_choice
 from .errors import (
     ConfigError,
     ContextTooLongError,
@@ -25,24 +24,23 @@ from .errors import (
 )
 
 __all__ = [
-    "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader", "FidelityReport",
-    "KvBackend", "ConfigError", "ContextTooLongError", "CorruptCartridgeError", "EmptyInputError",
-    "IncompatibleCartridgeError", "KvError", "ModelUnavailableError", "make_backend",
+    "ANSWER_MODES", "BACKENDS", "DTYPES", "QUANTS", "KvConfig", "Answer", "BackendDescription", "Cartridge",
+    "CartridgeHeader", "FidelityReport", "KvBackend", "ConfigError", "ContextTooLongError", "CorruptCartridgeError",
+    "EmptyInputError", "IncompatibleCartridgeError", "KvError", "ModelUnavailableError", "make_backend",
 ]
 
 
 def make_backend(name: str = "transformers", **options) -> KvBackend:
-    """Build a backend by name: "fake" (no torch) or "transformers" (any causal LM).
+    """Build a backend by name, one of BACKENDS: "fake" (no torch) or "transformers" (any causal LM).
 
     Options for "transformers": model (default "smollm2-135m-instruct"), dtype, quant, device, cache_dir.
     Options for "fake": model, dtype, quant.
     """
+    check_choice("backend", name, BACKENDS)
     if name == "fake":
         from .fake import FakeKvBackend
 
         return FakeKvBackend(**options)
-    if name == "transformers":
-        from .transformers_backend import TransformersKvBackend
+    from .transformers_backend import TransformersKvBackend  # imported here: the fake must not pull in torch
 
-        return TransformersKvBackend(**options)
-    raise ConfigError(f"`backend` has to be one of ['fake', 'transformers'] but got {name!r}")
+    return TransformersKvBackend(**options)

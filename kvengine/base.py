@@ -11,8 +11,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DTYPES = ("f32", "bf16", "f16")
-QUANTS = ("none", "q8", "q4")
+from .config import DTYPES, QUANTS, KvConfig
+
+__all__ = [  # DTYPES and QUANTS live in config.py; they are re-exported here for older imports
+    "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader", "FidelityReport", "KvBackend",
+    "canonical_json",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,11 @@ class BackendDescription:
             "dtype": self.dtype,
             "quant": self.quant,
         }
+
+    @property
+    def config(self) -> KvConfig:
+        """The KV configuration this backend serves (its ``.key`` is what the database stores)."""
+        return KvConfig(backend=self.backend, model=self.model_id, dtype=self.dtype, quant=self.quant)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,7 +109,7 @@ class Answer:
 
     text: str
     token_ids: tuple[int, ...]
-    mode: str  # "cartridge" | "text"
+    mode: str  # one of ANSWER_MODES, or "none" for TransformersKvBackend.answer_without_memory (the floor)
     num_context_tokens: int  # memory tokens the answer was conditioned on
     num_prompt_tokens: int  # tokens actually run through the model for this answer before decoding
     ttft_s: float  # time to first token, seconds
@@ -129,8 +138,13 @@ class FidelityReport:
 class KvBackend(abc.ABC):
     """A model that can compile memories into KV state and answer questions from it.
 
+    This is the whole contract the Django apps and kveval rely on: every method they call is declared here
+    with its full signature, so callers never probe a backend for what it accepts. Implementations may add
+    keyword-only options with defaults (tests/kvengine/test_backend_contract.py checks both backends).
     Thread safety is documented by each implementation.
     """
+
+    max_context_tokens: int  # the model's context window in tokens (compile and answer refuse longer prompts)
 
     @abc.abstractmethod
     def describe(self) -> BackendDescription:
@@ -156,8 +170,14 @@ class KvBackend(abc.ABC):
         """Answer by re-reading ``texts`` for this one question (the baseline)."""
 
     @abc.abstractmethod
-    def fidelity(self, cartridge: Cartridge, texts: Sequence[str], questions: Sequence[str]) -> FidelityReport:
-        """Compare next-token distributions of cartridge answering and text re-reading."""
+    def fidelity(
+        self, cartridge: Cartridge, texts: Sequence[str], probes: Sequence[str], *, max_new_tokens: int | None = None
+    ) -> FidelityReport:
+        """Compare answering ``probes`` from ``cartridge`` with re-reading ``texts``.
+
+        ``max_new_tokens`` bounds the greedy answers compared for ``answers_identical`` (None: the backend's
+        default); top-1 agreement and KL are on the first token whatever it is.
+        """
 
     @abc.abstractmethod
     def dumps(self, cartridge: Cartridge) -> bytes:
@@ -166,6 +186,14 @@ class KvBackend(abc.ABC):
     @abc.abstractmethod
     def loads(self, data: bytes) -> Cartridge:
         """Deserialize and verify (sha256, compatibility with describe()); raise on any mismatch."""
+
+    def variant(self, *, dtype: str | None = None, quant: str | None = None) -> KvBackend | None:
+        """A backend for the same model in another ``dtype`` and/or ``quant`` (None: keep this one's).
+
+        Switching quant (or f32 to a lower dtype) then reuses the loaded weights instead of loading the model
+        again. None, the default, means this backend cannot share its weights: load a new one instead.
+        """
+        return None
 
 
 def canonical_json(value: Any) -> str:

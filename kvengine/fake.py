@@ -10,6 +10,8 @@ share both between threads.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import math
 import re
@@ -17,17 +19,8 @@ import struct
 import time
 from collections.abc import Sequence
 
-from .base import (
-    DTYPES,
-    QUANTS,
-    Answer,
-    BackendDescription,
-    Cartridge,
-    CartridgeHeader,
-    FidelityReport,
-    KvBackend,
-    canonical_json,
-)
+from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend, canonical_json
+from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import FORMAT_VERSION, RawTensor, check_compatible, read_cartridge, tensors_sha256, write_cartridge
 
@@ -66,10 +59,8 @@ class FakeKvBackend(KvBackend):
         cache_dir: str | None = None,  # accepted and ignored: the fake has no weights
         max_context_tokens: int = 8192,  # same window as the default real model so over-context tests mean the same
     ):
-        if dtype not in DTYPES:
-            raise ConfigError(f"`dtype` has to be one of {list(DTYPES)} but got {dtype!r}")
-        if quant not in QUANTS:
-            raise ConfigError(f"`quant` has to be one of {list(QUANTS)} but got {quant!r}")
+        check_choice("dtype", dtype, DTYPES)
+        check_choice("quant", quant, QUANTS)
         if not model:
             raise ConfigError("`model` has to be a non-empty string")
         self.model = model
@@ -88,6 +79,14 @@ class FakeKvBackend(KvBackend):
             device="cpu",
             max_context_tokens=self.max_context_tokens,
         )
+
+    def variant(self, *, dtype: str | None = None, quant: str | None = None) -> FakeKvBackend:
+        """The same fake in another dtype and/or quant (there are no weights to share; it is as cheap as a new one)."""
+        other = copy.copy(self)
+        other.dtype = check_choice("dtype", dtype or self.dtype, DTYPES)
+        other.quant = check_choice("quant", quant or self.quant, QUANTS)
+        other._description = dataclasses.replace(self._description, dtype=other.dtype, quant=other.quant)
+        return other
 
     # -- contract ---------------------------------------------------------------------------------
     def describe(self) -> BackendDescription:
@@ -130,24 +129,34 @@ class FakeKvBackend(KvBackend):
         num_context = self.count_tokens(texts)
         return self._answer(text, "text", num_context, num_context + len(_tokens(question)), start, max_new_tokens)
 
-    def fidelity(self, cartridge: Cartridge, texts: Sequence[str], questions: Sequence[str]) -> FidelityReport:
-        """Compare the candidate distributions (softmax over overlap scores) of both ways of asking."""
+    def fidelity(
+        self, cartridge: Cartridge, texts: Sequence[str], probes: Sequence[str], *, max_new_tokens: int | None = None
+    ) -> FidelityReport:
+        """Compare the candidate distributions (softmax over overlap scores) of both ways of asking.
+
+        Answers are compared whole, or on their first ``max_new_tokens`` tokens when given (as answer() cuts them).
+        """
         check_compatible(cartridge.header, self._description)
         texts = self._check_texts(texts)
-        if not questions:
-            raise EmptyInputError("`questions` has to be a non-empty list")
+        if not probes:
+            raise EmptyInputError("`probes` has to be a non-empty list")
         kls, top1, same = [], 0, 0
-        for q in questions:
-            q = _check_question(q)
-            p_text, p_cart = _distribution(texts, q), _distribution(cartridge.payload, q)
+        for probe in probes:
+            question = _check_question(probe)
+            p_text, p_cart = _distribution(texts, question), _distribution(cartridge.payload, question)
             keys = set(p_text) | set(p_cart)
             eps = 1e-12  # a memory missing from one side gets ~0 probability, giving a large but finite KL
             kls.append(sum(pt * math.log(pt / max(p_cart.get(k, 0.0), eps)) for k in keys if (pt := p_text.get(k, 0.0)) > 0))
-            a_text, a_cart = _best(texts, q), _best(cartridge.payload, q)
+            a_text, a_cart = _best(texts, question), _best(cartridge.payload, question)
             top1 += _first_token(a_text) == _first_token(a_cart)
+            if max_new_tokens is not None:
+                a_text, a_cart = _tokens(a_text)[:max_new_tokens], _tokens(a_cart)[:max_new_tokens]
             same += a_text == a_cart
-        n = len(questions)
-        return FidelityReport(num_probes=n, top1_agreement=top1 / n, mean_kl=sum(kls) / n, max_kl=max(kls), answers_identical=same / n)
+        num_probes = len(probes)
+        return FidelityReport(
+            num_probes=num_probes, top1_agreement=top1 / num_probes, mean_kl=sum(kls) / num_probes, max_kl=max(kls),
+            answers_identical=same / num_probes,
+        )
 
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format."""

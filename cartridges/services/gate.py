@@ -22,16 +22,16 @@ Figures hold numbers only, never memory or question text.
 from __future__ import annotations
 
 import inspect
-import math
-import re
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import MnesioError
 from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvError
 from kvengine.format import read_header
+from kvengine.retrieval import bm25_top_k  # one BM25 and one answer normalization, shared with kveval
+from kvengine.text import answer_correct
+from kvengine.text import normalize_answer as normalize  # noqa: F401 - still importable as gate.normalize
 from memories.selectors import scope_memories_open
 
 from .. import conf, engine
@@ -46,8 +46,6 @@ from ..selectors import (
 from ..storage import BlobTampered, BlobUnavailable, blob_read
 from .compile import key_digest
 
-_WORD_RE = re.compile(r"\w+")
-
 
 @dataclass
 class GateResult:
@@ -60,38 +58,6 @@ class GateResult:
     def fail(self, reason: str) -> None:
         self.passed = False
         self.reasons.append(reason)
-
-
-def normalize(text: str) -> str:
-    """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD-style answer normalization)."""
-    words = [w for w in _WORD_RE.findall(text.lower()) if w not in ("a", "an", "the")]
-    return " ".join(words)
-
-
-def answer_correct(answer: str, expected: list[str]) -> bool:
-    """Whether any expected answer appears (normalized, on word boundaries) in the answer."""
-    got = f" {normalize(answer)} "
-    return any(normalize(e) and f" {normalize(e)} " in got for e in expected)
-
-
-def bm25_top_k(texts: list[str], question: str, k: int, *, k1: float = 1.5, b: float = 0.75) -> list[str]:
-    """The ``k`` memories that best match ``question`` by BM25, returned in log order."""
-    docs = [_WORD_RE.findall(t.lower()) for t in texts]
-    query = set(_WORD_RE.findall(question.lower()))
-    n = len(docs)
-    avg = sum(len(d) for d in docs) / max(n, 1)
-    df = Counter(w for d in docs for w in set(d))
-    scores = []
-    for i, d in enumerate(docs):
-        tf = Counter(d)
-        s = 0.0
-        for w in query:
-            if tf[w]:
-                idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
-                s += idf * tf[w] * (k1 + 1) / (tf[w] + k1 * (1 - b + b * len(d) / max(avg, 1e-9)))
-        scores.append((s, i))
-    best = sorted(scores, key=lambda p: (-p[0], -p[1]))[:k]
-    return [texts[i] for i in sorted(i for _, i in best)]
 
 
 def auto_probes(texts: list[str], num: int) -> list[str]:

@@ -1,21 +1,12 @@
-"""SQuAD v1.1 exact match and F1 with the official normalization (evaluate-v1.1.py)."""
+"""SQuAD v1.1 exact match and F1 with the official normalization (evaluate-v1.1.py, in kvengine.text)."""
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from collections.abc import Sequence
 
-_PUNCTUATION = set(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
+from kvengine.text import normalize_answer
 
-
-def normalize_answer(text: str) -> str:
-    """Lower-case, drop punctuation and the articles a/an/the, and collapse whitespace (as the official script)."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+__all__ = ["best_over_ground_truths", "exact_match", "f1", "normalize_answer", "squad_scores"]
 
 
 def exact_match(prediction: str, ground_truth: str) -> float:

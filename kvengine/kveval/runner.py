@@ -17,10 +17,11 @@ from typing import Any
 
 from kvengine import DTYPES, QUANTS, KvBackend, make_backend
 from kvengine.errors import ConfigError
+from kvengine.retrieval import Bm25
 
 from .data import Article, Question, Scope, build_scopes, sample_questions
 from .metrics import squad_scores
-from .retrieval import Bm25, DenseEncoder, DenseIndex
+from .retrieval import DenseEncoder, DenseIndex
 
 # closed_book: the question with no memories at all (the floor both for accuracy and for latency)
 MODES = ("cartridge", "text", "bm25", "dense", "closed_book")
@@ -117,9 +118,10 @@ class BackendPool:
             start = time.perf_counter()
             main_key = (self.config.dtype, "none")
             main = self._backends.get(main_key)
-            if main is not None and hasattr(main, "variant"):
-                # TransformersKvBackend.variant shares the weights (or casts a copy): no second model load
-                self._backends[key] = main.variant(dtype=dtype, quant=quant)
+            # a variant shares the main backend's weights (or casts a copy): no second model load
+            variant = main.variant(dtype=dtype, quant=quant) if main is not None else None
+            if variant is not None:
+                self._backends[key] = variant
             else:
                 options: dict[str, Any] = {"dtype": dtype, "quant": quant, "device": self.config.device}
                 if self.config.model:

@@ -31,8 +31,8 @@ class ForgetfulBackend(FakeKvBackend):
     def answer(self, cartridge, question, *, max_new_tokens=32):
         return super().answer(cartridge.__class__(header=cartridge.header, payload=("zzz",)), question, max_new_tokens=max_new_tokens)
 
-    def fidelity(self, cartridge, texts, questions):
-        return FidelityReport(num_probes=len(questions), top1_agreement=0.25, mean_kl=3.0, max_kl=5.0, answers_identical=0.0)
+    def fidelity(self, cartridge, texts, probes, *, max_new_tokens=None):
+        return FidelityReport(num_probes=len(probes), top1_agreement=0.25, mean_kl=3.0, max_kl=5.0, answers_identical=0.0)
 
 
 def _tamper(version) -> None:

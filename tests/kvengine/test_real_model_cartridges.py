@@ -30,12 +30,13 @@ def cartridge(real_backend):
 
 
 def test_the_cartridge_prefix_is_exactly_the_token_prefix_of_the_text_prompt(real_backend):
-    full = real_backend.encode(real_backend.full_text(MEMORIES, QUESTIONS[0]))
-    prefix = real_backend.encode(real_backend.prefix_text(MEMORIES))
-    suffix = real_backend.encode(real_backend.suffix_text(QUESTIONS[0]))
+    layout = real_backend.layout
+    full = layout.encode(layout.full_text(MEMORIES, QUESTIONS[0]))
+    prefix = layout.encode(layout.prefix_text(MEMORIES))
+    suffix = layout.encode(layout.suffix_text(QUESTIONS[0]))
     assert full == prefix + suffix
     assert real_backend.count_tokens(MEMORIES) == len(prefix)
-    assert "Lisbon" not in real_backend.suffix_text(QUESTIONS[0])  # the question path holds no memory text
+    assert "Lisbon" not in layout.suffix_text(QUESTIONS[0])  # the question path holds no memory text
 
 
 @pytest.mark.parametrize("question", [
@@ -43,10 +44,11 @@ def test_the_cartridge_prefix_is_exactly_the_token_prefix_of_the_text_prompt(rea
     "- a list item?", "x", "Where does Alice live?\nAnd Bob?", "(parenthesised)?", "@handle?", "Ωmega?",
 ])
 def test_the_question_tokenizes_the_same_alone_as_after_the_cartridge_prefix(real_backend, question):
+    layout = real_backend.layout
     # the cartridge holds the user-turn opener; whatever the question starts with must not merge across it
-    full = real_backend.encode(real_backend.full_text(MEMORIES, real_backend._question(question)))
-    prefix = real_backend.encode(real_backend.prefix_text(MEMORIES))
-    assert full == prefix + real_backend.encode(real_backend.suffix_text(real_backend._question(question)))
+    full = layout.encode(layout.full_text(MEMORIES, layout.clean_question(question)))
+    prefix = layout.encode(layout.prefix_text(MEMORIES))
+    assert full == prefix + layout.encode(layout.suffix_text(layout.clean_question(question)))
 
 
 def test_f32_cartridge_answers_are_token_for_token_those_of_re_reading(real_backend, cartridge):

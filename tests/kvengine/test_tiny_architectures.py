@@ -9,6 +9,7 @@ import pytest
 from kvengine import make_backend
 from kvengine.errors import ConfigError, ContextTooLongError, IncompatibleCartridgeError, ModelUnavailableError
 from kvengine.format import read_cartridge, read_header
+from kvengine.layout import PromptLayout
 
 MEMORIES = ["Alice lives in Lisbon and works as a baker.", "Bob keeps the spare key under the blue flower pot."]
 QUESTIONS = ["Where does Alice live?", "Where is the key?", "Who is a baker?"]
@@ -28,29 +29,30 @@ def test_it_describes_the_position_encoding_of_each_architecture(tiny_model_dir)
 
 
 def test_the_prompt_splits_into_cartridge_prefix_and_question_suffix(tiny):
+    layout = tiny.layout
     for question in QUESTIONS:
-        full = tiny.encode(tiny.full_text(MEMORIES, question))
-        assert full == tiny.encode(tiny.prefix_text(MEMORIES)) + tiny.encode(tiny.suffix_text(question))
+        full = layout.encode(layout.full_text(MEMORIES, question))
+        assert full == layout.encode(layout.prefix_text(MEMORIES)) + layout.encode(layout.suffix_text(question))
 
 
 def test_the_user_turn_opener_sits_in_the_cartridge_and_a_template_that_rewrites_content_keeps_it_in_the_suffix(tiny_model_dir):
     chat = make_backend("transformers", model=tiny_model_dir("qwen2"), device="cpu")
-    assert chat.prefix_text(MEMORIES).endswith("<|im_start|>user\n")  # question-independent: compiled once
-    assert chat.suffix_text(QUESTIONS[0]) == QUESTIONS[0] + "<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.layout.prefix_text(MEMORIES).endswith("<|im_start|>user\n")  # question-independent: compiled once
+    assert chat.layout.suffix_text(QUESTIONS[0]) == QUESTIONS[0] + "<|im_end|>\n<|im_start|>assistant\n"
     # a template that transforms the user's content cannot be split at it: the whole turn is the suffix
     rewriting = make_backend("transformers", model=tiny_model_dir("qwen2"), device="cpu")
     rewriting.tokenizer.chat_template = rewriting.tokenizer.chat_template.replace("message['content']", "(message['content'] | upper)")
-    rewriting._template, rewriting._split = rewriting.tokenizer.chat_template, None
-    assert rewriting.prefix_text(MEMORIES).endswith("<|im_end|>\n") and "<|im_start|>user" not in rewriting.prefix_text(MEMORIES)
-    assert rewriting.suffix_text("where?") == "<|im_start|>user\nWHERE?<|im_end|>\n<|im_start|>assistant\n"
+    rewriting.layout = PromptLayout(rewriting.tokenizer)  # a layout reads the template once, when built
+    assert rewriting.layout.prefix_text(MEMORIES).endswith("<|im_end|>\n") and "<|im_start|>user" not in rewriting.layout.prefix_text(MEMORIES)
+    assert rewriting.layout.suffix_text("where?") == "<|im_start|>user\nWHERE?<|im_end|>\n<|im_start|>assistant\n"
     cartridge = rewriting.compile(MEMORIES)
     for question in QUESTIONS[:2]:
         assert rewriting.answer(cartridge, question, max_new_tokens=6).token_ids == rewriting.answer_from_text(MEMORIES, question, max_new_tokens=6).token_ids
     # so does a tokenizer that would merge the opener with some question's first character
     merging = make_backend("transformers", model=tiny_model_dir("qwen2"), device="cpu")
-    merging._splits_cleanly = lambda *args: False
-    assert merging.suffix_text("Where?") == "<|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n"
-    assert merging.prefix_text(MEMORIES).endswith("<|im_end|>\n")
+    merging.layout._splits_cleanly = lambda *args: False
+    assert merging.layout.suffix_text("Where?") == "<|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n"
+    assert merging.layout.prefix_text(MEMORIES).endswith("<|im_end|>\n")
     cartridge = merging.compile(MEMORIES)
     assert merging.answer(cartridge, QUESTIONS[0], max_new_tokens=6).token_ids == merging.answer_from_text(MEMORIES, QUESTIONS[0], max_new_tokens=6).token_ids
 

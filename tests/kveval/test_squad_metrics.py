@@ -47,3 +47,14 @@ def test_scores_take_the_best_ground_truth():
 def test_scores_refuse_an_empty_answer_list():
     with pytest.raises(ValueError, match="ground_truths"):
         squad_scores("anything", [])
+
+
+def test_the_gate_counts_answers_with_the_same_normalization():
+    from cartridges.services import gate
+    from kvengine.text import answer_correct
+
+    assert gate.normalize is normalize_answer and gate.answer_correct is answer_correct
+    assert answer_correct("It is under the blue flowerpot.", ["Blue flowerpot"])
+    assert answer_correct("Dana's code is 4,417.", ["4417"])  # SQuAD drops punctuation inside words and numbers
+    assert not answer_correct("The flowerpots are blue", ["blue flowerpot"])  # on word boundaries only
+    assert not answer_correct("anything", ["", "the"])  # an expected answer that normalizes to nothing never matches

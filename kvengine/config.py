@@ -1,0 +1,62 @@
+"""The engine's vocabulary: backends, precisions, quantizations, answer modes, and one KV configuration type.
+
+Each is defined here once; the backends, kveval and the Django apps import them instead of keeping copies
+that could drift apart. ``KvConfig.key`` is the one string form of a configuration: it is stored in the
+database (cartridge versions, evaluations), so its format is fixed.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass
+
+from .errors import ConfigError
+
+BACKENDS = ("fake", "transformers")  # "transformers" runs a causal LM; "fake" is the torch-free stand-in for tests
+DTYPES = ("f32", "bf16", "f16")  # the precision weights and KV state are computed and stored in
+QUANTS = ("none", "q8", "q4")  # how a stored cartridge's KV state is quantized (kvengine.quant)
+ANSWER_MODES = ("cartridge", "text")  # answer from the compiled cartridge, or re-read the memories as text
+
+
+def check_choice(name: str, value: object, allowed: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``allowed``; else raise ConfigError naming the option and its values."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"`{name}` has to be one of {list(allowed)} but got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class KvConfig:
+    """Which backend serves which model in which precision: what a cartridge is compiled for.
+
+    Validated on construction, so a KvConfig in hand is always one the engine can be asked for.
+    """
+
+    backend: str  # one of BACKENDS
+    model: str  # a model id ("smollm2-135m-instruct", a hub id) or a local model directory; may contain ":"
+    dtype: str  # one of DTYPES
+    quant: str  # one of QUANTS
+
+    def __post_init__(self) -> None:
+        check_choice("backend", self.backend, BACKENDS)
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError(f"`model` has to be a non-empty string but got {self.model!r}")
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("quant", self.quant, QUANTS)
+
+    @property
+    def key(self) -> str:
+        """``"backend:model:dtype:quant"``: the one string form, stored in the database (keep it byte-stable)."""
+        return ":".join(self.as_tuple())
+
+    def as_tuple(self) -> tuple[str, str, str, str]:
+        """``(backend, model, dtype, quant)``."""
+        return astuple(self)
+
+    @classmethod
+    def from_key(cls, key: str) -> KvConfig:
+        """Parse ``key`` back; the model is everything between the backend and the last two fields."""
+        if not isinstance(key, str) or key.count(":") < 3:
+            raise ConfigError(f"`key` has to look like 'backend:model:dtype:quant' but got {key!r}")
+        backend, rest = key.split(":", 1)
+        model, dtype, quant = rest.rsplit(":", 2)
+        return cls(backend=backend, model=model, dtype=dtype, quant=quant)

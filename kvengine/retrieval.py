@@ -1,0 +1,62 @@
+"""BM25 top-k retrieval over memories: one ranking, through the bm25s library, for the gate and kveval.
+
+The gate's retrieval baseline and kveval's ``bm25`` mode used to carry two hand-written BM25s that ranked
+differently; both now call this module. Scoring is bm25s's default (Lucene's BM25: idf = ln(1 + (N - df + 0.5)
+/ (df + 0.5)), k1 = 1.5, b = 0.75) over lower-cased ``\\w+`` tokens; a query term counts once per occurrence.
+
+Ties: documents with equal scores rank in log order (the earlier first), and the top k are returned in log
+order, so a prompt built from them reads the memories in the order they were written, like the cartridge.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+_WORD = re.compile(r"\w+")
+
+
+def bm25_tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens (letters, digits, underscore)."""
+    return _WORD.findall(text.lower())
+
+
+def top_k_indices(scores: Sequence[float], k: int) -> list[int]:
+    """Indices of the ``k`` highest ``scores`` (ties to the earlier index), in index order."""
+    if k < 1:
+        raise ValueError(f"`k` has to be at least 1 but got {k}")
+    best = sorted(range(len(scores)), key=lambda index: (-scores[index], index))[:k]
+    return sorted(best)
+
+
+class Bm25:
+    """A BM25 index over a fixed list of documents (index once, query many times)."""
+
+    def __init__(self, documents: Sequence[str], *, k1: float = 1.5, b: float = 0.75):
+        if not documents:
+            raise ValueError("`documents` has to hold at least one document but got none")
+        # imported here: bm25s imports scipy (when installed), which a Django process needs only when the gate has cases
+        import bm25s
+
+        self.num_documents = len(documents)
+        self.k1 = k1  # the usual default: term frequency saturates after a few repeats
+        self.b = b  # the usual default: half-way between no and full length normalization
+        self._index = bm25s.BM25(k1=k1, b=b)
+        self._index.index([bm25_tokenize(document) for document in documents], show_progress=False)
+
+    def scores(self, query: str) -> list[float]:
+        """BM25 score of every document for ``query``, in document order (0 for a query of no known words)."""
+        tokens = bm25_tokenize(query)
+        if not tokens:  # bm25s wants at least one token
+            return [0.0] * self.num_documents
+        return [float(score) for score in self._index.get_scores(tokens)]
+
+    def top_k(self, query: str, k: int) -> list[int]:
+        """Indices of the ``k`` best documents for ``query``, in document order (see the module docstring)."""
+        return top_k_indices(self.scores(query), k)
+
+
+def bm25_top_k(texts: Sequence[str], question: str, k: int) -> list[str]:
+    """The ``k`` texts that best match ``question`` by BM25, in log order (none for no texts)."""
+    if not texts:
+        return []
+    return [texts[index] for index in Bm25(texts).top_k(question, k)]
