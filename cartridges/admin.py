@@ -233,7 +233,7 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
 
     @admin.display(description="configuration")
     def configuration_label(self, obj: CartridgeVersion) -> str:
-        return ":".join(obj.config_tuple())
+        return obj.config.key
 
     @admin.display(description="manifest")
     def manifest_summary(self, obj: CartridgeVersion) -> str:

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from core.errors import MnesioError
-from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, make_backend
+from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, KvConfig, make_backend
 
 from . import conf
 from .models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
@@ -26,44 +26,51 @@ from .storage import BlobTampered, BlobUnavailable, blob_read
 
 log = logging.getLogger("cartridges")
 
-ConfigTuple = tuple[str, str, str, str]  # (backend, model, dtype, quant)
-
 _lock = threading.RLock()
-_backends: dict[ConfigTuple, KvBackend] = {}
-_cartridges: OrderedDict[tuple[int, ConfigTuple], Cartridge] = OrderedDict()
+_backends: dict[KvConfig, KvBackend] = {}
+_cartridges: OrderedDict[tuple[int, KvConfig], Cartridge] = OrderedDict()
 _stats = {"hits": 0, "misses": 0, "evictions": 0, "backend_loads": 0}
 
 
+def kv_config(config: Any) -> KvConfig:
+    """The KvConfig of ``config``: a KvConfig, an ActiveConfiguration (``.config``) or a (backend, model, dtype, quant)."""
+    if isinstance(config, KvConfig):
+        return config
+    if isinstance(getattr(config, "config", None), KvConfig):
+        return config.config
+    return KvConfig(*config)
+
+
 def backend_for(config: Any) -> KvBackend:
-    """Return this process's backend for ``config`` (an ActiveConfiguration or a config tuple), loading it once."""
-    key: ConfigTuple = tuple(config) if isinstance(config, tuple) else config.as_tuple()  # type: ignore[assignment]
+    """Return this process's backend for ``config`` (see kv_config), loading the model once per process."""
+    config = kv_config(config)
     with _lock:
-        backend = _backends.get(key)
-        if backend is None:
-            name, model, dtype, quant = key
-            sibling = next(
-                (b for k, b in _backends.items() if k[:2] == (name, model) and (k[2] == dtype or k[2] == "f32")), None
-            )
-            if sibling is not None and hasattr(sibling, "variant"):
-                # a quant (or f32 -> lower dtype) switch reuses the loaded weights instead of loading the model again
-                backend = sibling.variant(dtype=dtype, quant=quant)
-                _backends[key] = backend
-                return backend
-            options: dict[str, Any] = {"model": model, "dtype": dtype, "quant": quant}
-            options["device"] = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
-            if name == "transformers":
-                options["cache_dir"] = str(getattr(settings, "MNESIO_MODEL_CACHE_DIR", ""))
-            log.info("loading kv backend %s", ":".join(key))
-            backend = make_backend(name, **options)
-            _backends[key] = backend
-            _stats["backend_loads"] += 1
+        backend = _backends.get(config)
+        if backend is not None:
+            return backend
+        # a quant (or f32 -> lower dtype) switch reuses loaded weights when the backend can (KvBackend.variant)
+        for loaded_config, loaded in list(_backends.items()):
+            same_model = (loaded_config.backend, loaded_config.model) == (config.backend, config.model)
+            if same_model and loaded_config.dtype in (config.dtype, "f32"):
+                backend = loaded.variant(dtype=config.dtype, quant=config.quant)
+                if backend is not None:
+                    _backends[config] = backend
+                    return backend
+        options: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "quant": config.quant}
+        options["device"] = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
+        if config.backend == "transformers":
+            options["cache_dir"] = str(getattr(settings, "MNESIO_MODEL_CACHE_DIR", ""))
+        log.info("loading kv backend %s", config.key)
+        backend = make_backend(config.backend, **options)
+        _backends[config] = backend
+        _stats["backend_loads"] += 1
         return backend
 
 
-def register_backend(config: ConfigTuple, backend: KvBackend) -> None:
+def register_backend(config: Any, backend: KvBackend) -> None:
     """Use an already loaded ``backend`` for ``config`` in this process (tests share one real model)."""
     with _lock:
-        _backends[tuple(config)] = backend  # type: ignore[index]
+        _backends[kv_config(config)] = backend
 
 
 def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge, KvBackend]:
@@ -74,7 +81,7 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
     foreign blob is refused at load, with a warning and a failed evaluation row (stage "load").
     """
     backend = backend_for(config)
-    key = (version.pk, tuple(config) if isinstance(config, tuple) else config.as_tuple())
+    key = (version.pk, kv_config(config))
     with _lock:
         cartridge = _cartridges.get(key)
         if cartridge is not None:
@@ -85,7 +92,7 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
         try:
             cartridge = backend.loads(blob_read(version=version))
         except (BlobUnavailable, BlobTampered, CorruptCartridgeError, IncompatibleCartridgeError) as exc:
-            _load_refusal_record(version=version, config_key=":".join(key[1]), exc=exc)
+            _load_refusal_record(version=version, config_key=key[1].key, exc=exc)
             raise
         size = conf.cartridge_cache_size()
         if size > 0:
@@ -165,6 +172,6 @@ def cache_info() -> dict[str, Any]:
         return {
             "cartridges_loaded": len(_cartridges),
             "cartridge_cache_size": conf.cartridge_cache_size(),
-            "backends_loaded": [":".join(k) for k in _backends],
+            "backends_loaded": [config.key for config in _backends],
             **_stats,
         }

@@ -59,7 +59,7 @@ def configuration_summary() -> dict[str, Any]:
     config = selectors.active_configuration()
     device = config.device
     # The real device ("cpu", "cuda:0") is known once this process loaded the backend; never load it here.
-    if ":".join(config.as_tuple()) in engine.cache_info()["backends_loaded"]:
+    if config.key() in engine.cache_info()["backends_loaded"]:
         device = engine.backend_for(config).describe().device
     row = config.row
     return {

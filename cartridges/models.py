@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import models
 
 from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
+from kvengine import KvConfig
 
 
 class KvConfiguration(AppendOnlyModel):
@@ -32,6 +33,11 @@ class KvConfiguration(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.model}/{self.dtype}/{self.quant}"
+
+    @property
+    def config(self) -> KvConfig:
+        """The configuration this switch made active."""
+        return KvConfig(self.backend, self.model, self.dtype, self.quant)
 
 
 class CartridgeVersion(AppendOnlyModel):
@@ -91,9 +97,10 @@ class CartridgeVersion(AppendOnlyModel):
     def __str__(self) -> str:
         return f"cartridge v{self.pk} of scope {self.scope_id} at head {self.log_head}"
 
-    def config_tuple(self) -> tuple[str, str, str, str]:
-        """The (backend, model, dtype, quant) it was compiled under."""
-        return (self.config_backend, self.config_model, self.config_dtype, self.config_quant)
+    @property
+    def config(self) -> KvConfig:
+        """The configuration it was compiled under."""
+        return KvConfig(self.config_backend, self.config_model, self.config_dtype, self.config_quant)
 
 
 class CartridgeVersionSubject(AppendOnlyModel):

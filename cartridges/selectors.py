@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from core.errors import NotFound
+from kvengine import KvConfig
 from kvengine.base import canonical_json
 from memories import crypto
 from memories.models import Memory
@@ -27,22 +28,24 @@ from .models import (
 
 @dataclass(frozen=True)
 class ActiveConfiguration:
-    """The engine configuration in force: the newest KvConfiguration row, else the MNESIO_KV_* settings."""
+    """The engine configuration in force: the newest KvConfiguration row, else the MNESIO_KV_* settings.
 
-    backend: str
-    model: str
-    dtype: str
-    quant: str
+    ``config`` is the engine's one configuration type (kvengine.KvConfig); the device and the row are what
+    this process and the operator history add to it.
+    """
+
+    config: KvConfig
     device: str  # per process, from MNESIO_KV_DEVICE; not part of compatibility
     row: KvConfiguration | None  # None: no operator switch yet, the settings default applies
 
-    def as_tuple(self) -> tuple[str, str, str, str]:
-        """(backend, model, dtype, quant): what a version must have been compiled under to serve."""
-        return (self.backend, self.model, self.dtype, self.quant)
+    backend = property(lambda self: self.config.backend)
+    model = property(lambda self: self.config.model)
+    dtype = property(lambda self: self.config.dtype)
+    quant = property(lambda self: self.config.quant)
 
     def key(self) -> str:
-        """A readable key of the configuration, stored with evaluations."""
-        return ":".join(self.as_tuple())
+        """The configuration's key (KvConfig.key), stored with evaluations."""
+        return self.config.key
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -61,15 +64,12 @@ def active_configuration() -> ActiveConfiguration:
     device = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
     row = KvConfiguration.objects.order_by("-created_at", "-id").first()
     if row is not None:
-        return ActiveConfiguration(row.backend, row.model, row.dtype, row.quant, device, row)
-    return ActiveConfiguration(
-        str(settings.MNESIO_KV_BACKEND),
-        str(settings.MNESIO_KV_MODEL),
-        str(settings.MNESIO_KV_DTYPE),
+        return ActiveConfiguration(row.config, device, row)
+    config = KvConfig(
+        str(settings.MNESIO_KV_BACKEND), str(settings.MNESIO_KV_MODEL), str(settings.MNESIO_KV_DTYPE),
         str(settings.MNESIO_KV_QUANT),
-        device,
-        None,
     )
+    return ActiveConfiguration(config, device, None)
 
 
 def kv_configurations() -> QuerySet[KvConfiguration]:
@@ -118,7 +118,7 @@ def active_version(*, scope, configuration: ActiveConfiguration | None = None) -
     if version_is_destroyed(version=version):
         return None
     config = configuration or active_configuration()
-    if version.config_tuple() != config.as_tuple():
+    if version.config != config.config:
         return None
     if version_erased_subjects(version=version):
         return None

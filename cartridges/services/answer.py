@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
-from kvengine import ContextTooLongError
+from kvengine import ANSWER_MODES, ContextTooLongError
 from memories import crypto
 from memories.models import Subject
 from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
@@ -38,7 +38,7 @@ from .gate import normalize
 
 log = logging.getLogger("cartridges")
 
-MODES = ["cartridge", "text"]
+MODES = list(ANSWER_MODES)  # the engine defines them once (kvengine.config)
 
 
 @dataclass(frozen=True)

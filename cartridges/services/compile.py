@@ -280,11 +280,11 @@ def cartridge_rebuild(*, version: CartridgeVersion) -> RebuildResult:
             "(a subject was erased since); it cannot be rebuilt",
             extra={"version": version.pk},
         )
-    backend = engine.backend_for(version.config_tuple())
+    backend = engine.backend_for(version.config)
     digest = key_digest(backend.describe().compat_key())
     if digest != version.key_digest:
         raise Conflict(
-            f"this process's {':'.join(version.config_tuple())} backend has another compatibility key than version "
+            f"this process's {version.config.key} backend has another compatibility key than version "
             f"{version.pk} (other weights, tokenizer or template); it cannot reproduce it",
             extra={"version": version.pk},
         )

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from core.errors import MnesioError
-from kvengine import DTYPES, QUANTS
+from kvengine import BACKENDS, DTYPES, QUANTS, KvConfig
 from memories.models import Scope
 
 from .. import conf
@@ -20,9 +20,6 @@ from ..models import KvConfiguration
 from ..selectors import active_configuration
 
 log = logging.getLogger("cartridges")
-
-BACKENDS = ["fake", "transformers"]
-
 
 def _choice(field: str, value: object, allowed: list[str]) -> str:
     if not isinstance(value, str) or value not in allowed:
@@ -35,7 +32,8 @@ def _choice(field: str, value: object, allowed: list[str]) -> str:
 
 def backends_allowed() -> list[str]:
     """The backends an operator may switch to: the fake one only where settings allow it (tests)."""
-    return BACKENDS if getattr(settings, "MNESIO_ALLOW_FAKE_BACKEND", False) else [b for b in BACKENDS if b != "fake"]
+    allow_fake = getattr(settings, "MNESIO_ALLOW_FAKE_BACKEND", False)
+    return [backend for backend in BACKENDS if allow_fake or backend != "fake"]
 
 
 def kv_configuration_switch(*, backend: str, model: str, dtype: str, quant: str, actor=None) -> KvConfiguration:
@@ -44,8 +42,9 @@ def kv_configuration_switch(*, backend: str, model: str, dtype: str, quant: str,
     model = _choice("model", model, conf.allowed_models())
     dtype = _choice("dtype", dtype, list(DTYPES))
     quant = _choice("quant", quant, list(QUANTS))
+    config = KvConfig(backend, model, dtype, quant)
     current = active_configuration()
-    if current.row is not None and current.as_tuple() == (backend, model, dtype, quant):
+    if current.row is not None and current.config == config:
         return current.row  # already active: no new row, nothing to recompile
     with transaction.atomic():
         row = KvConfiguration.objects.create(
@@ -57,12 +56,8 @@ def kv_configuration_switch(*, backend: str, model: str, dtype: str, quant: str,
         )
         scope_ids = list(Scope.objects.filter(memories__isnull=False).distinct().values_list("pk", flat=True))
         transaction.on_commit(lambda: _queue_recompiles(scope_ids))
-    log.info("kv configuration switched to %s (%d scopes to recompile)", ":".join(row_tuple(row)), len(scope_ids))
+    log.info("kv configuration switched to %s (%d scopes to recompile)", row.config.key, len(scope_ids))
     return row
-
-
-def row_tuple(row: KvConfiguration) -> tuple[str, str, str, str]:
-    return (row.backend, row.model, row.dtype, row.quant)
 
 
 def _queue_recompiles(scope_ids: list[int]) -> None:

@@ -21,7 +21,6 @@ Figures hold numbers only, never memory or question text.
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +81,9 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) ->
     if destruction is not None:
         result.fail(f"version {version.pk} is destroyed ({destruction.reason}); its blob and key no longer exist")
         return result
-    if version.config_tuple() != config.as_tuple():
+    if version.config != config.config:
         result.fail(
-            f"version {version.pk} was compiled for configuration {':'.join(version.config_tuple())} "
+            f"version {version.pk} was compiled for configuration {version.config.key} "
             f"but the active configuration is {config.key()}; recompile the scope"
         )
         return result
@@ -139,11 +138,9 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
     num_cases_erased = scope_evaluation_cases_num_erased(scope=version.scope)
     probes = auto_probes(texts, conf.gate_num_auto_probes()) + [c.question for c in cases]
     started = time.perf_counter()
-    options = {}
-    if "max_new_tokens" in inspect.signature(backend.fidelity).parameters:
-        options["max_new_tokens"] = conf.gate_fidelity_max_new_tokens()  # the threshold is on the first token
     try:
-        fid = backend.fidelity(cartridge, texts, probes, **options)
+        # the threshold is on the first token; the decode length bounds the whole-answer comparison
+        fid = backend.fidelity(cartridge, texts, probes, max_new_tokens=conf.gate_fidelity_max_new_tokens())
     except KvError as exc:
         result.fail(f"the fidelity probe failed: {exc}")
         return

@@ -30,7 +30,8 @@ def small_window(fake_engine, monkeypatch):
 
     monkeypatch.setattr(backend, "answer_from_text", answer_from_text)
     engine.register_backend(fake_engine, backend)
-    return backend
+    yield backend
+    engine.cache_clear(backends=True)  # later tests get a fake backend with the default window again
 
 
 def test_a_question_past_the_window_is_a_422_asked_directly_and_through_an_answer_request(

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 def test_it_takes_the_configuration_from_settings_when_no_row_exists(fake_engine, settings):
     config = active_configuration()
-    assert config.row is None and config.as_tuple() == fake_engine
+    assert config.row is None and config.config.as_tuple() == fake_engine
     settings.MNESIO_KV_QUANT = "q8"
     assert active_configuration().quant == "q8"
 

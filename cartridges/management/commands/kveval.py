@@ -100,8 +100,8 @@ class _Namespace:
 
 def _share_model(pool: BackendPool) -> None:
     """Serve the erasure check with the engine part's loaded model when it is the active configuration."""
-    config = active_configuration().as_tuple()
-    backend_name, model, dtype, quant = config
+    config = active_configuration().config
+    backend_name, model, dtype, quant = config.as_tuple()
     if backend_name != pool.config.backend or dtype != pool.config.dtype or quant != "none":
         return
     if (pool.config.model or model) != model:
