@@ -32,7 +32,9 @@ class ScopeSerializer(serializers.Serializer):
 
 class HeadSerializer(serializers.Serializer):
     scope = serializers.CharField()
-    head = serializers.IntegerField(help_text="The global log head: pass it as `as_of` to read a stable view.")
+    head = serializers.IntegerField(
+        help_text="The scope's head (its newest seq; never the global head): pass it as `as_of` to read a stable view."
+    )
     scope_head = serializers.IntegerField(help_text="The newest seq in this scope (0 when it has none).")
 
 
