@@ -22,7 +22,7 @@ def tokens_hash(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("memories", "0002_permissions"),
+        ("memories", "0002_permissions_per_scope_subjects"),
         ("authtoken", "0004_alter_tokenproxy_options"),
         ("knox", "0009_extend_authtoken_field"),
     ]
