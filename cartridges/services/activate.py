@@ -55,23 +55,11 @@ def cartridge_activate(*, version: CartridgeVersion, actor=None, kind: str = "ac
         # a stale or failed evaluation is re-run: the blob, the cases or the configuration may have changed
         evaluation = cartridge_evaluate(version=version, actor=actor)
     if not evaluation.passed:
-        raise GateFailed(
-            f"version {version.pk} did not pass the gate ({len(evaluation.reasons)} reason(s)); "
-            "the previously active version keeps serving",
-            reasons=evaluation.reasons,
-            version_id=version.pk,
-            evaluation_id=evaluation.pk,
-        )
+        raise _refused(version=version, evaluation=evaluation, when="did not pass the gate")
     quick = cartridge_is_committable(version=version, full=False)
     if not quick.passed:
         failed = evaluation_record(version=version, result=quick, actor=actor, stage="activation")
-        raise GateFailed(
-            f"version {version.pk} failed the gate at activation ({len(quick.reasons)} reason(s)); "
-            "the previously active version keeps serving",
-            reasons=quick.reasons,
-            version_id=version.pk,
-            evaluation_id=failed.pk,
-        )
+        raise _refused(version=version, evaluation=failed, when="failed the gate at activation")
     with transaction.atomic():
         # serialize activations of one scope so two concurrent ones are ordered
         Scope.objects.select_for_update().filter(pk=version.scope_id).first()
@@ -80,6 +68,16 @@ def cartridge_activate(*, version: CartridgeVersion, actor=None, kind: str = "ac
         )
     log.info("cartridge activated version=%s scope=%s kind=%s", version.pk, version.scope_id, kind)
     return activation
+
+
+def _refused(*, version: CartridgeVersion, evaluation: CartridgeEvaluation, when: str) -> GateFailed:
+    """The refusal of an activation, naming every reason: the previously active version keeps serving."""
+    return GateFailed(
+        f"version {version.pk} {when} ({len(evaluation.reasons)} reason(s)); the previously active version keeps serving",
+        reasons=evaluation.reasons,
+        version_id=version.pk,
+        evaluation_id=evaluation.pk,
+    )
 
 
 def cartridge_rollback(*, scope, actor=None) -> CartridgeActivation:
