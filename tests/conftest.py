@@ -2,6 +2,7 @@
 and the real default model, loaded once per test session."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -34,15 +35,24 @@ def fresh_engine():
     engine.cache_clear()
 
 
-@pytest.fixture
-def eager_tasks():
-    """Run Celery tasks in-process (the embedded default's mode) for tests that start no worker."""
+@contextlib.contextmanager
+def celery_eager(on: bool):
+    """Run Celery tasks in-process (True) or through the broker (False) inside the block, then restore."""
     from mnesio_site.celery import app
 
     before = app.conf.task_always_eager
-    app.conf.task_always_eager = True
-    yield
-    app.conf.task_always_eager = before
+    app.conf.task_always_eager = on
+    try:
+        yield
+    finally:
+        app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def eager_tasks():
+    """Run Celery tasks in-process (the embedded default's mode) for tests that start no worker."""
+    with celery_eager(True):
+        yield
 
 
 @pytest.fixture
@@ -118,34 +128,30 @@ def scope_c(db):
     return scope_create(name="scope-c", description="charlie's agent")
 
 
+def _granted(username: str, scope):
+    from memories.services import scope_grant
+
+    user = _user(username)
+    scope_grant(scope=scope, user=user)
+    return user
+
+
 @pytest.fixture
 def alice(scope_a):
     """The user who owns scope A (granted it)."""
-    from memories.services import scope_grant
-
-    user = _user("alice")
-    scope_grant(scope=scope_a, user=user)
-    return user
+    return _granted("alice", scope_a)
 
 
 @pytest.fixture
 def bob(scope_a):
     """A member of A's team: granted scope A too."""
-    from memories.services import scope_grant
-
-    user = _user("bob")
-    scope_grant(scope=scope_a, user=user)
-    return user
+    return _granted("bob", scope_a)
 
 
 @pytest.fixture
 def charlie(scope_c):
     """Has no grant on scope A; granted scope C."""
-    from memories.services import scope_grant
-
-    user = _user("charlie")
-    scope_grant(scope=scope_c, user=user)
-    return user
+    return _granted("charlie", scope_c)
 
 
 @pytest.fixture

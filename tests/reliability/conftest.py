@@ -13,6 +13,7 @@ from tests.cartridges.conftest import blob_root, fake_engine  # noqa: F401
 
 # The worker harness of the cartridges tests: a real ``celery worker`` process against the test database.
 from tests.cartridges.test_worker import Worker, _database_url, _wait, redis_clean, start_worker  # noqa: F401
+from tests.conftest import celery_eager  # noqa: E402
 
 FIGURES_FILE = "reliability-figures.jsonl"
 
@@ -47,9 +48,5 @@ def needs_redis() -> pytest.MarkDecorator:
 @pytest.fixture
 def real_broker():
     """Send tasks to the broker for real (a test that ran before may have left eager mode on)."""
-    from mnesio_site.celery import app
-
-    before = app.conf.task_always_eager
-    app.conf.task_always_eager = False
-    yield
-    app.conf.task_always_eager = before
+    with celery_eager(False):
+        yield
