@@ -18,18 +18,14 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.views.decorators.debug import sensitive_variables
+
+from core.keys import MasterKeyUnavailable  # defined in core so its handler (core.errors) never imports memories
 
 NONCE_BYTES = 12  # the GCM standard nonce size; random per encryption (2^-32 collision bound is far off)
 KEY_BYTES = 32  # AES-256
 
-__all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES"]
-
-
-class MasterKeyUnavailable(ImproperlyConfigured):
-    """A wrapped key names a master key that is not configured (a request that meets it is a JSON 503)."""
-
+__all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES", "MasterKeyUnavailable"]
 
 @sensitive_variables()
 def _dev_master_key(path: Path) -> bytes:
