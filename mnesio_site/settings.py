@@ -343,6 +343,17 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEO
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
 
 # ---------------------------------------------------------------------------
+# Prometheus: with several processes behind one scrape (gunicorn workers, Celery prefork), each writes its
+# answer-latency samples into this directory and /metrics reads them all (prometheus_client's multiprocess mode;
+# the library reads the same variable when it is imported). Empty it before the processes start.
+# ---------------------------------------------------------------------------
+PROMETHEUS_MULTIPROC_DIR = env("PROMETHEUS_MULTIPROC_DIR")
+if PROMETHEUS_MULTIPROC_DIR and not Path(PROMETHEUS_MULTIPROC_DIR).is_dir():
+    raise ImproperlyConfigured(
+        f"`PROMETHEUS_MULTIPROC_DIR` has to be an existing directory but {PROMETHEUS_MULTIPROC_DIR!r} is not"
+    )
+
+# ---------------------------------------------------------------------------
 # DRF and the OpenAPI schema
 # ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -27,7 +27,7 @@ from memories.models import Subject
 from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
 from memories.services import subject_id_validate
 
-from .. import conf, engine
+from .. import conf, engine, prometheus
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
 from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .errors import NoActiveCartridge, NothingToCompile
@@ -92,6 +92,7 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
             raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
         answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
+    prometheus.answer_observe(mode=mode, ttft_s=answer.ttft_s, total_s=answer.total_s)  # summed across processes
     AnswerRecord.objects.create(
         scope=scope,
         version=version,

@@ -22,7 +22,7 @@ def load(monkeypatch, tmp_path):
     def load(**variables: str) -> dict[str, Any]:
         for name in list(os.environ):
             if name.startswith(("MNESIO_", "SECRET_KEY", "CELERY_", "DATABASE_URL", "REDIS_URL", "DB_", "SECURE_",
-                                "ALLOWED_HOSTS", "CSRF_")):
+                                "ALLOWED_HOSTS", "CSRF_", "PROMETHEUS_")):
                 monkeypatch.delenv(name)
         for name, value in {"MNESIO_DATA_DIR": str(tmp_path), **PRODUCTION, **variables}.items():
             monkeypatch.setenv(name, value)
@@ -109,6 +109,7 @@ def test_secrets_come_from_files_and_are_taken_literally(load, tmp_path):
         ({"SECRET_KEY_FILE": "/nonexistent/secret"}, "`SECRET_KEY_FILE` points at '/nonexistent/secret'"),
         ({"MNESIO_MASTER_KEY": ""}, "`MNESIO_MASTER_KEY` (or `MNESIO_MASTER_KEY_FILE`) must be set"),
         ({"MNESIO_MASTER_KEY": base64.b64encode(b"short").decode()}, "`MNESIO_MASTER_KEY` has to decode to 32 bytes"),
+        ({"PROMETHEUS_MULTIPROC_DIR": "/nonexistent/prometheus"}, "`PROMETHEUS_MULTIPROC_DIR` has to be an existing directory"),
         ({"MNESIO_MASTER_KEY_OLD": "***"}, "`MNESIO_MASTER_KEY_OLD` has to decode to 32 bytes"),
     ],
 )
