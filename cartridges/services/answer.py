@@ -92,7 +92,6 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
             raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
         answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
-    prometheus.answer_observe(mode=mode, ttft_s=answer.ttft_s, total_s=answer.total_s)  # summed across processes
     AnswerRecord.objects.create(
         scope=scope,
         version=version,
@@ -103,6 +102,7 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
         num_prompt_tokens=answer.num_prompt_tokens,
         actor=actor if getattr(actor, "is_authenticated", False) else None,
     )
+    prometheus.answer_observe(mode=mode, ttft_s=answer.ttft_s, total_s=answer.total_s)  # counted once recorded
     log.info("answered scope=%s mode=%s version=%s ttft_s=%.4f", scope.pk, mode, getattr(version, "pk", None), answer.ttft_s)
     return AnswerResult(
         answer=answer.text,
