@@ -1,29 +1,17 @@
-"""Settings of the cartridge lifecycle, each read at call time with a documented default.
+"""Settings of the cartridge lifecycle, typed and checked, each read from django.conf.settings at call time.
 
-A value comes from django.conf.settings when the project defines it, else from the environment
-variable of the same name, else from the default here. Reading at call time keeps them overridable in
-tests (``settings`` fixture) and in worker processes (environment) without touching mnesio_site/settings.py.
+mnesio_site/settings.py reads every one from the environment (with its default and its checks); reading
+them here at call time keeps them overridable in tests (pytest-django's ``settings`` fixture), and worker
+processes get theirs through the environment as usual. The checks here catch a bad override.
 """
 from __future__ import annotations
-
-import os
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 
-def _raw(name: str) -> object | None:
-    """Return the setting, or the environment variable, or None when neither is set."""
-    if hasattr(settings, name):
-        return getattr(settings, name)
-    value = os.environ.get(name, "")
-    return value if value != "" else None
-
-
-def _float(name: str, default: float, *, minimum: float = 0.0, maximum: float | None = None) -> float:
-    raw = _raw(name)
-    if raw is None:
-        return default
+def _float(name: str, *, minimum: float = 0.0, maximum: float | None = None) -> float:
+    raw = getattr(settings, name)
     try:
         value = float(raw)
     except (TypeError, ValueError):
@@ -33,10 +21,8 @@ def _float(name: str, default: float, *, minimum: float = 0.0, maximum: float | 
     return value
 
 
-def _int(name: str, default: int, *, minimum: int = 0) -> int:
-    raw = _raw(name)
-    if raw is None:
-        return default
+def _int(name: str, *, minimum: int = 0) -> int:
+    raw = getattr(settings, name)
     try:
         value = int(raw)
     except (TypeError, ValueError):
@@ -46,10 +32,8 @@ def _int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
-def _bool(name: str, default: bool) -> bool:
-    raw = _raw(name)
-    if raw is None:
-        return default
+def _bool(name: str) -> bool:
+    raw = getattr(settings, name)
     if isinstance(raw, bool):
         return raw
     value = str(raw).strip().lower()
@@ -60,77 +44,72 @@ def _bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"`{name}` has to be true or false but got {raw!r}")
 
 
-def _list(name: str, default: list[str]) -> list[str]:
-    raw = _raw(name)
-    if raw is None:
-        return default
-    if isinstance(raw, (list, tuple)):
-        return [str(v) for v in raw]
-    return [v.strip() for v in str(raw).split(",") if v.strip()]
-
-
 def gate_min_fidelity() -> float:
     """Least top-1 next-token agreement with text re-reading on the probes (f32 agrees fully; q4 may not)."""
-    return _float("MNESIO_GATE_MIN_FIDELITY", 0.95, maximum=1.0)
+    return _float("MNESIO_GATE_MIN_FIDELITY", maximum=1.0)
 
 
 def gate_accuracy_tolerance() -> float:
     """How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed)."""
-    return _float("MNESIO_GATE_ACCURACY_TOLERANCE", 0.0, maximum=1.0)
+    return _float("MNESIO_GATE_ACCURACY_TOLERANCE", maximum=1.0)
 
 
 def gate_require_retrieval_baseline() -> bool:
     """Whether the cartridge must also match the top-k text retrieval baseline (off: it is recorded only)."""
-    return _bool("MNESIO_GATE_REQUIRE_RETRIEVAL", False)
+    return _bool("MNESIO_GATE_REQUIRE_RETRIEVAL")
 
 
 def gate_retrieval_top_k() -> int:
     """How many memories the BM25 retrieval baseline re-reads per question."""
-    return _int("MNESIO_GATE_RETRIEVAL_TOP_K", 3, minimum=1)
+    return _int("MNESIO_GATE_RETRIEVAL_TOP_K", minimum=1)
 
 
 def gate_num_auto_probes() -> int:
     """How many probe questions are made from the memories (evenly spaced over the log; bounds gate time)."""
-    return _int("MNESIO_GATE_NUM_AUTO_PROBES", 4, minimum=1)
+    return _int("MNESIO_GATE_NUM_AUTO_PROBES", minimum=1)
 
 
 def gate_max_new_tokens() -> int:
     """Greedy answer length when scoring evaluation cases (short keeps the gate cheap on CPU)."""
-    return _int("MNESIO_GATE_MAX_NEW_TOKENS", 16, minimum=1)
+    return _int("MNESIO_GATE_MAX_NEW_TOKENS", minimum=1)
 
 
 def gate_fidelity_max_new_tokens() -> int:
     """Greedy length of each fidelity probe (the threshold is on the first token; the rest feeds answers_identical)."""
-    return _int("MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS", 8, minimum=1)
+    return _int("MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS", minimum=1)
 
 
 def answer_max_new_tokens() -> int:
     """Greedy answer length of cartridge_answer."""
-    return _int("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, minimum=1)
+    return _int("MNESIO_ANSWER_MAX_NEW_TOKENS", minimum=1)
 
 
 def cartridge_cache_size() -> int:
     """How many loaded cartridges one process keeps (LRU); 0 disables the cache."""
-    return _int("MNESIO_CARTRIDGE_CACHE_SIZE", 8, minimum=0)
+    return _int("MNESIO_CARTRIDGE_CACHE_SIZE", minimum=0)
 
 
 def allowed_models() -> list[str]:
     """Model ids an operator may switch to (the configured default is always allowed)."""
-    models = _list("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-instruct", "fake-model"])
-    default = str(getattr(settings, "MNESIO_KV_MODEL", "smollm2-135m-instruct"))
+    raw = settings.MNESIO_KV_ALLOWED_MODELS
+    # a list, or the environment's comma-separated text set as is
+    models = [str(m) for m in raw] if isinstance(raw, (list, tuple)) else [m.strip() for m in str(raw).split(",") if m.strip()]
+    default = str(settings.MNESIO_KV_MODEL)
     return models if default in models else [*models, default]
 
 
 def orphan_blob_grace_s() -> int:
     """Age after which an unclaimed blob is certainly dead: a compile cannot outlive the task's hard limit."""
-    return _int("MNESIO_ORPHAN_BLOB_GRACE_S", int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 1800)) + 60, minimum=0)
+    if settings.MNESIO_ORPHAN_BLOB_GRACE_S is None:
+        return _int("CELERY_TASK_TIME_LIMIT", minimum=1) + 60
+    return _int("MNESIO_ORPHAN_BLOB_GRACE_S", minimum=0)
 
 
 def answer_request_ttl_s() -> int:
     """How long an AnswerRequest waits to be collected before it expires and is swept (default one hour)."""
-    return _int("MNESIO_ANSWER_REQUEST_TTL_S", 3600, minimum=1)
+    return _int("MNESIO_ANSWER_REQUEST_TTL_S", minimum=1)
 
 
 def compile_pause_s() -> float:
     """Fault injection for tests: sleep this long between opening the log and compiling (0 in production)."""
-    return _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, maximum=600.0)
+    return _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", maximum=600.0)

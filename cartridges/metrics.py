@@ -1,8 +1,8 @@
-"""KV metrics: one selector read by /api/kv/metrics, the dashboard and the admin panel, plus Prometheus text.
+"""KV metrics: one selector read by /api/kv/metrics, the dashboard and the admin panel.
 
 ``kv_metrics()`` returns plain JSON-ready values (ints, floats, strings, ISO timestamps); its shape is the
-API's documented response (see ``cartridges.api.serializers.KvMetricsSerializer``) and
-``render_prometheus()`` turns the same dict into the Prometheus text exposition format (version 0.0.4).
+API's documented response (see ``cartridges.api.serializers.KvMetricsSerializer``), and
+``cartridges.prometheus`` turns the same dict into Prometheus text.
 No memory text, question or answer ever appears here: only counts, ids, sizes and timings.
 """
 from __future__ import annotations
@@ -211,103 +211,3 @@ def _erasures(requests: Any) -> dict[str, int]:
     done = by_status.pop(ErasureStatus.VIEWS_REBUILT, 0)
     failed = by_status.pop(ErasureStatus.FAILED, 0)
     return {"pending": sum(by_status.values()), "done": done, "failed": failed}
-
-
-# ---------------------------------------------------------------------------
-# Prometheus text exposition format (0.0.4)
-# ---------------------------------------------------------------------------
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def _label_value(value: Any) -> str:
-    """Escape a label value the way the exposition format requires (backslash, quote, newline)."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _sample(name: str, value: float | int | None, labels: dict[str, Any] | None = None) -> str | None:
-    if value is None:
-        return None
-    label_text = ",".join(f'{k}="{_label_value(v)}"' for k, v in (labels or {}).items())
-    number = repr(float(value)) if isinstance(value, float) else str(int(value))
-    return f"{name}{{{label_text}}} {number}" if label_text else f"{name} {number}"
-
-
-class _Family:
-    """One metric family: its HELP and TYPE lines followed by its samples."""
-
-    def __init__(self, name: str, kind: str, help_text: str):
-        self.name, self.kind, self.help_text = name, kind, help_text
-        self.samples: list[str] = []
-
-    def add(self, value: float | int | None, **labels: Any) -> None:
-        line = _sample(self.name, value, labels)
-        if line is not None:
-            self.samples.append(line)
-
-    def lines(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.kind}", *self.samples]
-
-
-def render_prometheus(data: dict[str, Any]) -> str:
-    """Render a ``kv_metrics()`` dict as Prometheus text (one family per measurement, labelled)."""
-    families: list[_Family] = []
-
-    def family(name: str, kind: str, help_text: str) -> _Family:
-        f = _Family(name, kind, help_text)
-        families.append(f)
-        return f
-
-    info = family("mnesio_kv_configuration_info", "gauge", "The active KV configuration (value is always 1).")
-    config = data.get("configuration")
-    if config:
-        info.add(1, backend=config["backend"], model=config["model"], dtype=config["dtype"], quant=config["quant"],
-                 device=config["device"])
-    family("mnesio_log_head", "gauge", "The newest position in the memory log.").add(data["log_head"])
-
-    has_active = family("mnesio_scope_activated", "gauge", "1 if the scope has ever had a version activated.")
-    serving = family("mnesio_scope_serving", "gauge", "1 if the scope's active version matches the active configuration.")
-    lag = family("mnesio_scope_lag_memories", "gauge", "Memories of the scope appended after its active version's head.")
-    head = family("mnesio_scope_active_log_head", "gauge", "Log head the scope's active version was compiled at.")
-    tokens = family("mnesio_scope_active_tokens", "gauge", "Tokens in the scope's active cartridge.")
-    size = family("mnesio_scope_active_size_bytes", "gauge", "Blob size of the scope's active cartridge.")
-    age = family("mnesio_scope_active_age_seconds", "gauge", "Age of the scope's active cartridge version.")
-    for row in data["scopes"]:
-        version = row["active_version"]
-        has_active.add(1 if row["activated_version_id"] else 0, scope=row["scope"])
-        serving.add(1 if row["serving"] else 0, scope=row["scope"])
-        lag.add(row["lag"], scope=row["scope"])
-        if version:
-            head.add(version["log_head"], scope=row["scope"])
-            tokens.add(version["num_tokens"], scope=row["scope"])
-            size.add(version["size_bytes"], scope=row["scope"])
-            age.add(float(version["age_s"]), scope=row["scope"])
-
-    gate = family("mnesio_gate_evaluations_total", "counter", "Gate evaluations by outcome.")
-    gate.add(data["gate"]["passed"], outcome="passed")
-    gate.add(data["gate"]["failed"], outcome="failed")
-
-    latency = family("mnesio_answer_latency_seconds", "gauge",
-                     f"Answer latency percentiles over the last {data['latency']['window']} answers per mode.")
-    answers = family("mnesio_answer_latency_window_answers", "gauge", "Answers in the latency window, per mode.")
-    for mode in MODES:
-        summary = data["latency"][mode]
-        answers.add(summary["count"], mode=mode)
-        for measure in ("ttft", "total"):
-            for p, quantile in (("50", "0.5"), ("95", "0.95")):
-                latency.add(summary[f"{measure}_p{p}_s"], mode=mode, measure=measure, quantile=quantile)
-
-    versions = family("mnesio_cartridge_versions", "gauge", "Cartridge versions by state.")
-    for state in ("compiled", "active", "failed", "destroyed"):
-        versions.add(data["versions"][state], state=state)
-
-    quant_count = family("mnesio_cartridge_blobs", "gauge", "Stored (not destroyed) cartridge blobs per quant.")
-    quant_bytes = family("mnesio_cartridge_blob_bytes", "gauge", "Bytes of stored cartridge blobs per quant.")
-    for row in data["sizes_by_quant"]:
-        quant_count.add(row["count"], quant=row["quant"])
-        quant_bytes.add(row["total_bytes"], quant=row["quant"])
-
-    erasures = family("mnesio_erasure_requests", "gauge", "Erasure requests by status.")
-    for status in ("pending", "done", "failed"):
-        erasures.add(data["erasures"][status], status=status)
-
-    return "\n".join(line for f in families for line in f.lines()) + "\n"

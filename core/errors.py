@@ -10,6 +10,8 @@ from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core.keys import MasterKeyUnavailable
+
 log = logging.getLogger("mnesio")
 
 
@@ -97,8 +99,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     """Render MnesioError, engine errors, lost database connections and DRF errors as ``{"message", "extra"}``."""
     if isinstance(exc, MnesioError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
-    from memories.crypto import MasterKeyUnavailable  # the project package does not import apps at load time
-
     if isinstance(exc, MasterKeyUnavailable):
         log.error("master key unavailable during a request: %s", exc)
         return Response(master_key_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)

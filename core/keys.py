@@ -1,10 +1,15 @@
-"""Parsing of master keys from configuration (settings.py and the dev key file use the same rules)."""
+"""Master keys in configuration: their parsing (settings.py and the dev key file use the same rules) and the error
+raised when a stored key names one this process does not know (core renders it; memories raises it)."""
 from __future__ import annotations
 
 import base64
 import binascii
 
 from django.core.exceptions import ImproperlyConfigured
+
+
+class MasterKeyUnavailable(ImproperlyConfigured):
+    """A wrapped key names a master key that is not configured (a request that meets it is a JSON 503)."""
 
 
 def parse_master_key(raw: str, *, name: str) -> bytes:

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from core.errors import master_key_unavailable_body
+from core.keys import MasterKeyUnavailable
 
 log = logging.getLogger("mnesio")
 
 
 class MasterKeyUnavailableMiddleware:
-    """Render ``memories.crypto.MasterKeyUnavailable`` raised by a view as ``{"message", "extra"}`` with 503."""
+    """Render ``core.keys.MasterKeyUnavailable`` raised by a view as ``{"message", "extra"}`` with 503."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -26,8 +27,6 @@ class MasterKeyUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        from memories.crypto import MasterKeyUnavailable
-
         if not isinstance(exception, MasterKeyUnavailable):
             return None
         log.error("master key unavailable during %s %s", request.method, request.path)

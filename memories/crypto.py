@@ -19,13 +19,14 @@ from typing import NamedTuple
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.views.decorators.debug import sensitive_variables
+
+from core.keys import MasterKeyUnavailable  # defined in core so its handler (core.errors) never imports memories
 
 NONCE_BYTES = 12  # the GCM standard nonce size; random per encryption (2^-32 collision bound is far off)
 KEY_BYTES = 32  # AES-256
 
-__all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES"]
+__all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES", "MasterKeyUnavailable"]
 
 
 class WrappedKey(NamedTuple):
@@ -41,9 +42,6 @@ class WrappedKey(NamedTuple):
     def open(self, *, aad: bytes) -> bytes:
         return unwrap(self.wrapped, wrapped_by=self.master_key_id, aad=aad)
 
-
-class MasterKeyUnavailable(ImproperlyConfigured):
-    """A wrapped key names a master key that is not configured (a request that meets it is a JSON 503)."""
 
 
 @sensitive_variables()

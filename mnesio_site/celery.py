@@ -1,4 +1,8 @@
-"""The Celery app: a default queue for bookkeeping and a ``gpu`` queue for model work."""
+"""The Celery app: a default queue for bookkeeping and a ``gpu`` queue for model work.
+
+Every value read from the environment comes through Django's settings (``CELERY_*``, mnesio_site/settings.py);
+they are read lazily, since this module is imported while the settings module itself loads.
+"""
 from __future__ import annotations
 
 import os
@@ -35,10 +39,7 @@ app.conf.update(
     # One message at a time per worker process: a compile takes minutes, and prefetched
     # messages would sit behind it (and be held hostage by a worker that dies).
     worker_prefetch_multiplier=1,
-    # Redis redelivers an unacked message after the visibility timeout; it must exceed the
-    # hard time limit (checked in settings) or a long compile would run twice concurrently.
-    broker_transport_options={"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "3600"))},
-    result_backend_transport_options={"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "3600"))},
+    # Redis's visibility timeout (broker_transport_options) comes from settings: CELERY_VISIBILITY_TIMEOUT.
     # Keep trying to reach the broker on start instead of exiting (Redis restarts).
     broker_connection_retry_on_startup=True,
     # Task arguments are ids, never plaintext; JSON keeps them inspectable.

@@ -6,47 +6,80 @@ PostgreSQL and ``REDIS_URL`` at Redis for a real deployment (see README.md).
 """
 from __future__ import annotations
 
-import os
+import warnings
 from pathlib import Path
+from typing import Any
 
-import dj_database_url
+import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from core.keys import parse_master_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+# ---------------------------------------------------------------------------
+# Environment helpers: django-environ reads and casts; these add what it lacks (healthchecks' envint/envbool/
+# envsecret are the model): an empty variable means its default, a bad value is a loud ImproperlyConfigured
+# naming the variable and the allowed values, and secrets may come from ``NAME_FILE``.
+# ---------------------------------------------------------------------------
+ENV = environ.Env()
+BOOL_STRINGS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False, "on": True, "off": False}
 
-# ---------------------------------------------------------------------------
-# Environment helpers (modelled on healthchecks' envint/envbool/envsecret)
-# ---------------------------------------------------------------------------
+
+def _raw(name: str) -> str | None:
+    """Return the variable's text, or None when unset or empty.
+
+    Read as is, without django-environ's ``$OTHER_VARIABLE`` proxying: a secret that starts with ``$`` (Django's
+    generated keys may) is a secret, not the name of another variable.
+    """
+    value = ENV.ENVIRON.get(name, "")
+    return value if value != "" else None
+
+
+def _cast(name: str, raw: str, cast: Any, kind: str) -> Any:
+    try:
+        return ENV.parse_value(raw.strip(), cast)
+    except ValueError:
+        raise ImproperlyConfigured(f"`{name}` has to be {kind} but got {raw!r}") from None
+
+
 def env(name: str, default: str = "") -> str:
     """Return an environment variable, or ``default`` when unset or empty."""
-    value = os.environ.get(name, "")
-    return value if value != "" else default
+    raw = _raw(name)
+    return raw if raw is not None else default
 
 
-def envbool(name: str, default: str) -> bool:
-    """Parse a boolean environment variable, failing loudly on anything unclear."""
-    value = env(name, default).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ImproperlyConfigured(
-        f"`{name}` has to be one of ['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'] but got {value!r}"
-    )
+def envbool(name: str, default: bool) -> bool:
+    """Parse a boolean environment variable, failing loudly on anything unclear (django-environ reads those as false)."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in BOOL_STRINGS:
+        raise ImproperlyConfigured(f"`{name}` has to be one of {list(BOOL_STRINGS)} but got {value!r}")
+    return BOOL_STRINGS[value]
 
 
-def envint(name: str, default: str, *, minimum: int | None = None) -> int:
+def envint(name: str, default: int | None, *, minimum: int | None = None) -> int | None:
     """Parse an integer environment variable, failing loudly on a bad value."""
-    raw = env(name, default)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"`{name}` has to be an integer but got {raw!r}") from None
+    raw = _raw(name)
+    if raw is None:
+        return default
+    value = _cast(name, raw, int, "an integer")
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"`{name}` has to be >= {minimum} but got {value}")
+    return value
+
+
+def envfloat(name: str, default: float, *, minimum: float = 0.0, maximum: float | None = None) -> float:
+    """Parse a number environment variable within [minimum, maximum], failing loudly on a bad value."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    # Python's float, not django-environ's: that one drops characters it does not know ('0.0.1' reads as 0.1)
+    value = _cast(name, raw, lambda text: float(text), "a number")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"`{name}` has to be between {minimum} and {maximum} but got {value}")
     return value
 
 
@@ -58,8 +91,16 @@ def envchoice(name: str, default: str, choices: list[str]) -> str:
     return value
 
 
+def envlist(name: str, default: list[str]) -> list[str]:
+    """Parse a comma-separated environment variable (blanks around and between commas are dropped)."""
+    raw = _raw(name)
+    if raw is None:
+        return list(default)
+    return [v.strip() for v in _cast(name, raw, list, "a comma-separated list") if v.strip()]
+
+
 def envsecret(name: str, default: str = "") -> str:
-    """Read a secret from ``NAME`` or from the file named by ``NAME_FILE``."""
+    """Read a secret from ``NAME`` or from the file named by ``NAME_FILE`` (Docker and Kubernetes secrets)."""
     file_name = env(f"{name}_FILE")
     if file_name:
         try:
@@ -69,12 +110,26 @@ def envsecret(name: str, default: str = "") -> str:
     return env(name, default)
 
 
+def envdatabase(name: str, url: str, *, conn_max_age: int) -> dict[str, Any]:
+    """Parse the database URL read from ``name`` with django-environ, accepting only the engines this project runs on."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unknown scheme is refused below, by name
+            config = ENV.db_url_config(url)
+    except (ValueError, KeyError) as exc:
+        raise ImproperlyConfigured(f"`{name}` is not a database URL this project understands: {exc}") from None
+    engine = config.get("ENGINE")
+    if engine not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):
+        raise ImproperlyConfigured(f"`{name}` has to name 'sqlite' or 'postgres' but names {engine!r}")
+    return {**config, "CONN_MAX_AGE": conn_max_age}
+
+
 # ---------------------------------------------------------------------------
 # Core Django
 # ---------------------------------------------------------------------------
 # Off unless asked for: only bin/run (the embedded demo) sets MNESIO_DEBUG=true. With debug off, SECRET_KEY and
 # the master key must be set (the test suite sets test values: tests/settings.py).
-DEBUG = envbool("MNESIO_DEBUG", "false")
+DEBUG = envbool("MNESIO_DEBUG", False)
 # Error pages and error log records show tracebacks without any variable's value, in debug or not
 # (frame variables hold master-key bytes, data keys and memory plaintext).
 DEFAULT_EXCEPTION_REPORTER_FILTER = "mnesio_site.debug.SecretsExceptionReporterFilter"
@@ -87,8 +142,8 @@ if not SECRET_KEY:
         raise ImproperlyConfigured("`SECRET_KEY` (or `SECRET_KEY_FILE`) must be set when MNESIO_DEBUG is false")
     SECRET_KEY = "mnesio-insecure-development-key-do-not-use-in-production"
 
-ALLOWED_HOSTS = [h.strip() for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -141,14 +196,7 @@ DATABASE_URL = env("DATABASE_URL", f"sqlite:///{DATA_DIR / 'mnesio.sqlite3'}")
 if DATABASE_URL.startswith("sqlite:") and DATABASE_URL.startswith(f"sqlite:///{DATA_DIR}"):
     # The embedded default keeps its file in DATA_DIR; a fresh checkout has none yet.
     DATA_DIR.mkdir(parents=True, exist_ok=True)
-try:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", "0", minimum=0))}
-except ValueError as exc:
-    raise ImproperlyConfigured(f"`DATABASE_URL` is not a database URL this project understands: {exc}") from None
-if DATABASES["default"]["ENGINE"] not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):
-    raise ImproperlyConfigured(
-        f"`DATABASE_URL` has to name 'sqlite' or 'postgres' but names {DATABASES['default']['ENGINE']!r}"
-    )
+DATABASES = {"default": envdatabase("DATABASE_URL", DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", 0, minimum=0))}
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 if not IS_POSTGRES:
     # Concurrent writers (the dev server plus in-process tasks) wait instead of failing at once.
@@ -177,26 +225,26 @@ MEDIA_ROOT = Path(env("MNESIO_MEDIA_ROOT", str(DATA_DIR / "media")))
 
 # Cartridge blobs go through Django's storage API: local files by default, any
 # django-storages backend (S3, GCS) for a worker fleet via MNESIO_BLOB_STORAGE_BACKEND.
+MNESIO_BLOB_STORAGE_BACKEND = env("MNESIO_BLOB_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     "cartridges": {
-        "BACKEND": env("MNESIO_BLOB_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage"),
+        "BACKEND": MNESIO_BLOB_STORAGE_BACKEND,
         "OPTIONS": {"location": env("MNESIO_BLOB_ROOT", str(DATA_DIR / "cartridges"))}
-        if env("MNESIO_BLOB_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
-        == "django.core.files.storage.FileSystemStorage"
+        if MNESIO_BLOB_STORAGE_BACKEND == "django.core.files.storage.FileSystemStorage"
         else {},
     },
 }
 
 # Production hardening: on unless debugging (``manage.py check --deploy`` is clean with MNESIO_DEBUG=false).
-SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "false" if DEBUG else "true")
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = not DEBUG
 CSRF_COOKIE_SECURE = not DEBUG
-SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "0" if DEBUG else "31536000", minimum=0)
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("MNESIO_BEHIND_PROXY", "false") else None
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("MNESIO_BEHIND_PROXY", False) else None
 
 # ---------------------------------------------------------------------------
 # Master key: wraps every subject/scope data key (AES-256-GCM)
@@ -214,16 +262,16 @@ _old_raw = envsecret("MNESIO_MASTER_KEY_OLD")
 MNESIO_MASTER_KEY_OLD: bytes | None = parse_master_key(_old_raw, name="MNESIO_MASTER_KEY_OLD") if _old_raw else None
 
 # Largest memory content accepted by the API, in UTF-8 bytes (documented in README).
-MNESIO_MAX_MEMORY_BYTES = envint("MNESIO_MAX_MEMORY_BYTES", "8192", minimum=1)
+MNESIO_MAX_MEMORY_BYTES = envint("MNESIO_MAX_MEMORY_BYTES", 8192, minimum=1)
 # Largest question accepted by the API, in characters.
-MNESIO_MAX_QUESTION_CHARS = envint("MNESIO_MAX_QUESTION_CHARS", "2000", minimum=1)
+MNESIO_MAX_QUESTION_CHARS = envint("MNESIO_MAX_QUESTION_CHARS", 2000, minimum=1)
 
 # ---------------------------------------------------------------------------
 # KV engine defaults (an operator can switch the active configuration at runtime)
 # ---------------------------------------------------------------------------
 MNESIO_KV_BACKEND = envchoice("MNESIO_KV_BACKEND", "transformers", ["fake", "transformers"])
 # The fake engine answers with whole memory texts: tests only (the suite turns this on, tests/settings.py).
-MNESIO_ALLOW_FAKE_BACKEND = envbool("MNESIO_ALLOW_FAKE_BACKEND", "false")
+MNESIO_ALLOW_FAKE_BACKEND = envbool("MNESIO_ALLOW_FAKE_BACKEND", False)
 if MNESIO_KV_BACKEND == "fake" and not MNESIO_ALLOW_FAKE_BACKEND:
     raise ImproperlyConfigured(
         "`MNESIO_KV_BACKEND` 'fake' answers with whole memory texts and is for tests only: it has to be "
@@ -235,8 +283,39 @@ MNESIO_KV_QUANT = envchoice("MNESIO_KV_QUANT", "none", ["none", "q8", "q4"])
 MNESIO_KV_DEVICE = env("MNESIO_KV_DEVICE", "auto")
 # Converted model weights and other engine caches.
 MNESIO_MODEL_CACHE_DIR = Path(env("MNESIO_MODEL_CACHE_DIR", str(Path.home() / ".cache" / "mnesio")))
-# How many loaded cartridges a worker keeps in memory (LRU).
-MNESIO_CARTRIDGE_CACHE_SIZE = envint("MNESIO_CARTRIDGE_CACHE_SIZE", "8", minimum=0)
+# How many loaded cartridges a worker keeps in memory (LRU); 0 disables the cache.
+MNESIO_CARTRIDGE_CACHE_SIZE = envint("MNESIO_CARTRIDGE_CACHE_SIZE", 8, minimum=0)
+# Model ids an operator may switch to (cartridges.conf.allowed_models adds the configured default).
+MNESIO_KV_ALLOWED_MODELS = envlist("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-instruct", "fake-model"])
+
+# ---------------------------------------------------------------------------
+# Cartridge lifecycle: the gate and serving (read at call time through cartridges.conf, so the tests'
+# ``settings`` fixture overrides them; worker processes get them through the environment)
+# ---------------------------------------------------------------------------
+# Least top-1 next-token agreement with text re-reading on the probes (f32 agrees fully; q4 may not).
+MNESIO_GATE_MIN_FIDELITY = envfloat("MNESIO_GATE_MIN_FIDELITY", 0.95, maximum=1.0)
+# How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed).
+MNESIO_GATE_ACCURACY_TOLERANCE = envfloat("MNESIO_GATE_ACCURACY_TOLERANCE", 0.0, maximum=1.0)
+# Whether the cartridge must also match the top-k text retrieval baseline (off: it is recorded only).
+MNESIO_GATE_REQUIRE_RETRIEVAL = envbool("MNESIO_GATE_REQUIRE_RETRIEVAL", False)
+# How many memories the BM25 retrieval baseline re-reads per question.
+MNESIO_GATE_RETRIEVAL_TOP_K = envint("MNESIO_GATE_RETRIEVAL_TOP_K", 3, minimum=1)
+# How many probe questions are made from the memories (evenly spaced over the log; bounds gate time).
+MNESIO_GATE_NUM_AUTO_PROBES = envint("MNESIO_GATE_NUM_AUTO_PROBES", 4, minimum=1)
+# Greedy answer length when scoring evaluation cases (short keeps the gate cheap on CPU).
+MNESIO_GATE_MAX_NEW_TOKENS = envint("MNESIO_GATE_MAX_NEW_TOKENS", 16, minimum=1)
+# Greedy length of each fidelity probe (the threshold is on the first token; the rest feeds answers_identical).
+MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = envint("MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS", 8, minimum=1)
+# Greedy answer length of cartridge_answer.
+MNESIO_ANSWER_MAX_NEW_TOKENS = envint("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, minimum=1)
+# How long an AnswerRequest waits to be collected before it expires and is swept (one hour).
+MNESIO_ANSWER_REQUEST_TTL_S = envint("MNESIO_ANSWER_REQUEST_TTL_S", 3600, minimum=1)
+# Age after which an unclaimed blob is certainly dead; None: CELERY_TASK_TIME_LIMIT + 60 (cartridges.conf), since
+# a compile cannot outlive the task's hard limit.
+MNESIO_ORPHAN_BLOB_GRACE_S = envint("MNESIO_ORPHAN_BLOB_GRACE_S", None, minimum=0)
+# Fault injection for tests: sleep this long between opening the log and compiling (0 in production; the worker
+# tests pass it to worker processes through the environment).
+MNESIO_CARTRIDGE_COMPILE_PAUSE_S = envfloat("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, maximum=600.0)
 
 # ---------------------------------------------------------------------------
 # Celery
@@ -248,9 +327,9 @@ CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 # Long model tasks (see mnesio_site/celery.py for why each reliability setting is set).
-CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", "1500", minimum=1)
-CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", "1800", minimum=1)
-CELERY_VISIBILITY_TIMEOUT = envint("CELERY_VISIBILITY_TIMEOUT", "3600", minimum=1)
+CELERY_TASK_SOFT_TIME_LIMIT = envint("CELERY_TASK_SOFT_TIME_LIMIT", 1500, minimum=1)
+CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 1800, minimum=1)
+CELERY_VISIBILITY_TIMEOUT = envint("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=1)
 if CELERY_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT:
     raise ImproperlyConfigured(
         f"`CELERY_TASK_TIME_LIMIT` ({CELERY_TASK_TIME_LIMIT}) has to be below `CELERY_VISIBILITY_TIMEOUT` "
@@ -258,6 +337,21 @@ if CELERY_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT:
     )
 if CELERY_TASK_SOFT_TIME_LIMIT >= CELERY_TASK_TIME_LIMIT:
     raise ImproperlyConfigured("`CELERY_TASK_SOFT_TIME_LIMIT` has to be below `CELERY_TASK_TIME_LIMIT`")
+# Redis redelivers an unacked message after the visibility timeout; it must exceed the hard time limit (checked
+# above) or a long compile would run twice concurrently (mnesio_site/celery.py acknowledges late).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+
+# ---------------------------------------------------------------------------
+# Prometheus: with several processes behind one scrape (gunicorn workers, Celery prefork), each writes its
+# answer-latency samples into this directory and /metrics reads them all (prometheus_client's multiprocess mode;
+# the library reads the same variable when it is imported). Empty it before the processes start.
+# ---------------------------------------------------------------------------
+PROMETHEUS_MULTIPROC_DIR = env("PROMETHEUS_MULTIPROC_DIR")
+if PROMETHEUS_MULTIPROC_DIR and not Path(PROMETHEUS_MULTIPROC_DIR).is_dir():
+    raise ImproperlyConfigured(
+        f"`PROMETHEUS_MULTIPROC_DIR` has to be an existing directory but {PROMETHEUS_MULTIPROC_DIR!r} is not"
+    )
 
 # ---------------------------------------------------------------------------
 # DRF and the OpenAPI schema

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cartridges import metrics, selectors, services
+from cartridges import metrics, prometheus, selectors, services
 from cartridges.api import serializers as s
 from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
 from core.api import validated
@@ -283,7 +283,7 @@ class KvConfigurationView(APIView):
 
 
 class PrometheusRenderer(renderers.BaseRenderer):
-    """Render the KV metrics (or an error) in the Prometheus text exposition format."""
+    """Render the KV metrics and the answer-latency histograms (or an error) as Prometheus text."""
 
     media_type = "text/plain"
     format = "prometheus"
@@ -292,11 +292,13 @@ class PrometheusRenderer(renderers.BaseRenderer):
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
         response = (renderer_context or {}).get("response")
         if response is not None:
-            response["Content-Type"] = metrics.PROMETHEUS_CONTENT_TYPE
+            response["Content-Type"] = prometheus.CONTENT_TYPE
         if response is not None and response.status_code >= 400:
             message = data.get("message", "error") if isinstance(data, dict) else str(data)
             return f"# error: {message}\n".encode()
-        return metrics.render_prometheus(data).encode()
+        request = (renderer_context or {}).get("request")
+        # the same line KvMetricsView draws: operators see every scope, so the process-wide histograms too
+        return prometheus.render(data, histograms=bool(request is not None and request.user.is_staff))
 
 
 class KvMetricsView(APIView):

@@ -30,7 +30,7 @@ from memories.models import Subject
 from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
 from memories.services import subject_id_validate
 
-from .. import conf, engine
+from .. import conf, engine, prometheus
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
 from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
@@ -119,6 +119,7 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
         num_prompt_tokens=answer.num_prompt_tokens,
         actor=actor if getattr(actor, "is_authenticated", False) else None,
     )
+    prometheus.answer_observe(mode=mode, ttft_s=answer.ttft_s, total_s=answer.total_s)  # counted once recorded
     log.info("answered scope=%s mode=%s version=%s ttft_s=%.4f", scope.pk, mode, getattr(version, "pk", None), answer.ttft_s)
     return AnswerResult(
         answer=answer.text,

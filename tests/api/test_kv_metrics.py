@@ -1,17 +1,33 @@
 """GET /api/kv/metrics (and its Prometheus text) checked field by field against a scenario with known counts."""
 from __future__ import annotations
 
-import re
+import os
+import subprocess
+import sys
+from typing import Any
 
 import pytest
+from django.test import override_settings
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
+from cartridges.metrics import MODES
 from cartridges.models import AnswerRecord
-from cartridges.services import cartridge_activate, cartridge_compile, cartridge_evaluate
+from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, cartridge_evaluate
 from memories.services import erasure_request_file, erasure_request_process
 from tests.api.conftest import tamper
 from tests.api.helpers import assert_error
 
 pytestmark = pytest.mark.django_db
+
+# A kv_metrics() dict with nothing in it, for rendering without a database scenario.
+EMPTY_METRICS = {
+    "generated_at": None, "log_head": 0, "configuration": None, "scopes": [], "gate": {"passed": 0, "failed": 0},
+    "latency": {"window": 200, **{mode: {"count": 0, "ttft_p50_s": None, "ttft_p95_s": None, "total_p50_s": None,
+                                         "total_p95_s": None} for mode in ("cartridge", "text")}},
+    "versions": {"compiled": 0, "active": 0, "failed": 0, "destroyed": 0}, "sizes_by_quant": [],
+    "erasures": {"pending": 0, "done": 0, "failed": 0},
+}
 
 
 @pytest.fixture
@@ -97,16 +113,18 @@ def test_a_client_sees_only_its_own_scopes(alice, charlie, scenario, api_client_
     assert c["erasures"] == {"pending": 0, "done": 1, "failed": 0}
 
 
-def _samples(text: str) -> dict[str, float]:
-    """Parse Prometheus text samples into {'name{labels}': value}, checking every line's syntax."""
-    samples = {}
-    for line in text.splitlines():
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
-            continue
-        match = re.fullmatch(r'([a-z_]+(?:\{[a-z_]+="[^"\\]*"(?:,[a-z_]+="[^"\\]*")*\})?) (-?[0-9.e+-]+)', line)
-        assert match, f"not a Prometheus sample line: {line!r}"
-        samples[match.group(1)] = float(match.group(2))
-    return samples
+def _families(text: str) -> dict[str, Metric]:
+    """Parse Prometheus text with prometheus_client's own parser (it refuses malformed lines)."""
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def _samples(families: dict[str, Metric]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample as {(name, sorted labels): value}."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def test_it_serves_the_same_figures_as_prometheus_text(operator, scenario, api_client_for):
@@ -116,26 +134,98 @@ def test_it_serves_the_same_figures_as_prometheus_text(operator, scenario, api_c
         response = client.get(url)
         assert response.status_code == 200, response.content
         assert response["Content-Type"].startswith("text/plain; version=0.0.4")
-        s = _samples(response.content.decode())
-        assert s['mnesio_kv_configuration_info{backend="fake",model="fake-model",dtype="f32",quant="none",device="cpu"}'] == 1
-        assert s["mnesio_log_head"] == 5
-        assert s['mnesio_scope_lag_memories{scope="scope-a"}'] == 2 and s['mnesio_scope_lag_memories{scope="scope-c"}'] == 1
-        assert s['mnesio_scope_serving{scope="scope-a"}'] == 1 and s['mnesio_scope_serving{scope="scope-c"}'] == 0
-        assert s['mnesio_scope_active_size_bytes{scope="scope-a"}'] == v1.size_bytes
-        assert s['mnesio_gate_evaluations_total{outcome="failed"}'] == 1
-        assert s['mnesio_answer_latency_seconds{mode="cartridge",measure="total",quantile="0.95"}'] == 10.0
-        assert s['mnesio_answer_latency_seconds{mode="text",measure="total",quantile="0.5"}'] == 12.0
-        assert s['mnesio_cartridge_versions{state="destroyed"}'] == 1
-        assert s['mnesio_cartridge_blobs{quant="none"}'] == 2
-        assert s['mnesio_erasure_requests{status="pending"}'] == 1 and s['mnesio_erasure_requests{status="done"}'] == 1
         text = response.content.decode()
+        families = _families(text)
+        s = _samples(families)
+        assert _value(s, "mnesio_kv_configuration_info", backend="fake", model="fake-model", dtype="f32", quant="none",
+                      device="cpu") == 1
+        assert _value(s, "mnesio_log_head") == 5
+        assert _value(s, "mnesio_scope_lag_memories", scope="scope-a") == 2
+        assert _value(s, "mnesio_scope_lag_memories", scope="scope-c") == 1
+        assert _value(s, "mnesio_scope_serving", scope="scope-a") == 1
+        assert _value(s, "mnesio_scope_serving", scope="scope-c") == 0
+        assert _value(s, "mnesio_scope_active_size_bytes", scope="scope-a") == v1.size_bytes
+        assert ("mnesio_scope_active_size_bytes", (("scope", "scope-c"),)) not in s  # nothing serves scope C
+        assert _value(s, "mnesio_gate_evaluations_total", outcome="failed") == 1
+        assert _value(s, "mnesio_gate_evaluations_total", outcome="passed") == 1
+        assert _value(s, "mnesio_answer_latency_seconds", mode="cartridge", measure="total", quantile="0.95") == 10.0
+        assert _value(s, "mnesio_answer_latency_seconds", mode="text", measure="total", quantile="0.5") == 12.0
+        assert _value(s, "mnesio_answer_latency_window_answers", mode="text") == 11
+        assert _value(s, "mnesio_cartridge_versions", state="destroyed") == 1
+        assert _value(s, "mnesio_cartridge_blobs", quant="none") == 2
+        assert _value(s, "mnesio_erasure_requests", status="pending") == 1
+        assert _value(s, "mnesio_erasure_requests", status="done") == 1
+        assert families["mnesio_gate_evaluations"].type == "counter"
+        assert families["mnesio_answer_total_seconds"].type == "histogram"
+        assert families["mnesio_answer_ttft_seconds"].type == "histogram"
         assert "# TYPE mnesio_gate_evaluations_total counter" in text and "flowerpot" not in text
 
 
-def test_it_escapes_label_values():
-    from cartridges.metrics import _label_value
+def _histogram_counts(client: Any, name: str, mode: str) -> tuple[float, float, dict[str, float]]:
+    """(_count, _sum, {le: cumulative count}) of one mode of a latency histogram, as served by /metrics."""
+    s = _samples(_families(client.get("/metrics").content.decode()))
+    buckets = {dict(labels)["le"]: v for (n, labels), v in s.items() if n == f"{name}_bucket" and dict(labels)["mode"] == mode}
+    return _value(s, f"{name}_count", mode=mode), _value(s, f"{name}_sum", mode=mode), buckets
 
-    assert _label_value('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+def test_answers_in_this_process_show_up_as_histogram_counts(operator, alice, scope_a, append, api_client_for):
+    """Two answers add two to each histogram's _count (the AnswerRecords made directly in `scenario` do not count:
+    the histograms are observed by the process that answers, where the answer is recorded)."""
+    append(scope_a, "The spare key is under the blue flowerpot.")
+    cartridge_activate(version=cartridge_compile(scope=scope_a), actor=alice)
+    client = api_client_for(operator)
+    before = {(name, mode): _histogram_counts(client, name, mode)
+              for name in ("mnesio_answer_total_seconds", "mnesio_answer_ttft_seconds") for mode in MODES}
+    records_before = AnswerRecord.objects.filter(mode="cartridge").count()
+    first = cartridge_answer(scope=scope_a, question="Where is the spare key?", mode="cartridge")
+    second = cartridge_answer(scope=scope_a, question="Where is the spare key?", mode="cartridge")
+    assert AnswerRecord.objects.filter(mode="cartridge").count() - records_before == 2
+    count, total, buckets = _histogram_counts(client, "mnesio_answer_total_seconds", "cartridge")
+    count_0, total_0, buckets_0 = before[("mnesio_answer_total_seconds", "cartridge")]
+    assert count - count_0 == 2 and buckets["+Inf"] == count  # _count equals the number of answers
+    assert total - total_0 == pytest.approx(first.total_s + second.total_s)
+    assert all(buckets[le] >= buckets_0[le] for le in buckets) and len(buckets) == 15  # 14 bounds + Inf
+    ttft_count, _, _ = _histogram_counts(client, "mnesio_answer_ttft_seconds", "cartridge")
+    assert ttft_count - before[("mnesio_answer_ttft_seconds", "cartridge")][0] == 2
+    # the other mode is exposed, unchanged
+    assert _histogram_counts(client, "mnesio_answer_total_seconds", "text")[0] == before[("mnesio_answer_total_seconds", "text")][0]
+    # the API's own spelling serves the same histograms
+    s = _samples(_families(client.get("/api/kv/metrics?format=prometheus").content.decode()))
+    assert _value(s, "mnesio_answer_total_seconds_count", mode="cartridge") == count
+
+
+def test_a_client_gets_no_histograms_since_they_count_every_scope(alice, scenario, api_client_for):
+    families = _families(api_client_for(alice).get("/metrics").content.decode())
+    assert "mnesio_answer_total_seconds" not in families and "mnesio_answer_ttft_seconds" not in families
+    assert "mnesio_scope_serving" in families
+
+
+def test_the_histograms_sum_across_processes_in_multiprocess_mode(tmp_path):
+    """With PROMETHEUS_MULTIPROC_DIR, answers observed by other processes show in this one's scrape."""
+    script = (
+        "from prometheus_client import Histogram\n"
+        "h = Histogram('mnesio_answer_total_seconds', 'x', ['mode'], buckets=(0.005, 1.0, 60.0))\n"
+        "h.labels(mode='cartridge').observe(0.5)\n"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for _ in range(2):  # two worker processes, one answer each
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    from cartridges import prometheus
+
+    with override_settings(PROMETHEUS_MULTIPROC_DIR=str(tmp_path)):
+        s = _samples(_families(prometheus.render(EMPTY_METRICS).decode()))
+    assert _value(s, "mnesio_answer_total_seconds_count", mode="cartridge") == 2
+    assert _value(s, "mnesio_answer_total_seconds_sum", mode="cartridge") == 1.0
+
+
+def test_it_escapes_label_values():
+    from cartridges import prometheus
+
+    data = {**EMPTY_METRICS, "scopes": [{"scope": 'a"b\\c\nd', "activated_version_id": None, "serving": False,
+                                         "lag": 3, "active_version": None}]}
+    text = prometheus.render(data).decode()
+    assert 'scope="a\\"b\\\\c\\nd"' in text
+    assert _value(_samples(_families(text)), "mnesio_scope_lag_memories", scope='a"b\\c\nd') == 3
 
 
 def test_it_needs_authentication_and_rejects_unknown_parameters(alice, scenario, api_client_for):
