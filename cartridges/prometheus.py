@@ -19,9 +19,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from kvengine import ANSWER_MODES
+
 # The text format scrapers and the existing dashboards read (version 0.0.4).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-MODES = ("cartridge", "text")
+MODES = ANSWER_MODES  # defined once, in the engine
 # 5 ms (a warm cartridge's first token on a GPU) to 60 s (a long text re-read on CPU), roughly x2-x2.5 per step.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 
