@@ -1,10 +1,14 @@
 """Serializers for the cartridge API: every request body is validated here, unknown keys rejected."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from django.conf import settings
 from rest_framework import serializers
 
 from cartridges import conf
+from core.jobs import JobOutcome
 from core.serializers import Choice, StrictSerializer, TextField
 from kvengine import DTYPES, QUANTS
 
@@ -32,6 +36,40 @@ class CompileRequestSerializer(StrictSerializer):
     activate = serializers.BooleanField(
         required=False, default=False, help_text="Queue evaluate + activate (through the gate) after the compile."
     )
+
+
+@dataclass(frozen=True)
+class CompileAccepted:
+    """The 202 answer to a compile request, from the job's outcome (the version once it ran in-process)."""
+
+    scope: str
+    log_head: int
+    task_id: str
+    status: str
+    version_id: int | None
+    activate: bool
+
+    @classmethod
+    def of(cls, outcome: JobOutcome, *, scope: Any, log_head: int, activate: bool) -> CompileAccepted:
+        version_id = (outcome.result or {}).get("version") if outcome.done else None
+        return cls(scope.name, log_head, outcome.task_id, outcome.status, version_id, activate)
+
+
+@dataclass(frozen=True)
+class EvaluateAccepted:
+    """The 202 answer to an evaluation request, from the job's outcome (the verdict once it ran in-process)."""
+
+    scope: str
+    version_id: int
+    task_id: str
+    status: str
+    evaluation_id: int | None
+    passed: bool | None
+
+    @classmethod
+    def of(cls, outcome: JobOutcome, *, scope: Any, version: Any) -> EvaluateAccepted:
+        result = outcome.result or {}
+        return cls(scope.name, version.pk, outcome.task_id, outcome.status, result.get("evaluation"), result.get("passed"))
 
 
 class CompileAcceptedSerializer(serializers.Serializer):

@@ -7,7 +7,6 @@ with ``actor=request.user``, and returns. Errors are MnesioErrors rendered as ``
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -17,24 +16,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cartridges import metrics, selectors, services
+from cartridges import jobs, metrics, selectors, services
 from cartridges.api import serializers as s
-from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
 from core.api import validated
 from core.errors import MnesioError
 from core.pagination import BoundedLimitOffsetPagination
-from memories.selectors import scope_get_for_user, scope_memories, user_scopes
+from memories.selectors import scope_get_for_user, user_scopes
 
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
-# How a task's refusal (returned, not raised: see cartridges.tasks) maps to an HTTP status when it ran eagerly.
-TASK_ERROR_STATUS = {"ContextTooLong": 422, "GateFailed": 409, "NoActiveCartridge": 409}
-
-
-def task_actor_kwargs(task: Any, request: Any) -> dict[str, Any]:
-    """Pass the requesting user's id to a task that records who asked (attribution), when the task takes one."""
-    if "actor_id" in inspect.signature(task.run).parameters:
-        return {"actor_id": request.user.pk}
-    return {}
 
 
 def _usernames(ids: set[int | None]) -> dict[int, str]:
@@ -92,17 +81,6 @@ def _activation_body(activation: Any) -> dict[str, Any]:
     }
 
 
-def _task_outcome(result: Any) -> dict[str, Any] | None:
-    """The task's returned dict when it already ran (eager mode), raising its refusal; None while queued."""
-    if not result.ready():
-        return None
-    outcome = result.get(propagate=True)
-    if not outcome.get("ok"):
-        raise MnesioError(outcome.get("error", "the task refused"), extra={"kind": outcome.get("kind")},
-                          status_code=outcome.get("status") or TASK_ERROR_STATUS.get(outcome.get("kind"), 400))
-    return outcome
-
-
 class VersionPagination(BoundedLimitOffsetPagination):
     # Each version carries its derived state and history (a few queries each): keep pages short.
     default_limit = 20
@@ -146,19 +124,12 @@ class CartridgeCompileView(APIView):
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = validated(s.CompileRequestSerializer, request)
-        head = services.head_validate(data.get("log_head"), scope=scope_row)
-        if not scope_memories(scope=scope_row, as_of=head).exists():
-            raise MnesioError(f"`scope` '{scope_row.name}' has no memories at log head {head}; append memories first",
-                              extra={"field": "scope", "log_head": head})
-        result = cartridge_compile_task.apply_async(
-            args=[scope_row.pk, head, data.get("activate", False)],
-            kwargs=task_actor_kwargs(cartridge_compile_task, request),
+        activate = data.get("activate", False)
+        head, outcome = jobs.cartridge_compile_enqueue(
+            scope=scope_row, log_head=data.get("log_head"), activate=activate, actor_id=request.user.pk
         )
-        outcome = _task_outcome(result)
-        body = {"scope": scope_row.name, "log_head": head, "task_id": result.id,
-                "status": "done" if outcome else "queued", "version_id": outcome["version"] if outcome else None,
-                "activate": data.get("activate", False)}
-        return Response(body, status=status.HTTP_202_ACCEPTED)
+        accepted = s.CompileAccepted.of(outcome.raise_for_refusal(), scope=scope_row, log_head=head, activate=activate)
+        return Response(s.CompileAcceptedSerializer(accepted).data, status=status.HTTP_202_ACCEPTED)
 
 
 class CartridgeEvaluateView(APIView):
@@ -171,15 +142,9 @@ class CartridgeEvaluateView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
-        result = cartridge_evaluate_task.apply_async(
-            args=[version.pk], kwargs=task_actor_kwargs(cartridge_evaluate_task, request)
-        )
-        outcome = _task_outcome(result)
-        body = {"scope": scope_row.name, "version_id": version.pk, "task_id": result.id,
-                "status": "done" if outcome else "queued",
-                "evaluation_id": outcome.get("evaluation") if outcome else None,
-                "passed": outcome.get("passed") if outcome else None}
-        return Response(body, status=status.HTTP_202_ACCEPTED)
+        outcome = jobs.cartridge_evaluate_enqueue(version=version, actor_id=request.user.pk).raise_for_refusal()
+        accepted = s.EvaluateAccepted.of(outcome, scope=scope_row, version=version)
+        return Response(s.EvaluateAcceptedSerializer(accepted).data, status=status.HTTP_202_ACCEPTED)
 
 
 class CartridgeActivateView(APIView):
