@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import permissions, renderers, status
 from rest_framework.request import Request
@@ -26,63 +25,8 @@ from memories.selectors import scope_get_for_user, user_scopes
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
 
 
-def _usernames(ids: set[int | None]) -> dict[int, str]:
-    """Map user ids to usernames in one query (history rows carry ids)."""
-    wanted = {i for i in ids if i is not None}
-    if not wanted:
-        return {}
-    User = get_user_model()
-    return {pk: name for pk, name in User.objects.filter(pk__in=wanted).values_list("pk", User.USERNAME_FIELD)}
-
-
-def version_body(version: Any, *, detail: bool = False) -> dict[str, Any]:
-    """A version with its derived state and its history (the manifest itself only in detail)."""
-    history = selectors.version_history(version=version)
-    names = _usernames({e.get("actor") for e in history} | {version.created_by_id})
-    body = {
-        "id": version.pk,
-        "scope": version.scope.name,
-        "state": selectors.version_state(version=version),
-        "log_head": version.log_head,
-        "num_tokens": version.num_tokens,
-        "num_memories": version.num_memories,
-        "size_bytes": version.size_bytes,
-        "sha256": version.sha256,
-        "manifest_digest": version.manifest_digest,
-        "key": {
-            "backend": version.backend, "model_id": version.model_id, "dtype": version.dtype, "quant": version.quant,
-            "rope_config": version.rope_config, "weights_fingerprint": version.weights_fingerprint,
-            "tokenizer_fingerprint": version.tokenizer_fingerprint,
-            "template_fingerprint": version.template_fingerprint, "format_version": version.format_version,
-        },
-        "configuration": {
-            "id": version.configuration_id, "backend": version.config_backend, "model": version.config_model,
-            "dtype": version.config_dtype, "quant": version.config_quant,
-        },
-        "supersedes": version.supersedes_id,
-        "created_at": version.created_at,
-        "created_by": names.get(version.created_by_id),
-        "history": [{**e, "actor": names.get(e.get("actor"))} for e in history],
-    }
-    if detail:
-        body["manifest"] = version.manifest
-    return body
-
-
-def _activation_body(activation: Any) -> dict[str, Any]:
-    return {
-        "id": activation.pk,
-        "scope": activation.scope.name,
-        "version_id": activation.version_id,
-        "evaluation_id": activation.evaluation_id,
-        "kind": activation.kind,
-        "actor": activation.actor.get_username() if activation.actor else None,
-        "created_at": activation.created_at,
-    }
-
-
 class VersionPagination(BoundedLimitOffsetPagination):
-    # Each version carries its derived state and history (a few queries each): keep pages short.
+    # A page is read in a fixed number of queries (selectors.versions_read); its bodies (history) are long.
     default_limit = 20
     max_limit = 100
 
@@ -91,28 +35,27 @@ class CartridgeVersionListView(APIView):
     @extend_schema(
         summary="List a scope's cartridge versions, newest first, with state and history",
         parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
-        responses={200: s.VersionSerializer(many=True), 403: ERROR, 404: ERROR},
+        responses={200: s.VersionPageSerializer, 403: ERROR, 404: ERROR},
     )
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         paginator = VersionPagination()
-        page = paginator.paginate_queryset(
-            selectors.scope_versions(scope=scope_row).select_related("scope"), request, view=self
-        )
-        response = paginator.get_paginated_response([version_body(v) for v in page])
+        versions = selectors.versions_for_display(selectors.scope_versions(scope=scope_row))
+        page = paginator.paginate_queryset(versions, request, view=self)
         active = selectors.active_version(scope=scope_row)
-        response.data["active_version"] = active.pk if active else None
-        return response
+        body = {"count": paginator.count, "next": paginator.get_next_link(), "previous": paginator.get_previous_link(),
+                "results": selectors.versions_read(page), "active_version": active.pk if active else None}
+        return Response(s.VersionPageSerializer(body).data)
 
 
 class CartridgeVersionDetailView(APIView):
     @extend_schema(
         summary="Read one cartridge version: key, manifest, state and history",
-        responses={200: s.VersionSerializer, 403: ERROR, 404: ERROR},
+        responses={200: s.VersionDetailSerializer, 403: ERROR, 404: ERROR},
     )
     def get(self, request: Request, scope: str, pk: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        return Response(version_body(selectors.version_get(scope=scope_row, pk=pk), detail=True))
+        return Response(s.VersionDetailSerializer(selectors.version_read(scope=scope_row, pk=pk)).data)
 
 
 class CartridgeCompileView(APIView):
@@ -158,7 +101,7 @@ class CartridgeActivateView(APIView):
         validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
         activation = services.cartridge_activate(version=version, actor=request.user)
-        return Response(_activation_body(activation))
+        return Response(s.ActivationSerializer(activation).data)
 
 
 class CartridgeRollbackView(APIView):
@@ -170,7 +113,8 @@ class CartridgeRollbackView(APIView):
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         validated(s.EmptyRequestSerializer, request)
-        return Response(_activation_body(services.cartridge_rollback(scope=scope_row, actor=request.user)))
+        activation = services.cartridge_rollback(scope=scope_row, actor=request.user)
+        return Response(s.ActivationSerializer(activation).data)
 
 
 class AskView(APIView):
