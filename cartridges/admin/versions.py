@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -136,6 +137,19 @@ def rollback_scopes(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
 # ---------------------------------------------------------------------------
 # Cartridge versions
 # ---------------------------------------------------------------------------
+class VersionChangeList(ChangeList):
+    """The version list: every row's state is derived once for the page, in a fixed number of queries."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        return selectors.versions_with_state(super().get_queryset(request, exclude_parameters))
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        states = selectors.versions_states(self.result_list)  # evaluates the page once; the template reuses it
+        for version in self.result_list:
+            version.page_state = states[version.pk]
+
+
 @admin.register(CartridgeVersion)
 class CartridgeVersionAdmin(admin.ModelAdmin):
     """Versions are read-only; their history is the inlines; actions go through the services."""
@@ -179,9 +193,13 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
         actions = super().get_actions(request)
         return actions if self.has_view_permission(request) else {}
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return VersionChangeList
+
     @admin.display(description="state")
     def state(self, obj: CartridgeVersion) -> str:
-        return selectors.version_state(version=obj)
+        # the list page derived it for the whole page (VersionChangeList); the change page reads one version
+        return getattr(obj, "page_state", None) or selectors.version_state(version=obj)
 
     @admin.display(description="configuration")
     def configuration_label(self, obj: CartridgeVersion) -> str:

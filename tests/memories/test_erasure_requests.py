@@ -5,10 +5,10 @@ import pytest
 
 from core.errors import MnesioError, NotFound
 from memories import registry
+from memories.jobs import erasure_request_enqueue
 from memories.models import ErasureEvent, ErasureRequest, Subject
 from memories.selectors import erasure_request_status, scope_memories_open
 from memories.services import erasure_request_file, erasure_request_process, memory_append
-from memories.jobs import erasure_request_enqueue
 from memories.tasks import erasure_request_process_task
 
 pytestmark = pytest.mark.django_db
