@@ -34,6 +34,7 @@ class VersionPagination(BoundedLimitOffsetPagination):
 class CartridgeVersionListView(APIView):
     @extend_schema(
         summary="List a scope's cartridge versions, newest first, with state and history",
+        operation_id="api_scopes_cartridges_list",  # the id it had while documented as a list: clients keep their name
         parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
         responses={200: s.VersionPageSerializer, 403: ERROR, 404: ERROR},
     )
