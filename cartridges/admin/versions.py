@@ -84,9 +84,13 @@ class ScopeVersionInline(ReadOnlyInline):
     def link(self, obj: CartridgeVersion) -> str:
         return format_html('<a href="{}">#{}</a>', reverse("admin:cartridges_cartridgeversion_change", args=[obj.pk]), obj.pk)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return selectors.versions_with_state(super().get_queryset(request))
+
     @admin.display(description="state")
     def state(self, obj: CartridgeVersion) -> str:
-        return selectors.version_state(version=obj)
+        # annotated rows: only the scope's newest activation costs queries (the configuration, the erased check)
+        return selectors.versions_states([obj])[obj.pk]
 
 
 # ---------------------------------------------------------------------------
