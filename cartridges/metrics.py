@@ -12,11 +12,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from cartridges import engine, selectors
-from cartridges.models import AnswerRecord, CartridgeEvaluation, CartridgeVersion
+from cartridges.models import AnswerRecord, CartridgeActivation, CartridgeEvaluation, CartridgeVersion
+from kvengine import ANSWER_MODES
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope
 from memories.selectors import log_head
 
@@ -24,7 +26,7 @@ from memories.selectors import log_head
 LATENCY_WINDOW = 200
 # How many gate results the "recent" list shows.
 RECENT_GATE_RESULTS = 10
-MODES = ("cartridge", "text")
+MODES = ANSWER_MODES  # defined once, in the engine
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -76,15 +78,17 @@ def configuration_summary() -> dict[str, Any]:
 
 
 def kv_metrics(*, scopes: Iterable[Any] | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """Collect the KV metrics over ``scopes`` (None: every scope, the operator's view)."""
+    """Collect the KV metrics over ``scopes`` (None: every scope, the operator's view), in a fixed number of queries."""
     now = now or timezone.now()
     scope_qs = Scope.objects.all() if scopes is None else Scope.objects.filter(pk__in=[s.pk for s in scopes])
-    scope_list = list(scope_qs.order_by("name"))
+    scope_list = list(_scopes_with_metrics(scope_qs).order_by("name"))
     scope_ids = [s.pk for s in scope_list]
     erasures = ErasureRequest.objects.all() if scopes is None else ErasureRequest.objects.filter(scope_id__in=scope_ids)
     # a client's view counts from its own scopes' newest memory: the global head would reveal other scopes' activity
     head = log_head() if scopes is None else (Memory.objects.filter(scope_id__in=scope_ids).aggregate(h=Max("seq"))["h"] or 0)
-    scope_rows = [_scope_row(scope, now, head) for scope in scope_list]
+    serving = _serving_versions(scope_list)
+    lags = _lags(serving)
+    scope_rows = [_scope_row(scope, serving.get(scope.pk), lags, now, head) for scope in scope_list]
     return {
         "generated_at": _iso(now),
         "log_head": head,
@@ -101,22 +105,48 @@ def kv_metrics(*, scopes: Iterable[Any] | None = None, now: datetime | None = No
     }
 
 
-def _scope_row(scope: Any, now: datetime, head: int) -> dict[str, Any]:
-    """One scope: the version serving it (if any), the latest activation's version, and the lag."""
-    activation = selectors.latest_activation(scope=scope)
-    version = selectors.active_version(scope=scope)
-    counted_from = version.log_head if version is not None else 0
-    agg = scope.memories.aggregate(
-        head=Max("seq"), num=Count("id"), after=Count("id", filter=Q(seq__gt=counted_from))
+def _scopes_with_metrics(scopes: QuerySet[Scope]) -> QuerySet[Scope]:
+    """Scopes annotated with their memory count and head and the version of their newest activation (one query)."""
+    newest_activation = CartridgeActivation.objects.filter(scope=OuterRef("pk")).order_by("-created_at", "-id")
+    memories = Memory.objects.filter(scope=OuterRef("pk")).order_by().values("scope_id")
+    return scopes.annotate(
+        num_memories=Coalesce(Subquery(memories.annotate(n=Count("id")).values("n")), 0),
+        memories_head=Coalesce(Subquery(memories.annotate(h=Max("seq")).values("h")), 0),
+        activated_version_id=Subquery(newest_activation.values("version_id")[:1]),
     )
+
+
+def _serving_versions(scopes: list[Any]) -> dict[int, CartridgeVersion]:
+    """The version serving each scope (``selectors.active_version``'s rule), by scope id, in a fixed number of queries."""
+    activated = [s.activated_version_id for s in scopes if s.activated_version_id is not None]
+    if not activated:
+        return {}
+    versions = list(selectors.versions_with_state(CartridgeVersion.objects.filter(pk__in=activated)))
+    serving = selectors.versions_serving(versions)
+    return {v.scope_id: v for v in versions if v.pk in serving}
+
+
+def _lags(serving: dict[int, CartridgeVersion]) -> dict[int, int]:
+    """Memories of each served scope after its serving version's head (one query); unserved scopes lag by all."""
+    if not serving:
+        return {}
+    after = Q(pk__in=[])
+    for scope_id, version in serving.items():
+        after |= Q(scope_id=scope_id, seq__gt=version.log_head)
+    rows = Memory.objects.filter(after).values("scope_id").annotate(n=Count("id")).order_by()
+    return {row["scope_id"]: row["n"] for row in rows}
+
+
+def _scope_row(scope: Any, version: CartridgeVersion | None, lags: dict[int, int], now: datetime, head: int) -> dict[str, Any]:
+    """One scope: the version serving it (if any), the latest activation's version, and the lag."""
     return {
         "scope": scope.name,
-        "num_memories": agg["num"],
-        "scope_head": agg["head"] or 0,
+        "num_memories": scope.num_memories,
+        "scope_head": scope.memories_head,
         # memories of the scope the serving cartridge does not hold (all of them when none serves)
-        "lag": agg["after"],
+        "lag": lags.get(scope.pk, 0) if version is not None else scope.num_memories,
         "serving": version is not None,
-        "activated_version_id": activation.version_id if activation else None,
+        "activated_version_id": scope.activated_version_id,
         "active_version": None if version is None else {
             "id": version.pk,
             "log_head": version.log_head,

@@ -4,11 +4,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from core.errors import NotFound
 from kvengine import KvConfig
@@ -146,44 +147,141 @@ def version_latest_evaluation(*, version: CartridgeVersion, config_key: str | No
     return rows.order_by("-created_at", "-id").first()
 
 
+def versions_with_state(versions: QuerySet[CartridgeVersion]) -> QuerySet[CartridgeVersion]:
+    """Annotate what a version's state is derived from, so a whole page needs no query per row.
+
+    ``is_destroyed`` and ``was_activated`` (Exists), the newest evaluation's verdict and the version of the
+    scope's newest activation (Subquery); ``versions_states`` finishes the derivation.
+    """
+    newest_evaluation = CartridgeEvaluation.objects.filter(version=OuterRef("pk")).order_by("-created_at", "-id")
+    scope_newest_activation = CartridgeActivation.objects.filter(scope=OuterRef("scope_id")).order_by("-created_at", "-id")
+    return versions.annotate(
+        is_destroyed=Exists(CartridgeDestruction.objects.filter(version=OuterRef("pk"))),
+        was_activated=Exists(CartridgeActivation.objects.filter(version=OuterRef("pk"))),
+        newest_evaluation_passed=Subquery(newest_evaluation.values("passed")[:1]),
+        scope_activated_version_id=Subquery(scope_newest_activation.values("version_id")[:1]),
+    )
+
+
+def versions_serving(versions: Iterable[CartridgeVersion], *, configuration: ActiveConfiguration | None = None) -> set[int]:
+    """Ids among ``versions`` (annotated by ``versions_with_state``) that serve their scope: ``active_version``'s rule.
+
+    The version of the scope's newest activation, not destroyed, compiled under the active configuration and
+    listing no memory of an erased subject (one query for all of them, read from the manifests as
+    ``version_erased_subjects`` does).
+    """
+    candidates = [v for v in versions if not v.is_destroyed and v.scope_activated_version_id == v.pk]
+    if not candidates:
+        return set()
+    config = configuration or active_configuration()
+    matching = [v for v in candidates if v.config == config.config]
+    if not matching:
+        return set()
+    listed = Q(pk__in=[])
+    for version in matching:  # one scope per candidate: each is its scope's newest activation
+        listed |= Q(scope_id=version.scope_id, seq__in=[entry[0] for entry in version.manifest.get("entries", [])])
+    erased_scopes = set(
+        Memory.objects.filter(listed, subject__shredded_at__isnull=False).values_list("scope_id", flat=True).distinct()
+    )
+    return {v.pk for v in matching if v.scope_id not in erased_scopes}
+
+
+def versions_states(versions: Iterable[CartridgeVersion], *, configuration: ActiveConfiguration | None = None) -> dict[int, str]:
+    """The state of each version annotated by ``versions_with_state``: see ``version_state``."""
+    versions = list(versions)
+    serving = versions_serving(versions, configuration=configuration)
+    states = {}
+    for version in versions:
+        if version.is_destroyed:
+            states[version.pk] = "destroyed"
+        elif version.pk in serving:
+            states[version.pk] = "active"
+        elif version.was_activated:
+            states[version.pk] = "superseded"
+        elif version.newest_evaluation_passed is not None:
+            states[version.pk] = "passed" if version.newest_evaluation_passed else "failed"
+        else:
+            states[version.pk] = "compiled"
+    return states
+
+
 def version_state(*, version: CartridgeVersion) -> str:
     """Derive the state: "destroyed", "active", "superseded", "failed", "passed" or "compiled"."""
-    if version_is_destroyed(version=version):
-        return "destroyed"
-    if active_version(scope=version.scope) == version:
-        return "active"
-    if CartridgeActivation.objects.filter(version=version).exists():
-        return "superseded"
-    evaluation = version_latest_evaluation(version=version)
-    if evaluation is not None:
-        return "passed" if evaluation.passed else "failed"
-    return "compiled"
+    annotated = versions_with_state(CartridgeVersion.objects.filter(pk=version.pk))
+    return versions_states(annotated)[version.pk]
+
+
+def _history(version: CartridgeVersion, evaluations: Iterable[CartridgeEvaluation],
+             activations: Iterable[CartridgeActivation], destruction: CartridgeDestruction | None,
+             actor: Callable[[Any, int | None], Any]) -> list[dict[str, Any]]:
+    """The version's events, oldest first; ``actor(user, user_id)`` says how each actor is shown."""
+    events: list[dict[str, Any]] = [
+        {"event": "compiled", "at": version.created_at, "actor": actor(lambda: version.created_by, version.created_by_id),
+         "log_head": version.log_head}
+    ]
+    for ev in evaluations:
+        events.append({"event": "evaluated", "at": ev.created_at, "actor": actor(lambda ev=ev: ev.created_by, ev.created_by_id),
+                       "passed": ev.passed, "reasons": ev.reasons, "evaluation": ev.pk})
+    for act in activations:
+        events.append({"event": "activated", "at": act.created_at, "actor": actor(lambda act=act: act.actor, act.actor_id),
+                       "kind": act.kind, "activation": act.pk})
+    if destruction is not None:
+        events.append({"event": "destroyed", "at": destruction.created_at,
+                       "actor": actor(lambda: destruction.actor, destruction.actor_id),
+                       "reason": destruction.reason, "erasure_request": destruction.erasure_request_id})
+    events.sort(key=lambda e: e["at"])
+    return events
 
 
 def version_history(*, version: CartridgeVersion) -> list[dict[str, Any]]:
-    """Every recorded event of the version, oldest first: compiled, evaluated, activated, destroyed."""
-    events: list[dict[str, Any]] = [
-        {"event": "compiled", "at": version.created_at, "actor": version.created_by_id, "log_head": version.log_head}
-    ]
-    for ev in CartridgeEvaluation.objects.filter(version=version).order_by("created_at", "id"):
-        events.append(
-            {"event": "evaluated", "at": ev.created_at, "actor": ev.created_by_id, "passed": ev.passed, "reasons": ev.reasons, "evaluation": ev.pk}
-        )
-    for act in CartridgeActivation.objects.filter(version=version).order_by("created_at", "id"):
-        events.append({"event": "activated", "at": act.created_at, "actor": act.actor_id, "kind": act.kind, "activation": act.pk})
-    destruction = CartridgeDestruction.objects.filter(version=version).first()
-    if destruction is not None:
-        events.append(
-            {
-                "event": "destroyed",
-                "at": destruction.created_at,
-                "actor": destruction.actor_id,
-                "reason": destruction.reason,
-                "erasure_request": destruction.erasure_request_id,
-            }
-        )
-    events.sort(key=lambda e: e["at"])
-    return events
+    """Every recorded event of the version, oldest first: compiled, evaluated, activated, destroyed (actor ids)."""
+    return _history(
+        version,
+        CartridgeEvaluation.objects.filter(version=version).order_by("created_at", "id"),
+        CartridgeActivation.objects.filter(version=version).order_by("created_at", "id"),
+        CartridgeDestruction.objects.filter(version=version).first(),
+        lambda user, user_id: user_id,
+    )
+
+
+@dataclass(frozen=True)
+class VersionRead:
+    """A version as the API shows it: the row, its derived state and its history (actors by username)."""
+
+    version: CartridgeVersion
+    state: str
+    history: list[dict[str, Any]]
+
+
+def versions_for_display(versions: QuerySet[CartridgeVersion]) -> QuerySet[CartridgeVersion]:
+    """``versions`` with what ``versions_read`` renders: state annotations, scope, actors, history rows."""
+    return versions_with_state(versions).select_related("scope", "created_by", "destruction__actor").prefetch_related(
+        Prefetch("evaluations", queryset=CartridgeEvaluation.objects.select_related("created_by").order_by("created_at", "id")),
+        Prefetch("activations", queryset=CartridgeActivation.objects.select_related("actor").order_by("created_at", "id")),
+    )
+
+
+def version_read(*, scope, pk: int) -> VersionRead:
+    """Read the scope's version ``pk`` with its state and history, or raise NotFound naming `version`."""
+    version = version_get(scope=scope, pk=pk)
+    [read] = versions_read(versions_for_display(CartridgeVersion.objects.filter(pk=version.pk)))
+    return read
+
+
+def _username(user: Callable[[], Any], user_id: int | None) -> str | None:
+    return user().get_username() if user_id is not None else None
+
+
+def versions_read(versions: Iterable[CartridgeVersion]) -> list[VersionRead]:
+    """Read a page of versions fetched with ``versions_for_display``: a fixed number of queries, whatever its size."""
+    versions = list(versions)
+    states = versions_states(versions)
+    reads = []
+    for version in versions:
+        destruction = getattr(version, "destruction", None) if version.is_destroyed else None
+        history = _history(version, version.evaluations.all(), version.activations.all(), destruction, _username)
+        reads.append(VersionRead(version=version, state=states[version.pk], history=history))
+    return reads
 
 
 def evaluation_case_aad(case_id: int, part: str) -> bytes:

@@ -17,9 +17,9 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from django.db import transaction
 
 from core.errors import MnesioError
+from core.jobs import job_dispatch
 from memories.models import Scope
 
 from . import conf
@@ -37,6 +37,8 @@ from .storage import blobs_sweep
 log = logging.getLogger("cartridges")
 
 _RELIABLE: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True}
+# Tasks that record who asked take ``actor_id`` and say so; core.jobs.job_dispatch passes it to them only.
+_RECORDS_ACTOR: dict[str, Any] = {"records_actor": True}
 
 # Model work on the gpu queue (merged into the Celery app's task_routes by CartridgesConfig.ready;
 # Celery 5 deprecates the per-task ``queue`` attribute).
@@ -56,7 +58,7 @@ def _error(exc: MnesioError) -> dict[str, Any]:
     return {"ok": False, "error": exc.message, "kind": type(exc).__name__, "status": exc.status_code}
 
 
-@shared_task(**_RELIABLE)
+@shared_task(**_RELIABLE, **_RECORDS_ACTOR)
 def cartridge_compile_task(
     scope_id: int, log_head: int | None = None, then_activate: bool = False, actor_id: int | None = None
 ) -> dict[str, Any]:
@@ -67,13 +69,12 @@ def cartridge_compile_task(
     except MnesioError as exc:
         log.info("compile task scope=%s refused: %s", scope_id, type(exc).__name__)
         return _error(exc)
-    if then_activate:
-        version_id = version.pk
-        transaction.on_commit(lambda: cartridge_evaluate_task.delay(version_id, True, actor_id=actor_id))
+    if then_activate:  # after this compile commits, like every send
+        job_dispatch(cartridge_evaluate_task, args=[version.pk, True], actor_id=actor_id, detached=True)
     return {"ok": True, "version": version.pk}
 
 
-@shared_task(**_RELIABLE)
+@shared_task(**_RELIABLE, **_RECORDS_ACTOR)
 def cartridge_evaluate_task(version_id: int, then_activate: bool = False, actor_id: int | None = None) -> dict[str, Any]:
     """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation."""
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
@@ -82,11 +83,11 @@ def cartridge_evaluate_task(version_id: int, then_activate: bool = False, actor_
     if evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest:
         evaluation = cartridge_evaluate(version=version, actor=_actor(actor_id))
     if then_activate and evaluation.passed:
-        transaction.on_commit(lambda: cartridge_activate_task.delay(version_id, actor_id=actor_id))
+        job_dispatch(cartridge_activate_task, args=[version_id], actor_id=actor_id, detached=True)
     return {"ok": True, "evaluation": evaluation.pk, "passed": evaluation.passed}
 
 
-@shared_task(**_RELIABLE)
+@shared_task(**_RELIABLE, **_RECORDS_ACTOR)
 def cartridge_activate_task(version_id: int, actor_id: int | None = None) -> dict[str, Any]:
     """Activate version ``version_id`` through the gate."""
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)

@@ -11,9 +11,10 @@ from django.http import HttpRequest
 from rest_framework.authtoken.models import TokenProxy
 
 from core.errors import MnesioError
+from memories.jobs import erasure_request_enqueue
 from memories.models import ErasureEvent, ErasureRequest, Memory, Scope, ScopeGrant, Subject
 from memories.selectors import erasure_request_status, subject_get
-from memories.services import MAX_REASON_CHARS, erasure_request_enqueue, erasure_request_file
+from memories.services import MAX_REASON_CHARS, erasure_request_file
 
 # Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
 PROCESS_PERMISSION = "memories.process_erasurerequest"

@@ -262,6 +262,14 @@ def erasure_requests_unfinished(*, statuses: Iterable[str], idle_for_s: int) -> 
     return rows.filter(status_now__in=list(statuses), changed_at__lte=cutoff).order_by("id")
 
 
+def erasure_requests_stuck(*, idle_for_s: int, include_failed: bool = False) -> list[int]:
+    """Ids of requests stuck in `requested`/`keys_shredded` (and `failed`) for ``idle_for_s``: what the reconciler re-sends."""
+    if isinstance(idle_for_s, bool) or not isinstance(idle_for_s, int) or idle_for_s < 0:
+        raise MnesioError(f"`idle_for_s` has to be an integer >= 0 but got {idle_for_s!r}", extra={"field": "idle_for_s"})
+    statuses = [ErasureStatus.REQUESTED, ErasureStatus.KEYS_SHREDDED] + ([ErasureStatus.FAILED] if include_failed else [])
+    return list(erasure_requests_unfinished(statuses=statuses, idle_for_s=idle_for_s).values_list("pk", flat=True))
+
+
 def scope_erasure_requests(*, scope: Scope) -> QuerySet[ErasureRequest]:
     """Return the erasure requests filed through ``scope``, newest first."""
     return ErasureRequest.objects.filter(scope=scope).select_related("subject").prefetch_related("events")

@@ -1,11 +1,16 @@
-"""Celery tasks of the log: thin interfaces that take ids, load rows and call services."""
+"""Celery tasks of the log: thin interfaces that take ids, load rows and call services.
+
+Sending them is memories.jobs' (through core.jobs); this module imports no jobs module, so the two never
+import each other.
+"""
 from __future__ import annotations
 
 from celery import shared_task
 
+from core.jobs import job_dispatch_each
 from memories.models import ErasureRequest, ErasureStatus
-from memories.selectors import erasure_request_status
-from memories.services import erasure_request_process, erasure_requests_requeue, erasure_requeue_grace_s
+from memories.selectors import erasure_request_status, erasure_requests_stuck
+from memories.services import erasure_request_process, erasure_requeue_grace_s
 
 
 class ErasureNotFinished(Exception):
@@ -32,8 +37,12 @@ def erasure_request_process_task(self, erasure_request_id: int) -> str:
 
 @shared_task
 def erasure_requests_requeue_task() -> dict[str, list[int]]:
-    """Re-send processing of erasure requests unfinished past the grace period (run by celery beat)."""
+    """Re-send processing of erasure requests unfinished past the grace period (run by celery beat).
+
+    memories.jobs.erasure_requests_requeue does the same for the command; it imports this module, so the
+    task sends its sibling through core.jobs directly.
+    """
     grace = erasure_requeue_grace_s()
     # a copy that waited a whole grace period is superseded by the next run's: let the worker drop it
-    report = erasure_requests_requeue(idle_for_s=grace, expires_s=grace)
-    return {"requeued": report.requeued, "errors": report.errors}
+    report = job_dispatch_each(erasure_request_process_task, erasure_requests_stuck(idle_for_s=grace), expires=grace)
+    return {"requeued": report.sent, "errors": report.errors}

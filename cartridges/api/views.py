@@ -7,104 +7,26 @@ with ``actor=request.user``, and returns. Errors are MnesioErrors rendered as ``
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import permissions, renderers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cartridges import metrics, prometheus, selectors, services
+from cartridges import jobs, metrics, prometheus, selectors, services
 from cartridges.api import serializers as s
-from cartridges.tasks import cartridge_compile_task, cartridge_evaluate_task
 from core.api import validated
 from core.errors import MnesioError
 from core.pagination import BoundedLimitOffsetPagination
-from memories.selectors import scope_get_for_user, scope_memories, user_scopes
+from memories.selectors import scope_get_for_user, user_scopes
 
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
-# How a task's refusal (returned, not raised: see cartridges.tasks) maps to an HTTP status when it ran eagerly.
-TASK_ERROR_STATUS = {"ContextTooLong": 422, "GateFailed": 409, "NoActiveCartridge": 409}
-
-
-def task_actor_kwargs(task: Any, request: Any) -> dict[str, Any]:
-    """Pass the requesting user's id to a task that records who asked (attribution), when the task takes one."""
-    if "actor_id" in inspect.signature(task.run).parameters:
-        return {"actor_id": request.user.pk}
-    return {}
-
-
-def _usernames(ids: set[int | None]) -> dict[int, str]:
-    """Map user ids to usernames in one query (history rows carry ids)."""
-    wanted = {i for i in ids if i is not None}
-    if not wanted:
-        return {}
-    User = get_user_model()
-    return {pk: name for pk, name in User.objects.filter(pk__in=wanted).values_list("pk", User.USERNAME_FIELD)}
-
-
-def version_body(version: Any, *, detail: bool = False) -> dict[str, Any]:
-    """A version with its derived state and its history (the manifest itself only in detail)."""
-    history = selectors.version_history(version=version)
-    names = _usernames({e.get("actor") for e in history} | {version.created_by_id})
-    body = {
-        "id": version.pk,
-        "scope": version.scope.name,
-        "state": selectors.version_state(version=version),
-        "log_head": version.log_head,
-        "num_tokens": version.num_tokens,
-        "num_memories": version.num_memories,
-        "size_bytes": version.size_bytes,
-        "sha256": version.sha256,
-        "manifest_digest": version.manifest_digest,
-        "key": {
-            "backend": version.backend, "model_id": version.model_id, "dtype": version.dtype, "quant": version.quant,
-            "rope_config": version.rope_config, "weights_fingerprint": version.weights_fingerprint,
-            "tokenizer_fingerprint": version.tokenizer_fingerprint,
-            "template_fingerprint": version.template_fingerprint, "format_version": version.format_version,
-        },
-        "configuration": {
-            "id": version.configuration_id, "backend": version.config_backend, "model": version.config_model,
-            "dtype": version.config_dtype, "quant": version.config_quant,
-        },
-        "supersedes": version.supersedes_id,
-        "created_at": version.created_at,
-        "created_by": names.get(version.created_by_id),
-        "history": [{**e, "actor": names.get(e.get("actor"))} for e in history],
-    }
-    if detail:
-        body["manifest"] = version.manifest
-    return body
-
-
-def _activation_body(activation: Any) -> dict[str, Any]:
-    return {
-        "id": activation.pk,
-        "scope": activation.scope.name,
-        "version_id": activation.version_id,
-        "evaluation_id": activation.evaluation_id,
-        "kind": activation.kind,
-        "actor": activation.actor.get_username() if activation.actor else None,
-        "created_at": activation.created_at,
-    }
-
-
-def _task_outcome(result: Any) -> dict[str, Any] | None:
-    """The task's returned dict when it already ran (eager mode), raising its refusal; None while queued."""
-    if not result.ready():
-        return None
-    outcome = result.get(propagate=True)
-    if not outcome.get("ok"):
-        raise MnesioError(outcome.get("error", "the task refused"), extra={"kind": outcome.get("kind")},
-                          status_code=outcome.get("status") or TASK_ERROR_STATUS.get(outcome.get("kind"), 400))
-    return outcome
 
 
 class VersionPagination(BoundedLimitOffsetPagination):
-    # Each version carries its derived state and history (a few queries each): keep pages short.
+    # A page is read in a fixed number of queries (selectors.versions_read); its bodies (history) are long.
     default_limit = 20
     max_limit = 100
 
@@ -112,29 +34,29 @@ class VersionPagination(BoundedLimitOffsetPagination):
 class CartridgeVersionListView(APIView):
     @extend_schema(
         summary="List a scope's cartridge versions, newest first, with state and history",
+        operation_id="api_scopes_cartridges_list",  # the id it had while documented as a list: clients keep their name
         parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
-        responses={200: s.VersionSerializer(many=True), 403: ERROR, 404: ERROR},
+        responses={200: s.VersionPageSerializer, 403: ERROR, 404: ERROR},
     )
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         paginator = VersionPagination()
-        page = paginator.paginate_queryset(
-            selectors.scope_versions(scope=scope_row).select_related("scope"), request, view=self
-        )
-        response = paginator.get_paginated_response([version_body(v) for v in page])
+        versions = selectors.versions_for_display(selectors.scope_versions(scope=scope_row))
+        page = paginator.paginate_queryset(versions, request, view=self)
         active = selectors.active_version(scope=scope_row)
-        response.data["active_version"] = active.pk if active else None
-        return response
+        body = {"count": paginator.count, "next": paginator.get_next_link(), "previous": paginator.get_previous_link(),
+                "results": selectors.versions_read(page), "active_version": active.pk if active else None}
+        return Response(s.VersionPageSerializer(body).data)
 
 
 class CartridgeVersionDetailView(APIView):
     @extend_schema(
         summary="Read one cartridge version: key, manifest, state and history",
-        responses={200: s.VersionSerializer, 403: ERROR, 404: ERROR},
+        responses={200: s.VersionDetailSerializer, 403: ERROR, 404: ERROR},
     )
     def get(self, request: Request, scope: str, pk: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        return Response(version_body(selectors.version_get(scope=scope_row, pk=pk), detail=True))
+        return Response(s.VersionDetailSerializer(selectors.version_read(scope=scope_row, pk=pk)).data)
 
 
 class CartridgeCompileView(APIView):
@@ -146,19 +68,12 @@ class CartridgeCompileView(APIView):
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = validated(s.CompileRequestSerializer, request)
-        head = services.head_validate(data.get("log_head"), scope=scope_row)
-        if not scope_memories(scope=scope_row, as_of=head).exists():
-            raise MnesioError(f"`scope` '{scope_row.name}' has no memories at log head {head}; append memories first",
-                              extra={"field": "scope", "log_head": head})
-        result = cartridge_compile_task.apply_async(
-            args=[scope_row.pk, head, data.get("activate", False)],
-            kwargs=task_actor_kwargs(cartridge_compile_task, request),
+        activate = data.get("activate", False)
+        head, outcome = jobs.cartridge_compile_enqueue(
+            scope=scope_row, log_head=data.get("log_head"), activate=activate, actor_id=request.user.pk
         )
-        outcome = _task_outcome(result)
-        body = {"scope": scope_row.name, "log_head": head, "task_id": result.id,
-                "status": "done" if outcome else "queued", "version_id": outcome["version"] if outcome else None,
-                "activate": data.get("activate", False)}
-        return Response(body, status=status.HTTP_202_ACCEPTED)
+        accepted = s.CompileAccepted.of(outcome.raise_for_refusal(), scope=scope_row, log_head=head, activate=activate)
+        return Response(s.CompileAcceptedSerializer(accepted).data, status=status.HTTP_202_ACCEPTED)
 
 
 class CartridgeEvaluateView(APIView):
@@ -171,15 +86,9 @@ class CartridgeEvaluateView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
-        result = cartridge_evaluate_task.apply_async(
-            args=[version.pk], kwargs=task_actor_kwargs(cartridge_evaluate_task, request)
-        )
-        outcome = _task_outcome(result)
-        body = {"scope": scope_row.name, "version_id": version.pk, "task_id": result.id,
-                "status": "done" if outcome else "queued",
-                "evaluation_id": outcome.get("evaluation") if outcome else None,
-                "passed": outcome.get("passed") if outcome else None}
-        return Response(body, status=status.HTTP_202_ACCEPTED)
+        outcome = jobs.cartridge_evaluate_enqueue(version=version, actor_id=request.user.pk).raise_for_refusal()
+        accepted = s.EvaluateAccepted.of(outcome, scope=scope_row, version=version)
+        return Response(s.EvaluateAcceptedSerializer(accepted).data, status=status.HTTP_202_ACCEPTED)
 
 
 class CartridgeActivateView(APIView):
@@ -193,7 +102,7 @@ class CartridgeActivateView(APIView):
         validated(s.EmptyRequestSerializer, request)
         version = selectors.version_get(scope=scope_row, pk=pk)
         activation = services.cartridge_activate(version=version, actor=request.user)
-        return Response(_activation_body(activation))
+        return Response(s.ActivationSerializer(activation).data)
 
 
 class CartridgeRollbackView(APIView):
@@ -205,7 +114,8 @@ class CartridgeRollbackView(APIView):
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         validated(s.EmptyRequestSerializer, request)
-        return Response(_activation_body(services.cartridge_rollback(scope=scope_row, actor=request.user)))
+        activation = services.cartridge_rollback(scope=scope_row, actor=request.user)
+        return Response(s.ActivationSerializer(activation).data)
 
 
 class AskView(APIView):
@@ -278,7 +188,7 @@ class KvConfigurationView(APIView):
     )
     def post(self, request: Request) -> Response:
         data = validated(s.KvConfigurationSwitchSerializer, request)
-        services.kv_configuration_switch(**data, actor=request.user)
+        jobs.kv_configuration_switch_enqueue(**data, actor=request.user)
         return Response(metrics.configuration_summary(), status=status.HTTP_201_CREATED)
 
 

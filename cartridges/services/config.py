@@ -13,7 +13,6 @@ from django.db import transaction
 
 from core.errors import MnesioError
 from kvengine import BACKENDS, DTYPES, QUANTS, KvConfig
-from memories.models import Scope
 
 from .. import conf
 from ..models import KvConfiguration
@@ -37,7 +36,11 @@ def backends_allowed() -> list[str]:
 
 
 def kv_configuration_switch(*, backend: str, model: str, dtype: str, quant: str, actor=None) -> KvConfiguration:
-    """Make (backend, model, dtype, quant) the active configuration and queue recompiles of every scope."""
+    """Make (backend, model, dtype, quant) the active configuration (a new row; the same one: the row in force).
+
+    Cartridges of the previous configuration stop serving at once; recompiling the scopes is the caller's
+    (cartridges.jobs.kv_configuration_switch_enqueue), since services never send tasks.
+    """
     backend = _choice("backend", backend, backends_allowed())
     model = _choice("model", model, conf.allowed_models())
     dtype = _choice("dtype", dtype, list(DTYPES))
@@ -54,15 +57,5 @@ def kv_configuration_switch(*, backend: str, model: str, dtype: str, quant: str,
             quant=quant,
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
         )
-        scope_ids = list(Scope.objects.filter(memories__isnull=False).distinct().values_list("pk", flat=True))
-        transaction.on_commit(lambda: _queue_recompiles(scope_ids))
-    log.info("kv configuration switched to %s (%d scopes to recompile)", row.config.key, len(scope_ids))
+    log.info("kv configuration switched to %s", row.config.key)
     return row
-
-
-def _queue_recompiles(scope_ids: list[int]) -> None:
-    """Queue compile -> evaluate -> activate for each scope (on the gpu queue)."""
-    from ..tasks import cartridge_compile_task
-
-    for scope_id in scope_ids:
-        cartridge_compile_task.delay(scope_id, None, True)

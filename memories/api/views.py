@@ -18,6 +18,7 @@ from memories.api.serializers import (
     OpenedMemorySerializer,
     ScopeSerializer,
 )
+from memories.jobs import erasure_request_enqueue
 from memories.selectors import (
     as_of_validate,
     erasure_request_get,
@@ -110,9 +111,8 @@ class ErasureRequestsView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         serializer = ErasureRequestFileSerializer(data=request_body(request))
         serializer.is_valid(raise_exception=True)
-        erasure_request = erasure_request_file(
-            scope=scope_row, requested_by=request.user, enqueue=True, **serializer.validated_data
-        )
+        erasure_request = erasure_request_file(scope=scope_row, requested_by=request.user, **serializer.validated_data)
+        erasure_request_enqueue(erasure_request=erasure_request)
         return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_201_CREATED)
 
 

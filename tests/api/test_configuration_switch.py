@@ -44,10 +44,11 @@ def test_switching_stops_old_cartridges_from_serving_and_queues_recompiles(
     assert [s["serving"] for s in metrics["scopes"]] == [False, False]
     assert [s["activated_version_id"] for s in metrics["scopes"]] == [old_a.pk, old_c.pk]
 
-    # the recompiles were queued (one callback queues compile -> evaluate -> activate per scope); run them
-    assert len(queued) == 1
+    # the recompiles were queued after commit (compile -> evaluate -> activate, one per scope); run them
+    assert len(queued) == 2
     with django_capture_on_commit_callbacks(execute=True):
-        queued[0]()
+        for callback in queued:
+            callback()
     for scope in (scope_a, scope_c):
         new = active_version(scope=scope)
         assert new is not None and new.configuration_id == row.pk and (new.dtype, new.quant) == ("bf16", "q8")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from cartridges.jobs import kv_configuration_switch_enqueue
 from cartridges.models import AnswerRecord, KvConfiguration
 from cartridges.selectors import active_configuration, active_version, version_state
 from cartridges.services import (
@@ -45,7 +46,7 @@ def test_it_stops_old_cartridges_and_queues_recompiles_on_a_switch(
     old = cartridge_compile(scope=scope_a)
     cartridge_activate(version=old)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        row = kv_configuration_switch(backend="fake", model="fake-model", dtype="bf16", quant="q8", actor=None)
+        row = kv_configuration_switch_enqueue(backend="fake", model="fake-model", dtype="bf16", quant="q8", actor=None)
     assert active_configuration().row == row
     # the old cartridge no longer serves, before any recompile ran
     assert active_version(scope=scope_a) is None and version_state(version=old) == "superseded"
@@ -53,9 +54,10 @@ def test_it_stops_old_cartridges_and_queues_recompiles_on_a_switch(
         cartridge_answer(scope=scope_a, question="Where is the spare key?")
     assert "fake:fake-model:bf16:q8" in exc.value.message and exc.value.status_code == 409
     # the queued recompiles (compile -> evaluate -> activate on the gpu queue) run in-process here
-    assert len(callbacks) == 1
+    assert len(callbacks) == 2  # one compile per scope with memories, sent after the switch commits
     with django_capture_on_commit_callbacks(execute=True):
-        callbacks[0]()
+        for callback in callbacks:
+            callback()
     for scope in (scope_a, scope_c):
         new = active_version(scope=scope)
         assert new is not None and (new.dtype, new.quant, new.configuration_id) == ("bf16", "q8", row.pk)

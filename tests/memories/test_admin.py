@@ -58,7 +58,7 @@ def test_the_process_action_enqueues_after_commit(admin_client, scope_a, alice, 
     memory_append(scope=scope_a, subject="p-1", content="one")
     request = erasure_request_file(subject="p-1", requested_by=alice, reason="asked")
     queued = []
-    monkeypatch.setattr(erasure_request_process_task, "delay", lambda pk: queued.append(pk))
+    monkeypatch.setattr(erasure_request_process_task, "apply_async", lambda args, **options: queued.append(args[0]))
     with django_capture_on_commit_callbacks(execute=True):
         r = admin_client.post(
             "/admin/memories/erasurerequest/", {"action": "process", "_selected_action": [request.pk]}, follow=True

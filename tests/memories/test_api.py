@@ -72,7 +72,9 @@ def test_it_returns_the_original_row_for_a_repeated_idempotency_key(client_a):
 def test_it_shows_erased_memories_as_erased_after_an_erasure_request(client_a, scope_a, django_capture_on_commit_callbacks, monkeypatch):
     memory_append(scope=scope_a, subject="p-1", content="p-1's phone is 555-0100.")
     memory_append(scope=scope_a, subject="p-2", content="p-2 likes jazz.")
-    monkeypatch.setattr(erasure_request_process_task, "delay", lambda pk: erasure_request_process_task.apply(args=[pk]))
+    monkeypatch.setattr(
+        erasure_request_process_task, "apply_async", lambda args, **options: erasure_request_process_task.apply(args=args)
+    )
     with django_capture_on_commit_callbacks(execute=True):
         r = client_a.post("/api/scopes/scope-a/erasure-requests/", {"subject": "p-1", "reason": "user asked"}, format="json")
     assert r.status_code == 201, r.json()
@@ -214,7 +216,10 @@ def test_filing_succeeds_and_shows_failed_when_rebuilding_fails_in_process(
 
     memory_append(scope=scope_a, subject="p-1", content="p-1 lives in Ghent.")
     # As with no broker configured: the task runs in-process, retries included.
-    monkeypatch.setattr(erasure_request_process_task, "delay", lambda pk: erasure_request_process_task.apply(args=[pk], throw=True))
+    monkeypatch.setattr(
+        erasure_request_process_task, "apply_async",
+        lambda args, **options: erasure_request_process_task.apply(args=args, throw=True),
+    )
 
     def broken(erasure_request):
         raise RuntimeError("cartridge store offline")

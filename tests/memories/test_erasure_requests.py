@@ -5,6 +5,7 @@ import pytest
 
 from core.errors import MnesioError, NotFound
 from memories import registry
+from memories.jobs import erasure_request_enqueue
 from memories.models import ErasureEvent, ErasureRequest, Subject
 from memories.selectors import erasure_request_status, scope_memories_open
 from memories.services import erasure_request_file, erasure_request_process, memory_append
@@ -94,12 +95,17 @@ def test_the_task_takes_an_id_and_processes_the_request(scope_a, alice, rebuilt)
     assert rebuilt == [request.pk]
 
 
-def test_filing_with_enqueue_queues_the_task_after_commit(scope_a, alice, django_capture_on_commit_callbacks, monkeypatch):
+def test_enqueueing_a_filed_request_queues_the_task_after_commit(
+    scope_a, alice, django_capture_on_commit_callbacks, monkeypatch
+):
     memory_append(scope=scope_a, subject="p-1", content="p-1 lives in Ghent.")
     queued = []
-    monkeypatch.setattr(erasure_request_process_task, "delay", lambda pk: queued.append(pk))
-    with django_capture_on_commit_callbacks(execute=True):
-        request = erasure_request_file(subject="p-1", requested_by=alice, reason="asked", enqueue=True)
+    monkeypatch.setattr(erasure_request_process_task, "apply_async", lambda args, **options: queued.append(args[0]))
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        request = erasure_request_file(subject="p-1", requested_by=alice, reason="asked")
+        outcome = erasure_request_enqueue(erasure_request=request)
+        assert queued == [] and outcome.status == "queued"  # nothing is sent before the filing commits
+    assert len(callbacks) == 1
     assert queued == [request.pk]
 
 

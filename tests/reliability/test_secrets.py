@@ -139,7 +139,8 @@ def test_task_messages_in_the_broker_carry_ids_only(
     before = app.conf.task_always_eager
     app.conf.task_always_eager = False  # queue for real: no worker runs, the messages stay in Redis
     try:
-        assert client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json").status_code == 202
+        with django_capture_on_commit_callbacks(execute=True):  # sent once the request's transaction commits
+            assert client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json").status_code == 202
         with django_capture_on_commit_callbacks(execute=True):
             filed = client.post("/api/scopes/scope-a/erasure-requests/", data={"subject": "dana", "reason": "r"}, format="json")
         assert filed.status_code == 201

@@ -32,6 +32,7 @@ from cartridges.services import (
     evaluation_case_add,
 )
 from core.errors import MnesioError
+from kvengine import ANSWER_MODES
 from memories.models import Scope
 from memories.selectors import log_head
 from memories.services import memory_append, scope_create, scope_grant
@@ -170,7 +171,7 @@ class Command(BaseCommand):
         """Ask one question through the API's view (token auth, serializer, service), in both modes."""
         factory = APIRequestFactory()
         view = AskView.as_view()
-        for mode in ("cartridge", "text"):
+        for mode in ANSWER_MODES:
             request = factory.post(
                 f"/api/scopes/{scope.name}/ask/", {"question": QUESTION, "mode": mode}, format="json",
                 HTTP_AUTHORIZATION=f"Token {token}",

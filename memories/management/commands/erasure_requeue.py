@@ -5,7 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from memories.services import erasure_requests_requeue, erasure_requeue_grace_s
+from memories.jobs import erasure_requests_requeue
+from memories.services import erasure_requeue_grace_s
 
 
 class Command(BaseCommand):

@@ -1,0 +1,33 @@
+"""Scopes and the grants that give users the use of them."""
+from __future__ import annotations
+
+import logging
+import unicodedata
+
+from django.utils.text import slugify
+
+from core.errors import Conflict, MnesioError
+from memories.models import Scope, ScopeGrant
+
+logger = logging.getLogger("memories")
+
+
+def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
+    """Create a scope; ``name`` must be a slug (letters, digits, '-', '_'), taken in Unicode NFC."""
+    if isinstance(name, str):
+        name = unicodedata.normalize("NFC", name)
+    if not isinstance(name, str) or not name or slugify(name) != name.lower() or len(name) > 100:
+        raise MnesioError(f"`name` has to be a slug of at most 100 characters but got {name!r}", extra={"field": "name"})
+    if Scope.objects.filter(name=name).exists():
+        raise Conflict(f"`name` '{name}' is already a scope", extra={"field": "name"})
+    scope = Scope.objects.create(name=name, description=description)
+    logger.info("scope created name=%s actor=%s", scope.name, getattr(actor, "pk", None))
+    return scope
+
+
+def scope_grant(*, scope: Scope, user, actor=None) -> ScopeGrant:
+    """Grant ``user`` the use of ``scope`` (idempotent)."""
+    grant, _ = ScopeGrant.objects.get_or_create(scope=scope, user=user)
+    logger.info("scope granted scope=%s user=%s actor=%s", scope.name, user.pk, getattr(actor, "pk", None))
+    return grant
+
