@@ -8,11 +8,10 @@ destroyed so that no copy of the ciphertext can ever be opened again.
 """
 from __future__ import annotations
 
-import pgtrigger
 from django.conf import settings
 from django.db import models
 
-from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
+from core.models import AppendOnlyModel, append_only_triggers, reject_truncate, rewrap_only_trigger
 from kvengine import KvConfig
 
 
@@ -131,14 +130,8 @@ class CartridgeBlob(models.Model):
     class Meta:
         # The only changes a blob key allows: deletion (destruction), and a re-wrap by a new master key.
         triggers = [
-            pgtrigger.Protect(
-                name="cartridgeblob_protect_update",
-                operation=pgtrigger.Update,
-                condition=pgtrigger.Condition(
-                    "NOT (NEW.wrapped_by IS DISTINCT FROM OLD.wrapped_by AND NEW.id = OLD.id"
-                    " AND NEW.storage_name = OLD.storage_name AND NEW.scope_id = OLD.scope_id"
-                    " AND NEW.created_at = OLD.created_at)"
-                ),
+            rewrap_only_trigger(
+                "cartridgeblob_protect_update", rewrapped="wrapped_by", kept=["id", "storage_name", "scope_id", "created_at"]
             ),
             # rows go one by one (blob_destroy); a TRUNCATE would drop every key without a record
             reject_truncate("cartridgeblob_protect_truncate"),

@@ -7,6 +7,7 @@ ORM: ``save()`` of an existing row, ``delete()`` and queryset ``update()``/``del
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pgtrigger
@@ -37,6 +38,17 @@ def append_only_triggers(prefix: str = "") -> list[pgtrigger.Trigger]:
         pgtrigger.Protect(name=f"{prefix}protect_delete", operation=pgtrigger.Delete),
         reject_truncate(f"{prefix}protect_truncate"),
     ]
+
+
+def rewrap_only_trigger(name: str, *, rewrapped: str, kept: Sequence[str]) -> pgtrigger.Protect:
+    """A trigger that refuses every UPDATE but a key's re-wrap: one that changes the ``rewrapped`` column (the id
+    of the master key that wrapped it) and leaves every ``kept`` column as it was."""
+    unchanged = "".join(f" AND NEW.{column} = OLD.{column}" for column in kept)
+    return pgtrigger.Protect(
+        name=name,
+        operation=pgtrigger.Update,
+        condition=pgtrigger.Condition(f"NOT (NEW.{rewrapped} IS DISTINCT FROM OLD.{rewrapped}{unchanged})"),
+    )
 
 
 class AppendOnlyQuerySet(models.QuerySet):

@@ -14,9 +14,17 @@ from typing import Any
 from .config import DTYPES, QUANTS, KvConfig
 
 __all__ = [  # DTYPES and QUANTS live in config.py; they are re-exported here for older imports
-    "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader", "FidelityReport", "KvBackend",
-    "canonical_json",
+    "COMPAT_KEY_FIELDS", "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader",
+    "FidelityReport", "KvBackend", "canonical_json",
 ]
+
+
+# The fields a cartridge must match to be served by a backend: a backend's description and a cartridge's header
+# both carry them, and both build their compat_key from this one list (in this order).
+COMPAT_KEY_FIELDS = (
+    "backend", "model_id", "weights_fingerprint", "tokenizer_fingerprint", "template_fingerprint", "rope_config",
+    "dtype", "quant",
+)
 
 
 @dataclass(frozen=True)
@@ -36,16 +44,7 @@ class BackendDescription:
 
     def compat_key(self) -> dict[str, str]:
         """The fields a cartridge must match to be served by this backend."""
-        return {
-            "backend": self.backend,
-            "model_id": self.model_id,
-            "weights_fingerprint": self.weights_fingerprint,
-            "tokenizer_fingerprint": self.tokenizer_fingerprint,
-            "template_fingerprint": self.template_fingerprint,
-            "rope_config": self.rope_config,
-            "dtype": self.dtype,
-            "quant": self.quant,
-        }
+        return {name: getattr(self, name) for name in COMPAT_KEY_FIELDS}
 
     @property
     def config(self) -> KvConfig:
@@ -80,16 +79,8 @@ class CartridgeHeader:
     labels: dict[str, str] = field(default_factory=dict)
 
     def compat_key(self) -> dict[str, str]:
-        return {
-            "backend": self.backend,
-            "model_id": self.model_id,
-            "weights_fingerprint": self.weights_fingerprint,
-            "tokenizer_fingerprint": self.tokenizer_fingerprint,
-            "template_fingerprint": self.template_fingerprint,
-            "rope_config": self.rope_config,
-            "dtype": self.dtype,
-            "quant": self.quant,
-        }
+        """The fields this cartridge was compiled under; served only by a backend whose compat_key is equal."""
+        return {name: getattr(self, name) for name in COMPAT_KEY_FIELDS}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +121,15 @@ class FidelityReport:
     mean_kl: float  # mean KL(text || cartridge) of the first-token distributions
     max_kl: float
     answers_identical: float  # fraction of probes whose whole greedy answers are identical
+
+    @classmethod
+    def of_probes(cls, kls: Sequence[float], *, num_top1: int, num_identical: int) -> FidelityReport:
+        """Summarize per-probe results: each probe's KL, how many agreed on the first token, how many whole answers."""
+        num_probes = len(kls)
+        return cls(
+            num_probes=num_probes, top1_agreement=num_top1 / num_probes, mean_kl=sum(kls) / num_probes, max_kl=max(kls),
+            answers_identical=num_identical / num_probes,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

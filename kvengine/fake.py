@@ -152,11 +152,7 @@ class FakeKvBackend(KvBackend):
             if max_new_tokens is not None:
                 a_text, a_cart = _tokens(a_text)[:max_new_tokens], _tokens(a_cart)[:max_new_tokens]
             same += a_text == a_cart
-        num_probes = len(probes)
-        return FidelityReport(
-            num_probes=num_probes, top1_agreement=top1 / num_probes, mean_kl=sum(kls) / num_probes, max_kl=max(kls),
-            answers_identical=same / num_probes,
-        )
+        return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)
 
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format."""

@@ -220,11 +220,7 @@ class TransformersKvBackend(KvBackend):
             kls.append(max(0.0, kl))  # clamp float noise below 0
             top1 += int(logp_text.argmax() == logp_cartridge.argmax())
             same += int(ids_text == ids_cartridge)
-        num_probes = len(kls)
-        return FidelityReport(
-            num_probes=num_probes, top1_agreement=top1 / num_probes, mean_kl=sum(kls) / num_probes, max_kl=max(kls),
-            answers_identical=same / num_probes,
-        )
+        return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)
 
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format (deterministic bytes)."""

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
+from core.models import AppendOnlyModel, append_only_triggers, reject_truncate, rewrap_only_trigger
 
 
 class Scope(models.Model):
@@ -61,14 +61,7 @@ class ScopeKey(AppendOnlyModel):
 
     class Meta:
         triggers = [
-            pgtrigger.Protect(
-                name="protect_update",
-                operation=pgtrigger.Update,
-                condition=pgtrigger.Condition(
-                    "NOT (NEW.master_key_id IS DISTINCT FROM OLD.master_key_id AND NEW.id = OLD.id"
-                    " AND NEW.scope_id = OLD.scope_id AND NEW.created_at = OLD.created_at)"
-                ),
-            ),
+            rewrap_only_trigger("protect_update", rewrapped="master_key_id", kept=["id", "scope_id", "created_at"]),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
             reject_truncate("protect_truncate"),
         ]

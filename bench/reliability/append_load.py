@@ -29,21 +29,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# One appending OS process, also run by tests/memories/test_concurrent_appends.py. argv: scope name, writer
+# number, number of appends, key mode ("own" or "shared"), ready file, go file, latencies file.
 WRITER = """
 import json, os, sys, time
 import django
 django.setup()
 from memories.models import Scope
 from memories.services import memory_append
-scope_name, worker, count, ready, go, out = sys.argv[1:7]
+scope_name, worker, count, key_mode, ready, go, out = sys.argv[1:8]
 scope = Scope.objects.get(name=scope_name)
 open(ready, "w").close()
 while not os.path.exists(go):
     time.sleep(0.002)
 latencies = []
 for i in range(int(count)):
+    # "own": every writer its own keys; "shared": all writers race on the same keys (idempotency)
+    key = f"shared-{i}" if key_mode == "shared" else f"w{worker}-{i}"
+    content = f"fact {i}" if key_mode == "shared" else f"writer {worker} fact {i}"
     started = time.perf_counter()
-    memory_append(scope=scope, content=f"writer {worker} fact {i}", idempotency_key=f"w{worker}-{i}")
+    memory_append(scope=scope, content=content, idempotency_key=key)
     latencies.append(time.perf_counter() - started)
 json.dump(latencies, open(out, "w"))
 """
@@ -113,7 +118,8 @@ def run_load(*, num_processes: int, num_appends: int, database_url: str, master_
         )
         writers = []
         for i in range(num_processes):
-            args = [scope_name, str(i), str(num_appends), str(tmp / f"ready-{i}"), str(go), str(tmp / f"lat-{i}.json")]
+            args = [scope_name, str(i), str(num_appends), "own", str(tmp / f"ready-{i}"), str(go),
+                    str(tmp / f"lat-{i}.json")]
             writers.append(subprocess.Popen([sys.executable, "-c", WRITER, *args], cwd=ROOT, env=env,
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 300

@@ -17,9 +17,11 @@ from rest_framework.views import APIView
 
 from cartridges import jobs, metrics, prometheus, selectors, services
 from cartridges.api import serializers as s
+from cartridges.models import CartridgeVersion
 from core.api import validated
 from core.errors import MnesioError
 from core.pagination import BoundedLimitOffsetPagination
+from memories.models import Scope
 from memories.selectors import scope_get_for_user, user_scopes
 
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
@@ -29,6 +31,13 @@ class VersionPagination(BoundedLimitOffsetPagination):
     # A page is read in a fixed number of queries (selectors.versions_read); its bodies (history) are long.
     default_limit = 20
     max_limit = 100
+
+
+def _version_to_act_on(request: Request, scope: str, pk: int) -> tuple[Scope, CartridgeVersion]:
+    """The scope (grant or 403/404), after refusing any body field (400), and its version ``pk`` (or 404)."""
+    scope_row = scope_get_for_user(user=request.user, name=scope)
+    validated(s.EmptyRequestSerializer, request)
+    return scope_row, selectors.version_get(scope=scope_row, pk=pk)
 
 
 class CartridgeVersionListView(APIView):
@@ -83,9 +92,7 @@ class CartridgeEvaluateView(APIView):
         responses={202: s.EvaluateAcceptedSerializer, 400: ERROR, 403: ERROR, 404: ERROR},
     )
     def post(self, request: Request, scope: str, pk: int) -> Response:
-        scope_row = scope_get_for_user(user=request.user, name=scope)
-        validated(s.EmptyRequestSerializer, request)
-        version = selectors.version_get(scope=scope_row, pk=pk)
+        scope_row, version = _version_to_act_on(request, scope, pk)
         outcome = jobs.cartridge_evaluate_enqueue(version=version, actor_id=request.user.pk).raise_for_refusal()
         accepted = s.EvaluateAccepted.of(outcome, scope=scope_row, version=version)
         return Response(s.EvaluateAcceptedSerializer(accepted).data, status=status.HTTP_202_ACCEPTED)
@@ -98,9 +105,7 @@ class CartridgeActivateView(APIView):
         responses={200: s.ActivationSerializer, 403: ERROR, 404: ERROR, 409: ERROR},
     )
     def post(self, request: Request, scope: str, pk: int) -> Response:
-        scope_row = scope_get_for_user(user=request.user, name=scope)
-        validated(s.EmptyRequestSerializer, request)
-        version = selectors.version_get(scope=scope_row, pk=pk)
+        _, version = _version_to_act_on(request, scope, pk)
         activation = services.cartridge_activate(version=version, actor=request.user)
         return Response(s.ActivationSerializer(activation).data)
 

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from core.api import request_body
+from core.api import validated
 from core.pagination import BoundedLimitOffsetPagination
 from memories.api.serializers import (
     ErasureRequestFileSerializer,
@@ -80,9 +80,7 @@ class ScopeMemoriesView(APIView):
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        serializer = MemoryAppendSerializer(data=request_body(request))
-        serializer.is_valid(raise_exception=True)
-        memory = memory_append(scope=scope_row, actor=request.user, **serializer.validated_data)
+        memory = memory_append(scope=scope_row, actor=request.user, **validated(MemoryAppendSerializer, request))
         body = OpenedMemorySerializer(memory_open(memory=memory)).data
         return Response(body, status=status.HTTP_201_CREATED if memory.appended else status.HTTP_200_OK)
 
@@ -109,9 +107,8 @@ class ErasureRequestsView(APIView):
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
-        serializer = ErasureRequestFileSerializer(data=request_body(request))
-        serializer.is_valid(raise_exception=True)
-        erasure_request = erasure_request_file(scope=scope_row, requested_by=request.user, **serializer.validated_data)
+        data = validated(ErasureRequestFileSerializer, request)
+        erasure_request = erasure_request_file(scope=scope_row, requested_by=request.user, **data)
         erasure_request_enqueue(erasure_request=erasure_request)
         return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_201_CREATED)
 

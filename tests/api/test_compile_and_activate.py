@@ -13,6 +13,20 @@ pytestmark = pytest.mark.django_db
 KEY = "The spare key is under the blue flowerpot."
 
 
+@pytest.fixture
+def version(scope_a, append):
+    """A compiled version of scope A's one memory."""
+    append(scope_a, KEY)
+    return cartridge_compile(scope=scope_a)
+
+
+def _act(client, version, action: str, expected_status: int) -> dict:
+    """POST an empty body to a version's ``evaluate`` or ``activate`` and return the response body."""
+    response = client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/{action}/", {}, format="json")
+    assert response.status_code == expected_status, response.content
+    return response.json()
+
+
 def test_compile_is_accepted_and_runs_the_task_at_the_head_of_the_request(alice, scope_a, append, api_client_for):
     append(scope_a, KEY)
     append(scope_a, "Ada drinks green tea.")
@@ -69,11 +83,7 @@ def test_compile_refuses_an_empty_scope_naming_it(alice, scope_a, api_client_for
     assert_error(response, 400, "scope")
 
 
-def test_another_scopes_client_can_neither_compile_nor_evaluate_nor_activate(
-    alice, charlie, scope_a, append, api_client_for
-):
-    append(scope_a, KEY)
-    version = cartridge_compile(scope=scope_a)
+def test_another_scopes_client_can_neither_compile_nor_evaluate_nor_activate(charlie, version, api_client_for):
     client = api_client_for(charlie)
     assert_error(client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json"), 404, "scope")
     assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/evaluate/", {}, format="json"), 404, "scope")
@@ -84,30 +94,20 @@ def test_another_scopes_client_can_neither_compile_nor_evaluate_nor_activate(
     assert not CartridgeEvaluation.objects.exists() and not CartridgeActivation.objects.exists()
 
 
-def test_evaluate_records_the_gate_result(alice, scope_a, append, api_client_for):
-    append(scope_a, KEY)
-    version = cartridge_compile(scope=scope_a)
-    response = api_client_for(alice).post(f"/api/scopes/scope-a/cartridges/{version.pk}/evaluate/", {}, format="json")
-    assert response.status_code == 202, response.content
-    body = response.json()
+def test_evaluate_records_the_gate_result(alice, version, api_client_for):
+    body = _act(api_client_for(alice), version, "evaluate", 202)
     assert body["status"] == "done" and body["passed"] is True
     assert CartridgeEvaluation.objects.get(pk=body["evaluation_id"]).version == version
 
 
-def test_evaluate_rejects_unknown_fields_and_ids(alice, scope_a, append, api_client_for):
-    append(scope_a, KEY)
-    version = cartridge_compile(scope=scope_a)
+def test_evaluate_rejects_unknown_fields_and_ids(alice, version, api_client_for):
     client = api_client_for(alice)
     assert_error(client.post(f"/api/scopes/scope-a/cartridges/{version.pk}/evaluate/", {"fast": True}, format="json"), 400, "fast")
     assert_error(client.post("/api/scopes/scope-a/cartridges/424242/evaluate/", {}, format="json"), 404, "version")
 
 
-def test_activate_puts_a_version_into_service_attributed_to_the_client(alice, scope_a, append, api_client_for):
-    append(scope_a, KEY)
-    version = cartridge_compile(scope=scope_a)
-    response = api_client_for(alice).post(f"/api/scopes/scope-a/cartridges/{version.pk}/activate/", {}, format="json")
-    assert response.status_code == 200, response.content
-    body = response.json()
+def test_activate_puts_a_version_into_service_attributed_to_the_client(alice, scope_a, version, api_client_for):
+    body = _act(api_client_for(alice), version, "activate", 200)
     assert body["version_id"] == version.pk and body["actor"] == "alice" and body["kind"] == "activate"
     assert active_version(scope=scope_a) == version
     assert CartridgeActivation.objects.get().actor == alice

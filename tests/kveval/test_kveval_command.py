@@ -10,30 +10,14 @@ from django.core.management import CommandError, call_command
 
 from cartridges.models import CartridgeVersion
 from memories.models import Scope
+from tests.cartridges.conftest import blob_root, fake_engine  # noqa: F401
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "squad_subset" / "squad_v1.1_dev_subset.json"
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fake_engine(settings, tmp_path):
-    """The fake backend as the active configuration, blobs in a temp dir."""
-    settings.MNESIO_KV_BACKEND = "fake"
-    settings.MNESIO_KV_MODEL = "fake-model"
-    settings.MNESIO_KV_DTYPE = "f32"
-    settings.MNESIO_KV_QUANT = "none"
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "cartridges": {"BACKEND": "django.core.files.storage.FileSystemStorage",
-                       "OPTIONS": {"location": str(tmp_path / "blobs")}},
-    }
-    yield
-    # the command loads cartridges into this process's LRU; left there, they make every later request run
-    # the purge queries (tests/memories/test_api.py pins its query count)
-    from cartridges import engine
-
-    engine.cache_clear()
+# The fake backend as the active configuration, blobs in a temp dir: the cartridges tests' fixtures. The command
+# loads cartridges into this process's LRU; tests/conftest.py's fresh_engine empties it after each test, or every
+# later request would run the purge queries (tests/memories/test_api.py pins its query count).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fake_engine")]
 
 
 def _run(out: Path, *extra: str) -> None:
@@ -42,7 +26,7 @@ def _run(out: Path, *extra: str) -> None:
                  "--no-progress", *extra, stdout=io.StringIO())
 
 
-def test_it_erases_a_paragraph_and_rebuilds_the_never_stored_blob(fake_engine, tmp_path):
+def test_it_erases_a_paragraph_and_rebuilds_the_never_stored_blob(tmp_path):
     _run(tmp_path / "out")
     erasure = json.loads((tmp_path / "out" / "erasure.json").read_text())
     assert erasure["checks"] == {
@@ -63,13 +47,13 @@ def test_it_erases_a_paragraph_and_rebuilds_the_never_stored_blob(fake_engine, t
     assert "Erasure check" in (tmp_path / "out" / "results.md").read_text()
 
 
-def test_it_runs_the_erasure_check_alone(fake_engine, tmp_path):
+def test_it_runs_the_erasure_check_alone(tmp_path):
     _run(tmp_path / "out", "--skip-engine")
     assert (tmp_path / "out" / "erasure.md").read_text().count("**yes**") == 5
     assert not (tmp_path / "out" / "results.json").exists()
 
 
-def test_it_refuses_skipping_everything_and_a_missing_squad_file(fake_engine, tmp_path):
+def test_it_refuses_skipping_everything_and_a_missing_squad_file(tmp_path):
     with pytest.raises(CommandError, match="nothing to run"):
         _run(tmp_path, "--skip-engine", "--skip-erasure")
     with pytest.raises(CommandError, match="--squad-file"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,22 +23,17 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 REPO = Path(__file__).resolve().parents[2]
 
-WORKER = """
-import os, sys, time
-import django
-django.setup()
-from memories.models import Scope
-from memories.services import memory_append
-scope_name, worker, count, key_mode, ready, go = sys.argv[1:7]
-scope = Scope.objects.get(name=scope_name)
-open(ready, "w").close()
-while not os.path.exists(go):
-    time.sleep(0.005)
-for i in range(int(count)):
-    key = f"shared-{i}" if key_mode == "shared" else f"w{worker}-{i}"
-    content = f"fact {i}" if key_mode == "shared" else f"worker {worker} fact {i}"
-    memory_append(scope=scope, content=content, idempotency_key=key)
-"""
+
+def _bench_writer() -> str:
+    """The append-load bench's writer process, which this test runs at test size."""
+    path = REPO / "bench" / "reliability" / "append_load.py"
+    spec = importlib.util.spec_from_file_location("bench_reliability_append_load", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.WRITER
+
+
+WRITER = _bench_writer()
 
 
 def _test_database_url() -> str:
@@ -61,7 +57,8 @@ def _run_workers(tmp_path: Path, *, scope: str, num_workers: int, count: int, ke
     ready = [tmp_path / f"ready-{i}" for i in range(num_workers)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, scope, str(i), str(count), key_mode, str(ready[i]), str(go)],
+            [sys.executable, "-c", WRITER, scope, str(i), str(count), key_mode, str(ready[i]), str(go),
+             str(tmp_path / f"latencies-{i}.json")],
             env=env,
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -92,8 +89,8 @@ def test_it_gives_seq_exactly_1_to_1000_for_4_processes_x_250_appends(tmp_path):
     opened = scope_memories_open(scope=scope)
     # Every worker's appends got increasing seqs in its own order (seq order is commit order).
     for worker in range(4):
-        mine = [m for m in opened if m.text.startswith(f"worker {worker} ")]
-        assert [m.text for m in mine] == [f"worker {worker} fact {i}" for i in range(250)]
+        mine = [m for m in opened if m.text.startswith(f"writer {worker} ")]
+        assert [m.text for m in mine] == [f"writer {worker} fact {i}" for i in range(250)]
     print(f"4 processes x 250 appends: {seconds:.2f} s, {1000 / seconds:.0f} appends/s")
 
 
