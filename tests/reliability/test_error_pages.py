@@ -106,11 +106,11 @@ def test_the_project_filter_is_active_with_debug_on(settings, rf):
 
 
 SENSITIVE = {
-    "memories.crypto": ["master_key", "master_key_id", "known_master_keys", "new_data_key", "seal", "unseal", "wrap",
-                        "unwrap"],
+    "memories.crypto": ["master_key", "master_key_id", "known_master_keys", "new_data_key", "seal", "unseal",
+                        "seal_box", "open_box", "wrap", "unwrap"],
     "memories.selectors": ["memories_open"],
     "cartridges.storage": ["blob_reserve", "blob_write", "blob_read"],
-    "cartridges.services.answer": ["_request_key", "_seal", "_open", "answer_request_file", "answer_request_answer",
+    "cartridges.services.answer": ["_request_key", "answer_request_file", "answer_request_answer",
                                    "answer_request_collect"],
 }
 
