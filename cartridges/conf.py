@@ -6,6 +6,8 @@ processes get theirs through the environment as usual. The checks here catch a b
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -30,6 +32,17 @@ def _int(name: str, *, minimum: int = 0) -> int:
     if value < minimum:
         raise ImproperlyConfigured(f"`{name}` has to be >= {minimum} but got {value}")
     return value
+
+
+def _int_setting(name: str, *, minimum: int, doc: str) -> Callable[[], int]:
+    """A reader of the integer setting ``name`` (checked at call time, so a test's override is seen)."""
+
+    def read() -> int:
+        return _int(name, minimum=minimum)
+
+    read.__name__ = read.__qualname__ = name.lower()
+    read.__doc__ = doc
+    return read
 
 
 def _bool(name: str) -> bool:
@@ -59,34 +72,12 @@ def gate_require_retrieval_baseline() -> bool:
     return _bool("MNESIO_GATE_REQUIRE_RETRIEVAL")
 
 
-def gate_retrieval_top_k() -> int:
-    """How many memories the BM25 retrieval baseline re-reads per question."""
-    return _int("MNESIO_GATE_RETRIEVAL_TOP_K", minimum=1)
-
-
-def gate_num_auto_probes() -> int:
-    """How many probe questions are made from the memories (evenly spaced over the log; bounds gate time)."""
-    return _int("MNESIO_GATE_NUM_AUTO_PROBES", minimum=1)
-
-
-def gate_max_new_tokens() -> int:
-    """Greedy answer length when scoring evaluation cases (short keeps the gate cheap on CPU)."""
-    return _int("MNESIO_GATE_MAX_NEW_TOKENS", minimum=1)
-
-
-def gate_fidelity_max_new_tokens() -> int:
-    """Greedy length of each fidelity probe (the threshold is on the first token; the rest feeds answers_identical)."""
-    return _int("MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS", minimum=1)
-
-
-def answer_max_new_tokens() -> int:
-    """Greedy answer length of cartridge_answer."""
-    return _int("MNESIO_ANSWER_MAX_NEW_TOKENS", minimum=1)
-
-
-def cartridge_cache_size() -> int:
-    """How many loaded cartridges one process keeps (LRU); 0 disables the cache."""
-    return _int("MNESIO_CARTRIDGE_CACHE_SIZE", minimum=0)
+gate_retrieval_top_k = _int_setting("MNESIO_GATE_RETRIEVAL_TOP_K", minimum=1, doc="How many memories the BM25 retrieval baseline re-reads per question.")
+gate_num_auto_probes = _int_setting("MNESIO_GATE_NUM_AUTO_PROBES", minimum=1, doc="How many probe questions are made from the memories (evenly spaced over the log; bounds gate time).")
+gate_max_new_tokens = _int_setting("MNESIO_GATE_MAX_NEW_TOKENS", minimum=1, doc="Greedy answer length when scoring evaluation cases (short keeps the gate cheap on CPU).")
+gate_fidelity_max_new_tokens = _int_setting("MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS", minimum=1, doc="Greedy length of each fidelity probe (the threshold is on the first token; the rest feeds answers_identical).")
+answer_max_new_tokens = _int_setting("MNESIO_ANSWER_MAX_NEW_TOKENS", minimum=1, doc="Greedy answer length of cartridge_answer.")
+cartridge_cache_size = _int_setting("MNESIO_CARTRIDGE_CACHE_SIZE", minimum=0, doc="How many loaded cartridges one process keeps (LRU); 0 disables the cache.")
 
 
 def allowed_models() -> list[str]:

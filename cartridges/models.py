@@ -8,6 +8,8 @@ destroyed so that no copy of the ciphertext can ever be opened again.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from django.conf import settings
 from django.db import models
 
@@ -15,7 +17,17 @@ from core.models import AppendOnlyModel, append_only_triggers, reject_truncate, 
 from kvengine import KvConfig
 
 
-class KvConfiguration(AppendOnlyModel):
+class LifecycleRecord(AppendOnlyModel):
+    """A record of something that happened to the lifecycle (a switch, an evaluation, an activation): newest first."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["-created_at", "-id"]
+
+
+class KvConfiguration(LifecycleRecord):
     """One operator switch of the engine configuration; the newest row is the active configuration."""
 
     backend = models.CharField(max_length=32)
@@ -23,10 +35,8 @@ class KvConfiguration(AppendOnlyModel):
     dtype = models.CharField(max_length=8)
     quant = models.CharField(max_length=8)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(LifecycleRecord.Meta):
         triggers = append_only_triggers("kvconfiguration_")
         permissions = [("switch_kvconfiguration", "Can switch the active KV configuration")]
 
@@ -101,6 +111,11 @@ class CartridgeVersion(AppendOnlyModel):
         """The configuration it was compiled under."""
         return KvConfig(self.config_backend, self.config_model, self.config_dtype, self.config_quant)
 
+    @staticmethod
+    def config_columns(config: KvConfig) -> dict[str, str]:
+        """The row's columns for ``config`` (the inverse of ``.config``)."""
+        return {f"config_{name}": value for name, value in asdict(config).items()}
+
 
 class CartridgeVersionSubject(AppendOnlyModel):
     """A subject whose memories went into a version (an index of the manifest for erasure lookups)."""
@@ -138,7 +153,7 @@ class CartridgeBlob(models.Model):
         ]
 
 
-class CartridgeEvaluation(AppendOnlyModel):
+class CartridgeEvaluation(LifecycleRecord):
     """One gate run over a version: passed or not, every reason, and the figures measured."""
 
     version = models.ForeignKey(CartridgeVersion, on_delete=models.PROTECT, related_name="evaluations")
@@ -148,14 +163,12 @@ class CartridgeEvaluation(AppendOnlyModel):
     # (backend, model, dtype, quant) active when it ran: a pass under another configuration does not count.
     config_key = models.CharField(max_length=300)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(LifecycleRecord.Meta):
         triggers = append_only_triggers("cartridgeevaluation_")
 
 
-class CartridgeActivation(AppendOnlyModel):
+class CartridgeActivation(LifecycleRecord):
     """A version put into service for its scope; the scope's newest activation is what serves."""
 
     KINDS = ["activate", "rollback", "erasure", "recompile"]
@@ -165,10 +178,8 @@ class CartridgeActivation(AppendOnlyModel):
     evaluation = models.ForeignKey(CartridgeEvaluation, on_delete=models.PROTECT, related_name="+")
     kind = models.CharField(max_length=16, default="activate")
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
 
-    class Meta:
-        ordering = ["-created_at", "-id"]
+    class Meta(LifecycleRecord.Meta):
         triggers = append_only_triggers("cartridgeactivation_")
 
 

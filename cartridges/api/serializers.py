@@ -285,7 +285,10 @@ class ActiveVersionMetricsSerializer(serializers.Serializer):
     quant = serializers.CharField()
     created_at = serializers.DateTimeField()
     age_s = serializers.FloatField()
-    log_head_lag = serializers.IntegerField(help_text="Global log head minus the version's head.")
+    log_head_lag = serializers.IntegerField(
+        help_text="The view's head (global for operators; the newest memory of the client's scopes otherwise) minus "
+                  "the version's head."
+    )
 
 
 class ScopeMetricsSerializer(serializers.Serializer):

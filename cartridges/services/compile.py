@@ -213,10 +213,7 @@ def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, di
             version = CartridgeVersion.objects.create(
                 scope=scope,
                 configuration=config.row,
-                config_backend=config.backend,
-                config_model=config.model,
-                config_dtype=config.dtype,
-                config_quant=config.quant,
+                **CartridgeVersion.config_columns(config.config),
                 format_version=header.format_version,
                 **header.compat_key(),
                 key_digest=digest,

@@ -37,28 +37,12 @@ from memories.models import Scope
 from memories.selectors import log_head
 from memories.services import memory_append, scope_create, scope_grant
 
-# (idempotency key, subject or None, content): what "Pip", a small office assistant, remembers.
-MEMORIES = [
-    ("demo-01", "mira", "Mira Okafor is allergic to peanuts."),
-    ("demo-02", "mira", "Mira Okafor's birthday is on 14 March."),
-    ("demo-03", "mira", "Mira takes her coffee black, without sugar."),
-    ("demo-04", "tomas", "Tomás Reyes plays the cello in a community orchestra."),
-    ("demo-05", "tomas", "Tomás Reyes is learning Japanese before a trip to Osaka in May."),
-    ("demo-06", "tomas", "Tomás parks his green bicycle behind the bakery."),
-    ("demo-07", "lena", "Lena Park is the team's on-call engineer this week."),
-    ("demo-08", "lena", "Lena Park's dog is a beagle called Biscuit."),
-    ("demo-09", "lena", "Lena asked to be reminded to renew her passport in June."),
-    ("demo-10", None, "The spare office key is kept under the blue flowerpot."),
-    ("demo-11", None, "The team lunch is every Friday at the noodle bar on Elm Street."),
-    ("demo-12", None, "The guest Wi-Fi network is called Lighthouse."),
-]
-# Evaluation cases the gate scores (cartridge accuracy must match re-reading the same memories).
-CASES = [
-    ("What is the name of Lena Park's dog?", ["Biscuit"]),
-    ("Where is the spare office key kept?", ["flowerpot"]),
-    ("Which instrument does Tomás Reyes play in the orchestra?", ["cello"]),
-]
-QUESTION = "What is the name of Lena Park's dog?"
+# The demo's data (memories with their idempotency keys and subjects, the gate's evaluation cases, the question
+# bin/run asks) lives in demo_scope.json beside this file.
+_DEMO = json.loads((Path(__file__).with_name("demo_scope.json")).read_text(encoding="utf-8"))
+MEMORIES = [(m["idempotency_key"], m["subject"], m["content"]) for m in _DEMO["memories"]]
+CASES = [(case["question"], case["answers"]) for case in _DEMO["cases"]]
+QUESTION = _DEMO["question"]
 
 
 class Command(BaseCommand):
