@@ -15,7 +15,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from core.errors import MnesioError, NotFound
 from memories import crypto
-from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, Subject
+from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, ScopeGrant, Subject
 
 
 class MemoryIntegrityError(MnesioError):
@@ -217,6 +217,18 @@ def subject_get(*, external_id: str, scope: Scope | None = None) -> Subject:
     return subject
 
 
+def legacy_subject_erasable_by(*, subject: Subject, user) -> bool:
+    """Whether ``user`` may erase a legacy global subject through a scope: every scope holding its memories is granted.
+
+    ``user`` None is an operator's request (their own permission is checked by the caller).
+    """
+    if user is None:
+        return True
+    granted = set(ScopeGrant.objects.filter(user=user).values_list("scope_id", flat=True))
+    held_in = set(Memory.objects.filter(subject=subject).values_list("scope_id", flat=True).distinct())
+    return held_in <= granted
+
+
 def erasure_request_subjects(*, erasure_request: ErasureRequest) -> list[Subject]:
     """The subject rows an erasure request shreds.
 
@@ -227,11 +239,13 @@ def erasure_request_subjects(*, erasure_request: ErasureRequest) -> list[Subject
     variants = subject_id_variants(erasure_request.subject.external_id)
     if erasure_request.scope_id is None:
         return list(Subject.objects.filter(external_id__in=variants).order_by("pk"))
-    rows = Subject.objects.filter(scope_id=erasure_request.scope_id, external_id__in=variants)
+    rows = set(Subject.objects.filter(scope_id=erasure_request.scope_id, external_id__in=variants))
     legacy = Subject.objects.filter(
         scope__isnull=True, external_id__in=variants, memories__scope_id=erasure_request.scope_id
-    )
-    return sorted({*rows, *legacy, erasure_request.subject}, key=lambda s: s.pk)
+    ).distinct()
+    # checked again here, not only at filing: a legacy row reaches scopes the requester may not be granted
+    rows |= {row for row in legacy if legacy_subject_erasable_by(subject=row, user=erasure_request.requested_by)}
+    return sorted(rows, key=lambda row: row.pk)
 
 
 def erasure_request_status(*, erasure_request: ErasureRequest) -> str:

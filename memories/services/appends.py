@@ -58,7 +58,11 @@ def _subject_data_key(external_id: str, scope: Scope) -> tuple[Subject, bytes]:
     this scope's subject (or a legacy global one with memories here) is looked at, so the answer says
     nothing about the same id in scopes the caller may not be granted.
     """
-    subject = Subject.objects.filter(scope=scope, external_id__in=subject_id_variants(external_id)).first()
+    # locked until the append commits: a shred (an UPDATE of this row) then either comes first and is seen
+    # below (409), or waits for the append, whose memory the erasure's rebuild then finds and leaves out
+    subject = (
+        Subject.objects.select_for_update().filter(scope=scope, external_id__in=subject_id_variants(external_id)).first()
+    )
     if subject is None:
         legacy = legacy_subjects_in_scope(external_id=external_id, scope=scope).filter(shredded_at__isnull=False).first()
         if legacy is not None:

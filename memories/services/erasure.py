@@ -13,8 +13,14 @@ from django.utils import timezone
 
 from core.errors import Conflict, MnesioError
 from memories import registry
-from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, ScopeGrant, Subject
-from memories.selectors import erasure_request_status, erasure_request_subjects, subject_get
+from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Scope, Subject
+from memories.selectors import (
+    erasure_request_status,
+    erasure_request_subjects,
+    legacy_subject_erasable_by,
+    legacy_subjects_in_scope,
+    subject_get,
+)
 
 from .validation import MAX_REASON_CHARS, subject_id_validate
 
@@ -67,15 +73,15 @@ def erasure_request_file(
             f"`reason` has to be at most {MAX_REASON_CHARS} characters but got {len(reason)}", extra={"field": "reason"}
         )
     subject_row = subject_get(external_id=external_id, scope=scope)
-    if scope is not None and subject_row.scope_id is None:
-        granted = set(ScopeGrant.objects.filter(user=requested_by).values_list("scope_id", flat=True)) if requested_by else set()
-        held_in = set(Memory.objects.filter(subject=subject_row).values_list("scope_id", flat=True).distinct())
-        if not held_in <= granted:
-            raise Conflict(
-                f"`subject` '{external_id}' was filed before subjects were kept per scope and cannot be erased "
-                "through one scope; ask an operator to erase it everywhere",
-                extra={"field": "subject", "kind": "legacy_subject_needs_operator"},
-            )
+    # every legacy row this request would reach, not only the one subject_get found: a per-scope row with the
+    # same id must not let a client's request carry a legacy row's erasure into scopes it is not granted
+    legacy = legacy_subjects_in_scope(external_id=external_id, scope=scope) if scope is not None else []
+    if any(not legacy_subject_erasable_by(subject=row, user=requested_by) for row in legacy):
+        raise Conflict(
+            f"`subject` '{external_id}' was filed before subjects were kept per scope and cannot be erased "
+            "through one scope; ask an operator to erase it everywhere",
+            extra={"field": "subject", "kind": "legacy_subject_needs_operator"},
+        )
     with transaction.atomic():
         erasure_request = ErasureRequest.objects.create(
             subject=subject_row, scope=scope, requested_by=requested_by, reason=reason

@@ -60,5 +60,12 @@ def subject_id_validate(subject: object) -> str:
     matches rows stored before this normalization).
     """
     value = _token_validate(subject, field="subject", max_chars=MAX_SUBJECT_CHARS)
+    # invisible characters (zero-width space and joiners, bidi overrides, line/paragraph separators) would make
+    # "bob" and "bob\u200b" two subjects that look the same, and an erasure of one would miss the other
+    invisible = sorted({f"U+{ord(ch):04X}" for ch in value if unicodedata.category(ch) in ("Cf", "Zl", "Zp")})
+    if invisible:
+        raise MnesioError(
+            f"`subject` must not contain invisible format characters but has {invisible}", extra={"field": "subject"}
+        )
     return unicodedata.normalize("NFC", value)
 

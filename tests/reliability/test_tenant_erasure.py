@@ -125,3 +125,95 @@ def test_a_client_cannot_erase_a_legacy_global_subject_that_also_lives_in_a_fore
         erasure_request_file(subject="eve", requested_by=alice, reason="asked", scope=scope_a)
     erasure_request_process(erasure_request=erasure_request_file(subject="eve", requested_by=None, reason="operator"))
     assert Subject.objects.get(pk=legacy.pk).is_shredded
+
+
+def _legacy(external_id, scopes_texts):
+    """A subject filed before subjects were per scope (no scope), with a memory in each given scope."""
+    from memories import crypto
+    from memories.models import Memory
+
+    data_key = crypto.new_data_key()
+    wrapped, kid = crypto.wrap(data_key, aad=crypto.subject_key_aad(external_id))
+    legacy = Subject.objects.create(external_id=external_id, wrapped_key=wrapped, master_key_id=kid)
+    for scope, text in scopes_texts:
+        seq = memory_append(scope=scope, content="placeholder").seq + 1000
+        nonce, ct = crypto.seal(data_key, text.encode(), aad=crypto.memory_aad(seq=seq, scope_id=scope.pk, subject_id=legacy.pk))
+        Memory.objects.create(seq=seq, scope=scope, subject=legacy, nonce=nonce, ciphertext=ct)
+    return legacy
+
+
+def test_a_per_scope_row_with_the_same_id_does_not_carry_a_client_erasure_to_a_legacy_subject(
+    scope_a, scope_c, alice, charlie
+):
+    """Review finding: one append of "eve" in C made the legacy "eve" (A and C) erasable through C."""
+    from core.errors import Conflict
+
+    legacy = _legacy("eve", [(scope_a, "eve in A"), (scope_c, "eve in C")])
+    memory_append(scope=scope_c, subject="eve", content="eve again in C")
+    with pytest.raises(Conflict) as refused:
+        erasure_request_file(subject="eve", requested_by=charlie, reason="take-over", scope=scope_c)
+    assert refused.value.extra["kind"] == "legacy_subject_needs_operator"
+    assert not Subject.objects.get(pk=legacy.pk).is_shredded
+    assert [m.erased for m in scope_memories_open(scope=scope_a) if m.subject == "eve"] == [False]
+
+
+def test_subject_ids_with_invisible_characters_are_refused(scope_a, alice, api_client_for):
+    """Review finding: "bob\\u200b" looked like "bob" but was another subject, which an erasure of "bob" missed."""
+    client = api_client_for(alice)
+    for sneaky in ("bob\u200b", "b\u200dob", "\u202ebob", "bob\u2028"):
+        r = client.post("/api/scopes/scope-a/memories/", {"content": "x", "subject": sneaky}, format="json")
+        assert r.status_code == 400 and r.json()["extra"]["field"] == "subject", (sneaky, r.content)
+    assert not Subject.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_append_racing_a_shred_is_refused_or_seen_by_the_erasure(scope_a, monkeypatch):
+    """Review finding: an append that unwrapped the key before the shred committed still committed (201)."""
+    import threading
+
+    from django.db import connection
+
+    from memories import crypto
+
+    memory_append(scope=scope_a, subject="bob", content="bob parks on level 3")
+    subject = Subject.objects.get(scope=scope_a, external_id="bob")
+    sealed, go = threading.Event(), threading.Event()
+    real_seal = crypto.seal
+
+    def slow_seal(key, data, *, aad):
+        out = real_seal(key, data, aad=aad)
+        if threading.current_thread().name == "appender":
+            sealed.set()
+            assert go.wait(10)
+        return out
+
+    monkeypatch.setattr(crypto, "seal", slow_seal)
+    result = {}
+
+    def appender():
+        try:
+            result["memory"] = memory_append(scope=scope_a, subject="bob", content="bob's new phone is 555-0199")
+        except Exception as exc:  # the 409 is the expected outcome; anything is reported to the test
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=appender, name="appender")
+    thread.start()
+    assert sealed.wait(10)
+    shredder = threading.Thread(target=lambda: (subject_shred_in_thread(subject), connection.close()))
+    shredder.start()
+    shredder.join(1.0)
+    assert shredder.is_alive()  # the shred waits for the append holding the subject's row
+    go.set()
+    thread.join(20)
+    shredder.join(20)
+    assert "memory" in result  # the append committed first; the shred came after it and erased it
+    assert [m.erased for m in scope_memories_open(scope=scope_a)] == [True, True]
+
+
+def subject_shred_in_thread(subject):
+    from memories.services import subject_shred
+
+    subject_shred(subject=subject)
