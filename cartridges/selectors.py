@@ -97,7 +97,7 @@ def version_erased_subjects(*, version: CartridgeVersion) -> list[str]:
     """External ids of shredded subjects among the memories the version's manifest lists.
 
     Read from the protected manifest and log rows (never from the CartridgeVersionSubject index, which
-    is only for display): even if an erasure missed the version, it can no longer serve or pass the gate.
+    nothing reads any more): even if an erasure missed the version, it can no longer serve or pass the gate.
     """
     seqs = [entry[0] for entry in version.manifest.get("entries", [])]
     rows = Memory.objects.filter(scope_id=version.scope_id, seq__in=seqs, subject__shredded_at__isnull=False)

@@ -202,7 +202,15 @@ def test_an_append_racing_a_shred_is_refused_or_seen_by_the_erasure(scope_a, mon
     thread = threading.Thread(target=appender, name="appender")
     thread.start()
     assert sealed.wait(10)
-    shredder = threading.Thread(target=lambda: (subject_shred_in_thread(subject), connection.close()))
+    def shredder_run():
+        from memories.services import subject_shred
+
+        try:
+            subject_shred(subject=subject)
+        finally:
+            connection.close()
+
+    shredder = threading.Thread(target=shredder_run)
     shredder.start()
     shredder.join(1.0)
     assert shredder.is_alive()  # the shred waits for the append holding the subject's row
@@ -211,9 +219,3 @@ def test_an_append_racing_a_shred_is_refused_or_seen_by_the_erasure(scope_a, mon
     shredder.join(20)
     assert "memory" in result  # the append committed first; the shred came after it and erased it
     assert [m.erased for m in scope_memories_open(scope=scope_a)] == [True, True]
-
-
-def subject_shred_in_thread(subject):
-    from memories.services import subject_shred
-
-    subject_shred(subject=subject)
