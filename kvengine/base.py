@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -164,6 +164,18 @@ class KvBackend(abc.ABC):
     @abc.abstractmethod
     def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:
         """Answer ``question`` from ``cartridge`` with greedy decoding; reads no memory text."""
+
+    def answer_stream(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Iterator[str | Answer]:
+        """Answer like answer(), yielding the text as it is decoded: ``str`` deltas, then the final Answer.
+
+        ``"".join(deltas).strip() == answer.text``: the deltas are the decoded text as it grows (whitespace as
+        decoded; the final text is stripped). This default yields the whole answer as one delta; backends that
+        decode token by token override it to yield a delta per token.
+        """
+        answer = self.answer(cartridge, question, max_new_tokens=max_new_tokens)
+        if answer.text:
+            yield answer.text
+        yield answer
 
     @abc.abstractmethod
     def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32) -> Answer:

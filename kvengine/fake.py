@@ -17,7 +17,7 @@ import math
 import re
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend, canonical_json
 from .config import DTYPES, QUANTS, check_choice
@@ -119,6 +119,13 @@ class FakeKvBackend(KvBackend):
         question = _check_question(question)
         text = _best(cartridge.payload, question)
         return self._answer(text, "cartridge", cartridge.header.num_tokens, len(_tokens(question)), start, max_new_tokens)
+
+    def answer_stream(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Iterator[str | Answer]:
+        """answer(), its text yielded a word at a time (each word with the space before it), then the Answer."""
+        answer = self.answer(cartridge, question, max_new_tokens=max_new_tokens)
+        for match in re.finditer(r"\s*\S+", answer.text):
+            yield match.group(0)
+        yield answer
 
     def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32) -> Answer:
         """Answer by re-reading the memories (same logic, no cartridge)."""

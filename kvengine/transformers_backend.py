@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -151,20 +151,45 @@ class TransformersKvBackend(KvBackend):
 
         ``stop_at_eos=False`` always decodes ``max_new_tokens`` tokens (benchmarks compare equal lengths).
         """
+        *_, answer = self.answer_stream(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+        return answer
+
+    def answer_stream(
+        self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True
+    ) -> Iterator[str | Answer]:
+        """answer(), yielding a text delta per decoded token (a token that ends inside a UTF-8 character waits
+        for the next one), then the Answer. The cartridge's scratch tail is held until the generator ends or
+        is closed: a client that stops reading must close it (the web tier does, in ``finally``)."""
         start = time.perf_counter()
         check_compatible(cartridge.header, self._description)
         state = self._payload(cartridge).state
         suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
         num_cached = state.num_tokens
         self._check_room(num_cached + len(suffix), max_new_tokens, "memories plus the question and answer")
+        ids: list[int] = []
+        shown = ""
         with state.lock, torch.inference_mode():
             state.ensure_capacity(num_cached + len(suffix) + max_new_tokens)
             cache = CartridgeCache(state)
             try:
-                ids, _, ttft = self._greedy(suffix, cache, max_new_tokens, start, stop_at_eos=stop_at_eos)
+                tokens = self._greedy_tokens(suffix, cache, max_new_tokens, stop_at_eos=stop_at_eos)
+                _first = next(tokens)  # the prompt's pass: first-token log-probs
+                ttft = time.perf_counter() - start
+                for token in tokens:
+                    ids.append(token)
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    if text.endswith("\ufffd"):
+                        continue  # a multi-byte character split across tokens: wait for its end
+                    if len(text) > len(shown) and text.startswith(shown):
+                        yield text[len(shown):]
+                        shown = text
             finally:
                 cache.crop_back()  # the scratch tail is free for the next question (answer() relies on it)
-        return self._answer(ids, "cartridge", num_cached, len(suffix), ttft, time.perf_counter() - start)
+        final = self._answer(ids, "cartridge", num_cached, len(suffix), ttft, time.perf_counter() - start)
+        full = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if len(full) > len(shown) and full.startswith(shown):
+            yield full[len(shown):]  # what the last tokens completed
+        yield final
 
     def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """Re-read the whole prompt (memories + question) for this one question: the baseline."""
@@ -243,22 +268,30 @@ class TransformersKvBackend(KvBackend):
         self, ids: list[int], cache: CartridgeCache | None, max_new_tokens: int, start: float, *, stop_at_eos: bool = True
     ) -> tuple[list[int], torch.Tensor, float]:
         """Run ``ids`` (on top of ``cache`` if given), then greedy-decode; return ids, first log-probs, ttft."""
+        tokens = self._greedy_tokens(ids, cache, max_new_tokens, stop_at_eos=stop_at_eos)
+        first = next(tokens)
+        ttft = time.perf_counter() - start
+        return list(tokens), first, ttft
+
+    def _greedy_tokens(
+        self, ids: list[int], cache: CartridgeCache | None, max_new_tokens: int, *, stop_at_eos: bool = True
+    ) -> Iterator:
+        """Run ``ids`` (on top of ``cache`` if given): yield the first-token log-probs, then each greedy token id."""
         if cache is None:
             cache = DynamicCache(config=self.model.config)
         input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
         logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
-        first = torch.log_softmax(logits, dim=-1)
+        yield torch.log_softmax(logits, dim=-1)
         token = int(logits.argmax())
-        ttft = time.perf_counter() - start
-        out: list[int] = []
-        while (not stop_at_eos or token not in self._eos_ids) and len(out) < max_new_tokens:
-            out.append(token)
-            if len(out) == max_new_tokens:
+        num_out = 0
+        while (not stop_at_eos or token not in self._eos_ids) and num_out < max_new_tokens:
+            yield token
+            num_out += 1
+            if num_out == max_new_tokens:
                 break
             input_ids = torch.tensor([[token]], device=self.device)  # (1, 1)
             logits = self.model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1].float()
             token = int(logits.argmax())
-        return out, first, ttft
 
     def _answer(self, ids: list[int], mode: str, num_context: int, num_prompt: int, ttft: float, total: float) -> Answer:
         text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()

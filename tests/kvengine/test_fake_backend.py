@@ -33,6 +33,13 @@ def test_it_answers_from_a_compiled_memory():
     assert fake.answer(cart, "What does Bob work as?").mode == "cartridge"
 
 
+def test_it_streams_an_answer_a_word_at_a_time():
+    backend = FakeKvBackend()
+    cartridge = backend.compile(["The spare key is under the blue flower pot by the back door."])
+    *deltas, final = backend.answer_stream(cartridge, "Where is the spare key?")
+    assert len(deltas) > 3 and "".join(deltas).strip() == final.text == backend.answer(cartridge, "Where is the spare key?").text
+
+
 def test_it_cannot_answer_about_a_memory_it_was_not_compiled_with():
     fake = make_backend("fake")
     cart = fake.compile(MEMORIES[1:])

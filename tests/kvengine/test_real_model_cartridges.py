@@ -63,6 +63,20 @@ def test_f32_cartridge_answers_are_token_for_token_those_of_re_reading(real_back
             assert "Lisbon" in from_cartridge.text
 
 
+def test_a_streamed_answer_is_the_answer_a_token_at_a_time(real_backend, cartridge):
+    for question in QUESTIONS[:2] + ["东京在哪里?"]:
+        events = list(real_backend.answer_stream(cartridge, question, max_new_tokens=16))
+        *deltas, final = events
+        assert all(isinstance(delta, str) and delta for delta in deltas)
+        assert final.token_ids == real_backend.answer(cartridge, question, max_new_tokens=16).token_ids
+        assert "".join(deltas).strip() == final.text
+        assert len(deltas) >= min(2, len(final.token_ids) - 1), "a delta per token, not the whole answer at once"
+    stream = real_backend.answer_stream(cartridge, QUESTIONS[0], max_new_tokens=16)
+    next(stream)
+    stream.close()  # a client that stops reading releases the cartridge
+    assert real_backend.answer(cartridge, QUESTIONS[0], max_new_tokens=16).text
+
+
 def test_answering_leaves_the_cartridge_as_it_was(real_backend, cartridge):
     before = real_backend.dumps(cartridge)
     first = real_backend.answer(cartridge, QUESTIONS[1], max_new_tokens=6)
