@@ -36,3 +36,19 @@ class ModelUnavailableError(KvError, RuntimeError):
 
 class ConfigError(KvError, ValueError):
     """A backend option outside its allowed values."""
+
+
+class OverloadedError(KvError, RuntimeError):
+    """Too many questions are already waiting in this process; ask again after ``retry_after_s`` seconds.
+
+    Raised instead of queueing without bound (back-pressure); the web tier answers it with 429 + Retry-After.
+    """
+
+    def __init__(self, *, waiting: int, limit: int, retry_after_s: float):
+        self.waiting = waiting
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"{waiting} questions are already waiting in this process (the limit is {limit}); "
+            f"ask again in {retry_after_s:.0f} s"
+        )
