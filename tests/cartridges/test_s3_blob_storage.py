@@ -158,3 +158,17 @@ def test_a_missing_bucket_is_a_503_not_a_missing_blob(moto_s3, settings, scope_a
         cartridge_compile(scope=scope_a)
     with pytest.raises(BlobStorageUnavailable):
         blob_storage_check()
+
+
+def test_the_storage_check_fails_on_an_unwritable_local_store(settings, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    settings.STORAGES = {**settings.STORAGES, "cartridges": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(blocker / "blobs")}}}
+    with pytest.raises(BlobStorageUnavailable) as exc:
+        blob_storage_check()
+    assert exc.value.extra["errno"] == "ENOTDIR"
+    settings.STORAGES = {**settings.STORAGES, "cartridges": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "ok")}}}
+    blob_storage_check()
+    assert [p for p in (tmp_path / "ok").rglob("*") if p.is_file()] == []  # the probe is deleted

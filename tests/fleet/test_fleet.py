@@ -125,7 +125,7 @@ def fleet(tmp_path):
     proc = Proc([str(ROOT / "bin" / "fleet"), "--own-redis", "--local-s3", "--no-migrate"], env=env,
                 log_path=tmp_path / "fleet.log")
     try:
-        yield proc, f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{s3_port}", bucket
+        yield proc, f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{s3_port}", bucket, redis_port
     finally:
         left = stop_fleet(proc, tag)
         assert left == [], f"processes left running after teardown: {left}"
@@ -143,7 +143,9 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
     import boto3
     from knox.models import AuthToken
 
-    proc, base, s3_endpoint, bucket = fleet
+    import redis
+
+    proc, base, s3_endpoint, bucket, redis_port = fleet
     _, token = AuthToken.objects.create(user=alice)
     http = requests.Session()
     http.headers["Authorization"] = f"Token {token}"
@@ -157,6 +159,8 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                       aws_access_key_id="local", aws_secret_access_key="local")
     wait_for(lambda: s3.head_bucket(Bucket=bucket), timeout=60, what="the local S3 bucket", log=log)
+    # the broker persists every write (an append-only file): a Redis restart loses no queued task
+    assert redis.Redis(port=redis_port).config_get("appendonly") == {"appendonly": "yes"}
 
     for content, subject in MEMORIES:
         response = http.post(f"{scope_url}/memories/", json={"content": content, **({"subject": subject} if subject else {})}, timeout=30)
