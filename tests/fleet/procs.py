@@ -48,6 +48,8 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, log: Ca
             value = predicate()
             if value:
                 return value
+        except AssertionError:
+            raise  # the predicate saw a definite failure: no point waiting
         except Exception as exc:  # noqa: BLE001 - a server that is not up yet refuses connections
             last_error = exc
         time.sleep(0.25)
@@ -102,6 +104,91 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+TAG_VARIABLE = "MNESIO_FLEET_TEST_TAG"
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment carries ``TAG_VARIABLE=tag`` (every process a fleet run started).
+
+    honcho starts each process in a session of its own, so killing the fleet's process group does not reach
+    them once honcho is gone; their inherited environment still names the run. Zombies have an empty environ.
+    """
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile, or not readable
+            continue
+    return found
+
+
+def fleet_stop(proc: Proc, tag: str) -> list[int]:
+    """Stop a fleet whatever state it is in; return the tagged processes still alive afterwards (should be none).
+
+    SIGTERM to honcho first (it stops each process group, SIGKILL after 5 s), then SIGKILL to the fleet's own
+    process group, then to every process still tagged with this run, and their groups.
+    """
+    if proc.alive():
+        os.kill(proc.proc.pid, signal.SIGTERM)
+        try:
+            proc.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+    proc.stop(grace_s=1)
+    for pid in tagged_pids(tag):
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 10
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return tagged_pids(tag)
+
+
+class FleetRun:
+    """``bin/fleet --own-redis --local-s3 --no-migrate`` on free ports against the test database, tagged for teardown.
+
+    The caller stops it with ``fleet_stop(run.proc, run.tag)`` in a ``finally``.
+    """
+
+    def __init__(self, tmp_path: Path, *, extra_env: dict[str, str]):
+        self.tag = uuid.uuid4().hex
+        web_port, self.redis_port, s3_port = free_port(), free_port(), free_port()
+        self.base_url, self.s3_endpoint = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{s3_port}"
+        self.bucket = f"fleet-{self.tag[:12]}"
+        dropped = ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "MNESIO_BLOB_ROOT",
+                   "MNESIO_BLOB_STORAGE_BACKEND", "PROMETHEUS_MULTIPROC_DIR")
+        env = {key: value for key, value in os.environ.items() if key not in dropped}
+        env.update({
+            TAG_VARIABLE: self.tag,
+            "DATABASE_URL": database_url(),
+            "MNESIO_BIND": f"127.0.0.1:{web_port}",
+            "MNESIO_WEB_WORKERS": "1",
+            "MNESIO_FLEET_REDIS_PORT": str(self.redis_port),  # its own Redis: no other test's queues or keys
+            "MNESIO_LOCAL_S3_PORT": str(s3_port),
+            "MNESIO_S3_BUCKET": self.bucket,
+            "MNESIO_FLEET_NAME": f"test-{self.tag[:8]}",
+            "MNESIO_FLEET_DIR": str(tmp_path / "fleet"),
+            "MNESIO_DATA_DIR": str(tmp_path / "data"),
+            "MNESIO_FLEET_DEFAULT_CONCURRENCY": "1",
+            "SECURE_SSL_REDIRECT": "false",  # plain http on loopback
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or "1",
+            **extra_env,
+        })
+        self.proc = Proc([str(ROOT / "bin" / "fleet"), "--own-redis", "--local-s3", "--no-migrate"], env=env,
+                         log_path=tmp_path / "fleet.log")
 
 
 class MotoS3:

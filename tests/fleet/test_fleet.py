@@ -14,18 +14,14 @@ answer (from the converted copy in MNESIO_MODEL_CACHE_DIR).
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import time
-import uuid
 
 import pytest
 import requests
 
 from cartridges.models import CartridgeVersion
 
-from .procs import ROOT, Proc, database_url, free_port, wait_for
+from .procs import FleetRun, fleet_stop, wait_for
 
 pytestmark = [
     pytest.mark.fleet,
@@ -36,7 +32,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH"),
 ]
 
-TAG_VARIABLE = "MNESIO_FLEET_TEST_TAG"
 LIFECYCLE_TIMEOUT_S = 420  # model load (20-40 s, more on a busy 2-core machine) + compile + gate, twice
 MEMORIES = [
     ("The spare key is under the blue flowerpot.", None),
@@ -45,94 +40,29 @@ MEMORIES = [
 ]
 
 
-def tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries ``TAG_VARIABLE=tag`` (every process the fleet started)."""
-    needle = f"{TAG_VARIABLE}={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:  # gone, or not ours
-            continue
-    return found
-
-
-def stop_fleet(proc: Proc, tag: str) -> list[int]:
-    """Stop the fleet whatever state it is in; return the tagged processes still alive afterwards (should be none)."""
-    if proc.alive():
-        os.kill(proc.proc.pid, signal.SIGTERM)  # honcho: SIGTERM to every process group, SIGKILL after 5 s
-        try:
-            proc.proc.wait(timeout=20)
-        except Exception:  # noqa: BLE001 - killed below anyway
-            pass
-    proc.stop(grace_s=1)  # SIGKILL the fleet's own process group
-    for pid in tagged_pids(tag):  # processes in their own sessions that outlived honcho
-        try:
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while tagged_pids(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    # zombies of reaped-late children do not count: /proc/<pid>/environ of a zombie is empty
-    return tagged_pids(tag)
+# the real default model, on CPU, with a small gate so compile + gate take seconds once it is loaded
+REAL_MODEL = {
+    "MNESIO_KV_BACKEND": "transformers",
+    "MNESIO_KV_MODEL": "smollm2-135m-instruct",
+    "MNESIO_KV_DTYPE": "f32",
+    "MNESIO_KV_QUANT": "none",
+    "MNESIO_KV_DEVICE": "cpu",
+    "MNESIO_GATE_NUM_AUTO_PROBES": "1",
+    "MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS": "2",
+    "MNESIO_GATE_MAX_NEW_TOKENS": "4",
+    "MNESIO_ANSWER_MAX_NEW_TOKENS": "12",
+}
 
 
 @pytest.fixture
 def fleet(tmp_path):
-    """Start bin/fleet on free ports; yields (proc, web base URL, S3 endpoint, bucket). Always torn down."""
-    tag = uuid.uuid4().hex
-    web_port, redis_port, s3_port = free_port(), free_port(), free_port()
-    bucket = f"fleet-{tag[:12]}"
-    env = {
-        key: value for key, value in os.environ.items()
-        if key not in ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "MNESIO_BLOB_ROOT",
-                       "MNESIO_BLOB_STORAGE_BACKEND", "PROMETHEUS_MULTIPROC_DIR")
-    }
-    env.update({
-        TAG_VARIABLE: tag,
-        "DATABASE_URL": database_url(),
-        "MNESIO_BIND": f"127.0.0.1:{web_port}",
-        "MNESIO_WEB_WORKERS": "1",
-        "MNESIO_FLEET_REDIS_PORT": str(redis_port),
-        "MNESIO_LOCAL_S3_PORT": str(s3_port),
-        "MNESIO_S3_BUCKET": bucket,
-        "MNESIO_FLEET_NAME": f"test-{tag[:8]}",
-        "MNESIO_FLEET_DIR": str(tmp_path / "fleet"),
-        "MNESIO_DATA_DIR": str(tmp_path / "data"),
-        "MNESIO_FLEET_DEFAULT_CONCURRENCY": "1",
-        "SECURE_SSL_REDIRECT": "false",  # plain http on loopback
-        # the real default model, on CPU, with a small gate so compile + gate take seconds
-        "MNESIO_KV_BACKEND": "transformers",
-        "MNESIO_KV_MODEL": "smollm2-135m-instruct",
-        "MNESIO_KV_DTYPE": "f32",
-        "MNESIO_KV_QUANT": "none",
-        "MNESIO_KV_DEVICE": "cpu",
-        "MNESIO_GATE_NUM_AUTO_PROBES": "1",
-        "MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS": "2",
-        "MNESIO_GATE_MAX_NEW_TOKENS": "4",
-        "MNESIO_ANSWER_MAX_NEW_TOKENS": "12",
-        "OMP_NUM_THREADS": env_threads(),
-    })
-    proc = Proc([str(ROOT / "bin" / "fleet"), "--own-redis", "--local-s3", "--no-migrate"], env=env,
-                log_path=tmp_path / "fleet.log")
+    """bin/fleet --own-redis --local-s3 with the real model; always torn down, leaving no process."""
+    run = FleetRun(tmp_path, extra_env=REAL_MODEL)
     try:
-        yield proc, f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{s3_port}", bucket, redis_port
+        yield run
     finally:
-        left = stop_fleet(proc, tag)
+        left = fleet_stop(run.proc, run.tag)
         assert left == [], f"processes left running after teardown: {left}"
-
-
-def env_threads() -> str:
-    return os.environ.get("OMP_NUM_THREADS") or "1"
 
 
 def _results(body):
@@ -141,11 +71,10 @@ def _results(body):
 
 def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(fleet, alice, scope_a):
     import boto3
+    import redis
     from knox.models import AuthToken
 
-    import redis
-
-    proc, base, s3_endpoint, bucket, redis_port = fleet
+    proc, base, bucket = fleet.proc, fleet.base_url, fleet.bucket
     _, token = AuthToken.objects.create(user=alice)
     http = requests.Session()
     http.headers["Authorization"] = f"Token {token}"
@@ -154,13 +83,20 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
     def log() -> str:
         return proc.output()
 
-    wait_for(lambda: http.get(f"{base}/api/scopes/", timeout=5).status_code == 200, timeout=180,
+    def up(check):
+        """A wait_for predicate that fails at once when the fleet has stopped (honcho stops all if one dies)."""
+        def predicate():
+            assert proc.alive(), f"the fleet stopped:\n{log()[-6000:]}"
+            return check()
+        return predicate
+
+    wait_for(up(lambda: http.get(f"{base}/api/scopes/", timeout=5).status_code == 200), timeout=180,
              what="the fleet's web server", log=log)
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+    s3 = boto3.client("s3", endpoint_url=fleet.s3_endpoint, region_name="us-east-1",
                       aws_access_key_id="local", aws_secret_access_key="local")
     wait_for(lambda: s3.head_bucket(Bucket=bucket), timeout=60, what="the local S3 bucket", log=log)
     # the broker persists every write (an append-only file): a Redis restart loses no queued task
-    assert redis.Redis(port=redis_port).config_get("appendonly") == {"appendonly": "yes"}
+    assert redis.Redis(port=fleet.redis_port).config_get("appendonly") == {"appendonly": "yes"}
 
     for content, subject in MEMORIES:
         response = http.post(f"{scope_url}/memories/", json={"content": content, **({"subject": subject} if subject else {})}, timeout=30)
@@ -173,7 +109,7 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
         versions = _results(http.get(f"{scope_url}/cartridges/", timeout=10).json())
         return next((v for v in versions if v["state"] == "active"), None)
 
-    first = wait_for(active, timeout=LIFECYCLE_TIMEOUT_S, what="compile (gpu) -> gate (gpu) -> activate (default)", log=log)
+    first = wait_for(up(active), timeout=LIFECYCLE_TIMEOUT_S, what="compile (gpu) -> gate (gpu) -> activate (default)", log=log)
     assert first["key"]["backend"] == "transformers" and first["key"]["model_id"] == "smollm2-135m-instruct"
     erased = CartridgeVersion.objects.get(pk=first["id"])
     assert [obj["Key"] for obj in s3.list_objects_v2(Bucket=bucket).get("Contents", [])] == [erased.storage_name]
@@ -191,7 +127,7 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
         assert status != "failed", (http.get(request_url, timeout=10).json(), log()[-4000:])
         return status if status == "views_rebuilt" else None
 
-    wait_for(erased_and_rebuilt, timeout=LIFECYCLE_TIMEOUT_S, what="the erasure (gpu worker)", log=log)
+    wait_for(up(erased_and_rebuilt), timeout=LIFECYCLE_TIMEOUT_S, what="the erasure (gpu worker)", log=log)
     rebuilt = active()
     assert rebuilt is not None and rebuilt["id"] != first["id"]
     states = {v["id"]: v["state"] for v in _results(http.get(f"{scope_url}/cartridges/", timeout=10).json())}
