@@ -172,3 +172,22 @@ def test_the_storage_check_fails_on_an_unwritable_local_store(settings, tmp_path
         "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "ok")}}}
     blob_storage_check()
     assert [p for p in (tmp_path / "ok").rglob("*") if p.is_file()] == []  # the probe is deleted
+
+
+def test_a_large_blob_goes_up_in_parts_and_comes_back_whole(moto_s3, bucket):
+    """Above boto3's 8 MB threshold the upload is multipart (an 8k-token f32 cartridge is ~380 MB): still one
+    object, visible only once complete, read back byte for byte, and deleted entirely."""
+    import hashlib
+    import os
+
+    from django.core.files.base import ContentFile
+
+    data = os.urandom(17 * 1024 * 1024)
+    storage = blob_storage()
+    assert storage.save("scope-0/large.kvc", ContentFile(data)) == "scope-0/large.kvc"
+    etag = moto_s3.client.head_object(Bucket=bucket, Key="scope-0/large.kvc")["ETag"].strip('"')
+    assert etag.endswith("-3")  # three parts: 8 MB, 8 MB and 1 MB
+    with storage.open("scope-0/large.kvc", "rb") as fh:
+        assert hashlib.sha256(fh.read()).digest() == hashlib.sha256(data).digest()
+    storage.delete("scope-0/large.kvc")
+    assert moto_s3.keys(bucket) == [] and moto_s3.all_versions(bucket) == []
