@@ -7,8 +7,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from tests.fleet.procs import MotoS3
 
-from .test_settings_environment import load  # noqa: F401 - the fixture: settings.py run with only these variables
-
 
 def test_blobs_default_to_local_files_under_the_data_dir(load, tmp_path):
     s = load()
