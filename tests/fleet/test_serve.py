@@ -58,3 +58,36 @@ def test_its_help_names_the_variables(tmp_path):
     assert proc.proc.wait(timeout=30) == 0
     assert all(name in proc.output() for name in ("MNESIO_BIND", "MNESIO_WEB_WORKERS", "MNESIO_WEB_TIMEOUT"))
     proc.stop()
+
+
+def test_two_compiles_at_once_in_one_worker_both_succeed_in_the_embedded_mode(serve, alice, scope_a, scope_c):
+    """The embedded mode (no broker: tasks run in the request) under the ASGI server, which runs each request's
+    sync code in a thread of its own: two compiles at once in one worker both succeed (Celery's process-wide
+    "inside a task" flag, set by one thread's in-process task, used to fail the other's result read with a 500)."""
+    import threading
+
+    from knox.models import AuthToken
+
+    from memories.services import scope_grant
+
+    scope_grant(scope=scope_c, user=alice)
+    kv_configuration_switch(backend="fake", model="fake-model", dtype="f32", quant="none", actor=None)
+    for scope in (scope_a, scope_c):
+        memory_append(scope=scope, content=f"A memory of {scope.name}.")
+    _, token = AuthToken.objects.create(user=alice)
+    auth = {"Authorization": f"Token {token}"}
+    # no broker: tasks run in-process; each compile pauses 2 s after opening the log, so the two overlap
+    proc, base = serve(REDIS_URL="", CELERY_BROKER_URL="", MNESIO_CARTRIDGE_COMPILE_PAUSE_S="2")
+
+    results: dict[str, requests.Response] = {}
+
+    def compile_scope(name: str) -> None:
+        results[name] = requests.post(f"{base}/api/scopes/{name}/cartridges/compile/", json={}, headers=auth, timeout=60)
+
+    threads = [threading.Thread(target=compile_scope, args=(name,)) for name in ("scope-a", "scope-c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert {name: r.status_code for name, r in results.items()} == {"scope-a": 202, "scope-c": 202}, proc.output()[-3000:]
+    assert all(r.json()["status"] == "done" and r.json()["version_id"] for r in results.values())
