@@ -254,8 +254,8 @@ class Batcher:
             raise ValueError(f"max_batch has to be >= 1 and max_waiting >= 0 but got {max_batch} and {max_waiting}")
         self.model, self.eos_ids, self.device = model, set(eos_ids), torch.device(device)
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.base = model.base_model
-        self.lm_head = model.get_output_embeddings()
+        self.base = getattr(model, "base_model", None)  # the decoder stack, without the LM head
+        self.lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         self.kbuf: list[torch.Tensor] = []
         self.vbuf: list[torch.Tensor] = []
         self.room = 0
@@ -365,14 +365,17 @@ class Batcher:
 
     def _logits_pass(self, start: int, rows: list[_Row], input_ids: torch.Tensor, last: torch.Tensor) -> list[int]:
         """One forward pass for rows in slots ``start:start+len(rows)``: greedy token at each row's ``last`` index."""
+        return self._forward_logits(start, rows, input_ids, last).argmax(dim=-1).tolist()
+
+    def _forward_logits(self, start: int, rows: list[_Row], input_ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The pass itself: float32 logits ``[b, vocab]`` at each row's ``last`` input index."""
         step = CascadeStep(self, start, rows, input_ids.shape[1])
         offsets = torch.tensor([row.request.state.num_tokens for row in rows], device=self.device).unsqueeze(1)
         position_ids = offsets + step.write_pos  # [b, n]: the cartridge's length + the row's own position
         hidden = self.base(input_ids=input_ids, position_ids=position_ids, use_cache=False, mnesio_cascade=step).last_hidden_state
         hidden = hidden[torch.arange(len(rows), device=self.device), last]  # [b, hidden]
-        logits = self.lm_head(hidden).float()
         self.steps += 1
-        return logits.argmax(dim=-1).tolist()
+        return self.lm_head(hidden).float()
 
     def _prefill(self, new_rows: list[_Row]) -> None:
         """Run the newly admitted questions' prompts (one padded pass), take their first tokens, join the batch."""
