@@ -198,8 +198,6 @@ class CascadeStep:
             (state, slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else torch.tensor(idx, device=device))
             for state, idx in groups.values()
         ]
-        b = len(rows)
-        self.write_rows = torch.arange(b, device=device).unsqueeze(1)  # [b, 1]
         self.write_pos = self.past.unsqueeze(1) + torch.arange(num_new, device=device)  # [b, n]
         self._masks: dict[int, torch.Tensor] = {}
 
@@ -221,8 +219,9 @@ class CascadeStep:
         scale = dim**-0.5 if scaling is None else scaling
         kbuf = self.batcher.kbuf[layer][self.start : self.stop]  # [b, kv, room, d] views of the slot buffers
         vbuf = self.batcher.vbuf[layer][self.start : self.stop]
-        kbuf[self.write_rows, :, self.write_pos] = key.transpose(1, 2)  # [b, n, kv, d] at (row, pos)
-        vbuf[self.write_rows, :, self.write_pos] = value.transpose(1, 2)
+        index = self.write_pos.view(b, 1, n, 1)  # scatter_, not index_put: the latter costs milliseconds here
+        kbuf.scatter_(2, index.expand(b, kv_heads, n, key.shape[-1]), key)
+        vbuf.scatter_(2, index.expand(b, kv_heads, n, value.shape[-1]), value)
         packed = query.reshape(b, kv_heads, groups * n, dim)  # query head h -> kv head h // groups; row gi * n + t
         # each row's own part: the question's prompt and answer so far (small; float32 scores)
         scores = torch.matmul(packed, kbuf[:, :, : self.max_len].transpose(-1, -2)).float() * scale  # [b, kv, g*n, S]
