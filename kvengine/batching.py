@@ -67,9 +67,12 @@ INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a questio
 
 
 # -- attention pieces --------------------------------------------------------------------------------
-def plain_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [b, h, m, d]`` over all of ``k, v [b, h, n, d]``: output (q's dtype) and LSE (float32)."""
+def plain_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q [b, h, m, d]`` over ``k, v [b, h, n, d]`` (an optional additive float mask): output and LSE (float32)."""
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [b, h, m, n]
+    if mask is not None:
+        scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype), v)
     return out, lse
@@ -77,6 +80,11 @@ def plain_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
 
 def _cpu_flash(q, k, v, scale):
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=None, scale=scale)
+    return out, lse
+
+
+def _cpu_flash_masked(q, k, v, scale, mask=None):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
     return out, lse
 
 
@@ -90,26 +98,37 @@ def _cuda_efficient(q, k, v, scale):
     return result[0], result[1][..., : q.shape[-2]]  # the LSE may be padded to a multiple of 32 rows
 
 
-_KERNELS: dict[tuple[str, torch.dtype], object] = {}
+_KERNELS: dict[tuple[str, torch.dtype, bool], object] = {}
 _KERNELS_LOCK = threading.Lock()
 
 
-def _choose_kernel(device: torch.device, dtype: torch.dtype):
-    """The first fused kernel that exists and agrees with plain math here (checked once), else plain math."""
-    key = (device.type, dtype)
+def _choose_kernel(device: torch.device, dtype: torch.dtype, *, masked: bool = False):
+    """The first fused kernel that exists and agrees with plain math here (checked once), else plain math.
+
+    ``masked``: the kernel for the rows' own parts (an additive mask per row); only the CPU flash kernel takes one.
+    """
+    key = (device.type, dtype, masked)
     with _KERNELS_LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
-        candidates = [_cpu_flash] if device.type == "cpu" else [_cuda_flash, _cuda_efficient] if device.type == "cuda" else []
+        if masked:
+            candidates = [_cpu_flash_masked] if device.type == "cpu" else []
+        else:
+            candidates = [_cpu_flash] if device.type == "cpu" else [_cuda_flash, _cuda_efficient] if device.type == "cuda" else []
         gen = torch.Generator(device="cpu").manual_seed(0)
-        q, k, v = (torch.randn(1, 2, m, 64, generator=gen).to(device=device, dtype=dtype) for m in (7, 300, 300))
+        b = 3 if masked else 1
+        q, k, v = (torch.randn(b, 2, m, 64, generator=gen).to(device=device, dtype=dtype) for m in (7, 300, 300))
         k_view = torch.cat([k, k[:, :, :20]], dim=2)[:, :, :300]  # strided, like a KvState prefix view
-        want_out, want_lse = plain_attention_lse(q.float(), k.float(), v.float(), 0.125)
+        mask = torch.zeros(b, 1, 7, 300, dtype=dtype, device=device)
+        if masked:
+            mask[0, :, :, 100:] = float("-inf")
+            mask[2, :, :, 5:] = float("-inf")
+        want_out, want_lse = plain_attention_lse(q.float(), k.float(), v.float(), 0.125, mask.float() if masked else None)
         tol = 1e-4 if dtype == torch.float32 else 3e-2
         chosen = plain_attention_lse
         for kernel in candidates:
             try:
-                out, lse = kernel(q, k_view, v, 0.125)
+                out, lse = kernel(q, k_view, v, 0.125, mask) if masked else kernel(q, k_view, v, 0.125)
             except Exception:  # noqa: BLE001 - a kernel this build or device lacks: try the next
                 continue
             if out.shape == want_out.shape and torch.allclose(out.float(), want_out, atol=tol) and torch.allclose(lse.float(), want_lse, atol=tol):
@@ -129,10 +148,31 @@ def prefix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     return out, lse.float()
 
 
+def suffix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q [b, h, m, d]`` over ``k, v [b, h, S, d]`` under the additive ``mask [b, 1, m, S]``.
+
+    Every query row must see at least one key (a token always sees itself). CPU: the fused flash kernel (one call);
+    elsewhere plain math. Returns the output and the LSE (float32).
+    """
+    if _choose_kernel(q.device, q.dtype, masked=True) is _cpu_flash_masked:
+        out, lse = _cpu_flash_masked(q, k, v, scale, mask)
+        return out, lse.float()
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype), v), lse
+
+
 def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Exact softmax merge of two attention partials over disjoint key sets (float32 out, lse [..., m])."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    return out_a.float() * torch.exp(lse_a - lse).unsqueeze(-1) + out_b.float() * torch.exp(lse_b - lse).unsqueeze(-1)
+    """Exact softmax merge of two attention partials over disjoint key sets (lse float32 ``[..., m]``).
+
+    ``out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)`` with ``lse = logaddexp(lse_a, lse_b)``; the weight
+    of ``a`` is ``sigmoid(lse_a - lse_b)``, so this is one lerp (three kernel calls instead of eight: per layer
+    and step, call overhead is what a CPU decode step of a small model spends beyond the matmuls).
+    """
+    weight = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
+    if out_a.dtype != torch.float32:
+        out_a, out_b = out_a.float(), out_b.float()
+    return torch.lerp(out_b, out_a, weight)
 
 
 # -- requests and rows ----------------------------------------------------------------------------------
@@ -201,14 +241,16 @@ class CascadeStep:
         self.write_pos = self.past.unsqueeze(1) + torch.arange(num_new, device=device)  # [b, n]
         self._masks: dict[int, torch.Tensor] = {}
 
-    def _suffix_mask(self, groups: int) -> torch.Tensor:
-        """[b, 1, groups * n, S]: packed query row r (token t = r % n) sees suffix positions <= past + t."""
-        if groups not in self._masks:
+    def _suffix_mask(self, groups: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive ``[b, 1, groups * n, S]``: packed query row r (token t = r % n) sees suffix positions <= past + t."""
+        if (groups, dtype) not in self._masks:
             device = self.past.device
             t = torch.arange(groups * self.num_new, device=device) % self.num_new
             j = torch.arange(self.max_len, device=device)
-            self._masks[groups] = (j.view(1, 1, 1, -1) <= (self.past.view(-1, 1, 1, 1) + t.view(1, 1, -1, 1)))
-        return self._masks[groups]
+            allowed = j.view(1, 1, 1, -1) <= (self.past.view(-1, 1, 1, 1) + t.view(1, 1, -1, 1))
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+            self._masks[(groups, dtype)] = mask
+        return self._masks[(groups, dtype)]
 
     def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None) -> torch.Tensor:
         """Write ``key/value [b, kv, n, d]`` into the rows' scratch; return attention ``[b, n, heads, d]``."""
@@ -223,24 +265,28 @@ class CascadeStep:
         kbuf.scatter_(2, index.expand(b, kv_heads, n, key.shape[-1]), key)
         vbuf.scatter_(2, index.expand(b, kv_heads, n, value.shape[-1]), value)
         packed = query.reshape(b, kv_heads, groups * n, dim)  # query head h -> kv head h // groups; row gi * n + t
-        # each row's own part: the question's prompt and answer so far (small; float32 scores)
-        scores = torch.matmul(packed, kbuf[:, :, : self.max_len].transpose(-1, -2)).float() * scale  # [b, kv, g*n, S]
-        scores = scores.masked_fill(~self._suffix_mask(groups), float("-inf"))
-        lse_s = torch.logsumexp(scores, dim=-1)  # [b, kv, g*n]; finite: a token always sees itself
-        out_s = torch.matmul(torch.exp(scores - lse_s.unsqueeze(-1)).to(value.dtype), vbuf[:, :, : self.max_len])
+        # each row's own part: the question's prompt and answer so far, masked by its length and causally
+        out_s, lse_s = suffix_attention_lse(packed, kbuf[:, :, : self.max_len], vbuf[:, :, : self.max_len],
+                                            self._suffix_mask(groups, query.dtype), scale)
         # the shared part: per cartridge, all its rows' queries against its prefix at once, the prefix read once
-        out_p = torch.empty_like(out_s)
-        lse_p = torch.empty_like(lse_s)
-        for state, rows in self.groups:
-            q = packed[rows]  # [k, kv, g*n, d]
-            k = q.shape[0]
-            q = q.transpose(0, 1).reshape(1, kv_heads, k * groups * n, dim)
-            prefix_k, prefix_v = state.prefix(layer)  # [1, kv, N, d] views of the cartridge: never copied
-            o, lse = prefix_attention_lse(q, prefix_k, prefix_v, scale)
-            out_p[rows] = o.reshape(kv_heads, k, groups * n, dim).transpose(0, 1).to(out_p.dtype)
-            lse_p[rows] = lse.reshape(kv_heads, k, groups * n).transpose(0, 1)
+        if len(self.groups) == 1:
+            state, _ = self.groups[0]
+            out_p, lse_p = self._prefix(packed, state, layer, scale)
+        else:
+            out_p, lse_p = torch.empty_like(out_s), torch.empty_like(lse_s)
+            for state, rows in self.groups:
+                out_p[rows], lse_p[rows] = self._prefix(packed[rows], state, layer, scale)
         out = merge_states(out_p, lse_p, out_s, lse_s).to(query.dtype)  # [b, kv, g*n, d]
-        return out.reshape(b, heads, n, dim).transpose(1, 2).contiguous()
+        return out.reshape(b, heads, n, dim).transpose(1, 2)  # [b, n, heads, d]; the caller's reshape copies
+
+    @staticmethod
+    def _prefix(packed: torch.Tensor, state: KvState, layer: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention of rows' packed queries ``[k, kv, m, d]`` over ``state``'s prefix, in one kernel call."""
+        k, kv_heads, m, dim = packed.shape
+        q = packed.transpose(0, 1).reshape(1, kv_heads, k * m, dim)  # all rows' queries per kv head
+        prefix_k, prefix_v = state.prefix(layer)  # [1, kv, N, d] views of the cartridge: never copied
+        out, lse = prefix_attention_lse(q, prefix_k, prefix_v, scale)
+        return out.reshape(kv_heads, k, m, dim).transpose(0, 1), lse.reshape(kv_heads, k, m).transpose(0, 1)
 
 
 # -- the batcher ---------------------------------------------------------------------------------------
