@@ -33,9 +33,12 @@ Design
   so rotary embeddings match the one-at-a-time path. The LM head runs only on each row's last real token.
 - **Prefix kernel with LSE.** CPU: aten's fused flash kernel (``_scaled_dot_product_flash_attention_for_cpu``),
   which returns the LSE and reads strided views (the prefix is a view of the KvState buffers). CUDA: aten's
-  flash kernel (bf16/f16) or memory-efficient kernel. Each is checked once per (device, dtype) against plain
-  math on a small random input; a kernel that is missing or disagrees is replaced by the plain math
-  (scores, logsumexp, softmax @ V), which is exact but materializes the score matrix.
+  flash kernel (bf16/f16) or memory-efficient kernel. The rows' own parts (a few dozen positions each) go
+  through the CPU flash kernel with an additive per-row mask, elsewhere through plain math. Each kernel is
+  checked once per (device, dtype) against plain math on a small random input; one that is missing or
+  disagrees is replaced by the plain math (scores, logsumexp, softmax @ V), exact but materializing the
+  scores. Kernel calls per layer are kept few (the merge is one sigmoid and one lerp): on a CPU, a small
+  model's decoding step spends on per-call overhead what it does not spend in the weight matmuls.
 - **Back-pressure.** At most ``max_waiting`` questions wait for a row; past that, ``submit()`` raises
   OverloadedError with a retry hint from the recent per-question time, instead of queueing without bound.
 - **Thread safety.** Only the worker thread runs batched forward passes and touches the row buffers. The
