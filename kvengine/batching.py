@@ -39,6 +39,8 @@ Design
   disagrees is replaced by the plain math (scores, logsumexp, softmax @ V), exact but materializing the
   scores. Kernel calls per layer are kept few (the merge is one sigmoid and one lerp): on a CPU, a small
   model's decoding step spends on per-call overhead what it does not spend in the weight matmuls.
+- **Long questions** (prompt + answer over MAX_ROW_ROOM positions) are not batched: every slot would grow to
+  their length. The backend answers them one at a time (answer_stream_unbatched), as before batching.
 - **Back-pressure.** At most ``max_waiting`` questions wait for a row; past that, ``submit()`` raises
   OverloadedError with a retry hint from the recent per-question time, instead of queueing without bound.
 - **Thread safety.** Only the worker thread runs batched forward passes and touches the row buffers. The
@@ -67,6 +69,10 @@ from .kvcache import KvState
 DEFAULT_MAX_BATCH = 16  # rows decoded together
 DEFAULT_MAX_WAITING = 64  # questions waiting for a row before OverloadedError
 INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a question needs more
+# The most scratch positions (prompt + answer) a question may take in a batch row. Every row slot has the
+# room of the longest, so one long question would make all max_batch slots long (16 x 4k positions are 2.9 GB
+# in f32 on SmolLM2); longer questions take the one-at-a-time path instead (TransformersKvBackend).
+MAX_ROW_ROOM = 1024
 
 
 # -- attention pieces --------------------------------------------------------------------------------
@@ -320,6 +326,8 @@ class Batcher:
     # -- callers' side --------------------------------------------------------------------------------
     def submit(self, state: KvState, prompt: list[int], *, max_new_tokens: int, stop_at_eos: bool = True) -> Request:
         """Queue a question; raise OverloadedError when ``max_waiting`` questions already wait for a row."""
+        if len(prompt) + max_new_tokens > MAX_ROW_ROOM:
+            raise ValueError(f"a batched question takes at most {MAX_ROW_ROOM} positions (prompt + answer); answer it alone")
         request = Request(state=state, prompt=list(prompt), max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
         request._batcher = self
         with self._cond:

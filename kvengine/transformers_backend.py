@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, Batcher
+from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, EmptyInputError, IncompatibleCartridgeError
@@ -180,6 +180,9 @@ class TransformersKvBackend(KvBackend):
         state = self._payload(cartridge).state
         suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
         self._check_room(state.num_tokens + len(suffix), max_new_tokens, "memories plus the question and answer")
+        if len(suffix) + max_new_tokens > MAX_ROW_ROOM:  # too long for a batch row (batching.MAX_ROW_ROOM)
+            yield from self.answer_stream_unbatched(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+            return
         request = self.batcher().submit(state, suffix, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
         ids: list[int] = []
         shown = ""

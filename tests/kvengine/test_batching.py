@@ -253,3 +253,18 @@ def test_a_failed_pass_reaches_its_callers_and_the_batcher_carries_on(real_backe
         assert kinds[-1] == "end" and "token" in kinds
     finally:
         batcher.close()
+
+
+@pytest.mark.model
+def test_a_question_too_long_for_a_batch_row_is_answered_alone(real_backend, cartridges):
+    from kvengine.batching import MAX_ROW_ROOM
+
+    backend = real_backend
+    batcher = backend.batcher()
+    steps = batcher.steps
+    long_budget = MAX_ROW_ROOM + 1  # prompt + answer room past what a row may take; the answer itself stops at EOS
+    answer = backend.answer(cartridges[0], QUESTIONS[0], max_new_tokens=long_budget)
+    assert batcher.steps == steps  # not batched: the row slots keep their size
+    assert answer.token_ids == backend.answer_unbatched(cartridges[0], QUESTIONS[0], max_new_tokens=long_budget).token_ids
+    with pytest.raises(ValueError, match="at most"):
+        batcher.submit(cartridges[0].payload.state, [1, 2, 3], max_new_tokens=MAX_ROW_ROOM)
