@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend
+from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, EmptyInputError, IncompatibleCartridgeError
 from .format import FORMAT_VERSION, check_compatible, read_cartridge, write_cartridge
