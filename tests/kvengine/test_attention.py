@@ -68,7 +68,7 @@ def test_a_real_cartridge_question_takes_the_packed_path_and_decoding_does_not(r
     monkeypatch.setattr(attention, "packs", lambda *a: decisions.append((a[1].shape[2], real(*a))) or decisions[-1][1])
     cartridge = real_backend.compile(["Alice lives in Lisbon.", "Bob keeps the key under the pot."])
     decisions.clear()  # the compile prefill (no mask) is not the point here
-    answer = real_backend.answer(cartridge, "Where does Alice live?", max_new_tokens=3, stop_at_eos=False)
+    answer = real_backend.answer_unbatched(cartridge, "Where does Alice live?", max_new_tokens=3, stop_at_eos=False)
     layers = real_backend.model.config.num_hidden_layers
     suffix = answer.num_prompt_tokens
     assert decisions[:layers] == [(suffix, True)] * layers  # the question: every layer packed

@@ -1,0 +1,270 @@
+"""Batched decoding (kvengine.batching): cascade attention is exact, batched answers are the one-at-a-time answers,
+rows join and leave, a closed stream frees its row, and a full queue refuses with OverloadedError."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvengine.attention import packed_gqa_sdpa
+from kvengine.batching import Batcher, CascadeStep, _Row, merge_states, plain_attention_lse, prefix_attention_lse
+from kvengine.errors import OverloadedError
+from kvengine.kvcache import CartridgeCache, KvState
+
+MEMORIES = [
+    "Alice Moreau lives in Lisbon and works as a baker at the corner shop on Rua Augusta.",
+    "Bob Tanaka keeps the spare key to the office under the blue flower pot by the back door.",
+    "The quarterly review meeting with Carol is on Friday at three in the afternoon, in room 4B.",
+    "Eva prefers her coffee black with no sugar, and she is allergic to peanuts.",
+]
+OTHER_MEMORIES = [
+    "Farid drives a green 2009 Volvo estate and parks it in space number 17.",
+    "The company's annual retreat will take place in Porto from the 12th to the 14th of June.",
+]
+QUESTIONS = ["Where does Alice live?", "Where is the spare key?", "When is the meeting with Carol?", "What is Eva allergic to?",
+             "Who is Bob?", "What does Alice do?"]
+SQUAD_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "squad_subset" / "squad_v1.1_dev_subset.json"
+
+
+def _wait_until(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# -- the attention math (no model) ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_prefix_kernel_returns_the_attention_and_its_log_sum_exp(dtype):
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 3, 12, 64, generator=gen).to(dtype)
+    buf = torch.randn(1, 3, 700, 64, generator=gen).to(dtype)  # a strided view, as a KvState prefix is
+    k, v = buf[:, :, :500], buf[:, :, 200:]
+    out, lse = prefix_attention_lse(q, k, v[:, :, :500], 0.125)
+    want_out, want_lse = plain_attention_lse(q.float(), k.float(), v[:, :, :500].float(), 0.125)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert lse.dtype == torch.float32 and lse.shape == (1, 3, 12)
+    torch.testing.assert_close(out.float(), want_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, want_lse, atol=tol, rtol=tol)
+
+
+def test_merging_prefix_and_suffix_partials_is_attention_over_both():
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 5, 64, generator=gen)
+    k, v = torch.randn(2, 3, 400, 64, generator=gen), torch.randn(2, 3, 400, 64, generator=gen)
+    out_a, lse_a = plain_attention_lse(q, k[:, :, :371], v[:, :, :371], 0.125)
+    out_b, lse_b = plain_attention_lse(q, k[:, :, 371:], v[:, :, 371:], 0.125)
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
+    torch.testing.assert_close(merge_states(out_a, lse_a, out_b, lse_b), whole, atol=1e-6, rtol=1e-5)
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, layer_idx: int, groups: int):
+        super().__init__()
+        self.layer_idx, self.num_key_value_groups = layer_idx, groups
+
+
+def test_cascade_attention_equals_attention_over_each_rows_whole_sequence_without_copying_the_prefix():
+    """Three rows (two on cartridge A, one on B), mid-answer, GQA 9 query heads on 3 kv heads."""
+    gen = torch.Generator().manual_seed(3)
+    kv, groups, dim = 3, 3, 64
+    states = [KvState([torch.randn(1, kv, n, dim, generator=gen)], [torch.randn(1, kv, n, dim, generator=gen)], room=8) for n in (300, 170)]
+    batcher = Batcher(torch.nn.Linear(1, 1), eos_ids=set(), device="cpu", max_batch=4)  # attention only: no model pass
+    batcher._ensure_buffers(states[0], 40)
+    rows = []
+    for state, length in ((states[0], 9), (states[1], 4), (states[0], 17)):
+        row = _Row(request=type("R", (), {"state": state})())
+        row.length = length
+        rows.append(row)
+        batcher.kbuf[0][len(rows) - 1].normal_(generator=gen)
+        batcher.vbuf[0][len(rows) - 1].normal_(generator=gen)
+    for n in (1, 3):  # a decoding step and a multi-token (prefill-like) pass
+        step = CascadeStep(batcher, 0, rows, n)
+        query = torch.randn(3, kv * groups, n, dim, generator=gen)
+        key, value = torch.randn(3, kv, n, dim, generator=gen), torch.randn(3, kv, n, dim, generator=gen)
+        prefix_ptr = states[0].keys[0].data_ptr()
+        out = step.attend(_Layer(0, groups), query, key, value, 0.125)  # [b, n, heads, d]
+        assert states[0].keys[0].data_ptr() == prefix_ptr
+        for i, row in enumerate(rows):
+            pk, pv = row.request.state.prefix(0)
+            end = row.length + n
+            whole_k = torch.cat([pk, batcher.kbuf[0][i : i + 1, :, :end]], dim=2)
+            whole_v = torch.cat([pv, batcher.vbuf[0][i : i + 1, :, :end]], dim=2)
+            assert torch.equal(batcher.kbuf[0][i, :, row.length : end], key[i])  # the new keys were written
+            mask = torch.ones(1, 1, n, whole_k.shape[2], dtype=torch.bool).tril(whole_k.shape[2] - n)
+            want, _ = packed_gqa_sdpa(_Layer(0, groups), query[i : i + 1], whole_k, whole_v, mask, scaling=0.125)
+            torch.testing.assert_close(out[i : i + 1], want, atol=2e-6, rtol=1e-5)  # both [1, n, heads, d]
+
+
+# -- the real model ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cartridges(real_backend):
+    return real_backend.compile(MEMORIES), real_backend.compile(OTHER_MEMORIES)
+
+
+def _concurrently(calls):
+    results, errors = [None] * len(calls), []
+    barrier = threading.Barrier(len(calls))
+
+    def run(i, call):
+        try:
+            barrier.wait()
+            results[i] = call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.model
+def test_the_batched_pass_gives_the_one_at_a_time_logits_to_float_rounding(real_backend, cartridges):
+    """Same prompts, same positions: the first-token logits of a batched pass (rows of two cartridges, padded
+    prompts) and of the single-question path differ by float rounding only."""
+    backend = real_backend
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)  # never started: driven here
+    layout = backend.layout
+    pairs = [(cartridges[0], QUESTIONS[0]), (cartridges[1], "Where is the retreat this year?"), (cartridges[0], QUESTIONS[3])]
+    prompts = [layout.encode(layout.suffix_text(q)) for _, q in pairs]
+    rows = [_Row(request=type("R", (), {"state": c.payload.state})()) for c, _ in pairs]
+    batcher._ensure_buffers(rows[0].request.state, 64)
+    longest = max(map(len, prompts))
+    input_ids = torch.tensor([p + [p[-1]] * (longest - len(p)) for p in prompts])
+    with torch.inference_mode():
+        batched = batcher._forward_logits(0, rows, input_ids, torch.tensor([len(p) - 1 for p in prompts]))
+        for i, ((cartridge, _), prompt) in enumerate(zip(pairs, prompts, strict=True)):
+            state = cartridge.payload.state
+            with state.lock:
+                cache = CartridgeCache(state)
+                try:
+                    alone = backend.model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+                finally:
+                    cache.crop_back()
+            assert (batched[i] - alone).abs().max() < 1e-3 * alone.abs().max(), i
+            assert int(batched[i].argmax()) == int(alone.argmax())
+
+
+@pytest.mark.model
+def test_concurrent_questions_are_decoded_together_and_answer_as_one_at_a_time(real_backend, cartridges):
+    backend = real_backend
+    pairs = [(cartridges[i % 2 if i < 2 else 0], q) for i, q in enumerate(QUESTIONS)]
+    want = [backend.answer_unbatched(c, q, max_new_tokens=12).token_ids for c, q in pairs]
+    batcher = backend.batcher()
+    steps_before = batcher.steps
+    got = _concurrently([lambda c=c, q=q: backend.answer(c, q, max_new_tokens=12) for c, q in pairs])
+    assert [a.token_ids for a in got] == want
+    assert all(a.text and a.mode == "cartridge" and 0 < a.ttft_s <= a.total_s for a in got)
+    # one forward pass per step for the whole batch: far fewer passes than tokens decoded one at a time
+    decoded = sum(len(a.token_ids) for a in got)
+    assert batcher.max_rows_seen >= 2
+    assert batcher.steps - steps_before < decoded
+
+
+@pytest.mark.model
+def test_greedy_batched_answers_equal_one_at_a_time_answers_on_kveval_questions(real_backend):
+    from kvengine.kveval.data import build_scopes, load_squad
+    from kvengine.kveval.runner import EvalConfig
+
+    backend = real_backend
+    (scope,) = build_scopes(load_squad(SQUAD_FIXTURE), 512, backend.count_tokens, num_articles=1)
+    template = EvalConfig().question_template
+    questions = [template.format(question=q.question) for q in scope.questions[:8]]
+    assert len(questions) >= 4
+    cartridge = backend.compile(list(scope.paragraphs))
+    want = [backend.answer_unbatched(cartridge, q, max_new_tokens=16).token_ids for q in questions]
+    got = _concurrently([lambda q=q: backend.answer(cartridge, q, max_new_tokens=16) for q in questions])
+    assert [a.token_ids for a in got] == want
+
+
+@pytest.mark.model
+def test_rows_join_a_running_batch_and_streams_match(real_backend, cartridges):
+    backend = real_backend
+    cartridge = cartridges[0]
+    long_one = backend.answer_stream(cartridge, "Tell me everything about Alice.", max_new_tokens=40, stop_at_eos=False)
+    deltas = [next(long_one), next(long_one)]  # the long answer is decoding when the next questions arrive
+    joined = _concurrently([lambda q=q: backend.answer(cartridge, q, max_new_tokens=8) for q in QUESTIONS[:3]])
+    *rest, final = list(long_one)
+    assert len(final.token_ids) == 40
+    assert "".join(deltas + rest).strip() == final.text
+    assert final.token_ids == backend.answer_unbatched(cartridge, "Tell me everything about Alice.", max_new_tokens=40, stop_at_eos=False).token_ids
+    assert [a.token_ids for a in joined] == [backend.answer_unbatched(cartridge, q, max_new_tokens=8).token_ids for q in QUESTIONS[:3]]
+
+
+@pytest.mark.model
+def test_a_stream_closed_early_frees_its_row(real_backend, cartridges):
+    backend = real_backend
+    batcher = backend.batcher()
+    stream = backend.answer_stream(cartridges[0], QUESTIONS[0], max_new_tokens=200, stop_at_eos=False)
+    next(stream)
+    assert batcher._in_flight == 1
+    stream.close()
+    _wait_until(lambda: batcher._in_flight == 0 and not batcher._rows)
+    assert backend.answer(cartridges[0], QUESTIONS[0], max_new_tokens=8).token_ids == backend.answer_unbatched(cartridges[0], QUESTIONS[0], max_new_tokens=8).token_ids
+
+
+@pytest.mark.model
+def test_past_max_waiting_questions_it_refuses_with_overloaded_error(real_backend, cartridges):
+    backend = real_backend
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=1, max_waiting=1)
+    state = cartridges[0].payload.state
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
+    try:
+        busy = batcher.submit(state, prompt, max_new_tokens=500, stop_at_eos=False)
+        events = busy.events()
+        assert next(events)[0] == "token"  # admitted: the only row is taken
+        waiting = batcher.submit(state, prompt, max_new_tokens=4)
+        assert batcher.waiting() == 1
+        with pytest.raises(OverloadedError) as refused:
+            batcher.submit(state, prompt, max_new_tokens=4)
+        assert (refused.value.waiting, refused.value.limit) == (1, 1) and refused.value.retry_after_s >= 1
+        assert "limit is 1" in str(refused.value)
+        # a waiting question that is cancelled leaves the queue at once, making room
+        waiting.cancel()
+        assert batcher.waiting() == 0
+        again = batcher.submit(state, prompt, max_new_tokens=4)
+        busy.cancel()  # the row frees; the waiting question gets it and completes
+        kinds = [kind for kind, _ in again.events()]
+        assert kinds[-1] == "end" and kinds.count("token") >= 1
+        _wait_until(lambda: batcher._in_flight == 0)
+        assert batcher.submit(state, prompt, max_new_tokens=2) is not None
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+def test_a_failed_pass_reaches_its_callers_and_the_batcher_carries_on(real_backend, cartridges):
+    backend = real_backend
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    state = cartridges[0].payload.state
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
+    try:
+        bad = batcher.submit(state, [backend.model.config.vocab_size + 5], max_new_tokens=4)  # an id past the vocabulary
+        with pytest.raises(IndexError):
+            list(bad.events())
+        kinds = [kind for kind, _ in batcher.submit(state, prompt, max_new_tokens=4).events()]
+        assert kinds[-1] == "end" and "token" in kinds
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+def test_a_question_too_long_for_a_batch_row_is_answered_alone(real_backend, cartridges):
+    from kvengine.batching import MAX_ROW_ROOM
+
+    backend = real_backend
+    batcher = backend.batcher()
+    steps = batcher.steps
+    long_budget = MAX_ROW_ROOM + 1  # prompt + answer room past what a row may take; the answer itself stops at EOS
+    answer = backend.answer(cartridges[0], QUESTIONS[0], max_new_tokens=long_budget)
+    assert batcher.steps == steps  # not batched: the row slots keep their size
+    assert answer.token_ids == backend.answer_unbatched(cartridges[0], QUESTIONS[0], max_new_tokens=long_budget).token_ids
+    with pytest.raises(ValueError, match="at most"):
+        batcher.submit(cartridges[0].payload.state, [1, 2, 3], max_new_tokens=MAX_ROW_ROOM)
