@@ -324,8 +324,8 @@ def answer_request_answer(
     else:
         sealed = crypto.seal_box(key, json.dumps(result.as_dict()).encode(), aad=answer_request_aad(request.pk, "answer"))
         AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
-    request.refresh_from_db()
-    return request
+    # the asker may collect (and delete) the row the moment it is answered: then the row as it was is returned
+    return AnswerRequest.objects.filter(pk=request.pk).first() or request
 
 
 @sensitive_variables()
