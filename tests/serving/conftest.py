@@ -12,10 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvengine.fake import FakeKvBackend
 from tests.api.conftest import eager_tasks, fake_engine, served  # noqa: F401 (fixtures, requested by name)
 from tests.cartridges.conftest import blob_root  # noqa: F401
-
-from kvengine.fake import FakeKvBackend
 
 LONG = ("The spare key is under the blue flowerpot beside the green door of the old stone house at the end of "
         "the lane where the river bends twice before the mill.")
