@@ -43,9 +43,13 @@ POLL_S = 0.5  # how often a waiting web process also looks at the row (a lost "d
 
 
 class WorkerTimeout(MnesioError):
-    """No gpu worker answered in time (none running, or all busy): 504, the request is withdrawn."""
+    """No gpu worker answered in time (none running, or all busy): 504 + Retry-After, the request is withdrawn."""
 
     status_code = 504
+
+    def __init__(self, message: str, *, extra: dict, retry_after_s: int):
+        super().__init__(message, extra=extra)
+        self.retry_after_s = retry_after_s  # core.errors sends it as Retry-After
 
 
 def answer_ask(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
@@ -136,10 +140,11 @@ def _withdraw(request_id: int) -> None:
 
 def _timeout(request_id: int, waited_s: float) -> WorkerTimeout:
     _withdraw(request_id)
+    retry_after = conf.ask_retry_after_s()
     return WorkerTimeout(
         f"no gpu worker answered within {waited_s:.0f} s (MNESIO_REMOTE_ANSWER_TIMEOUT_S); the question was "
         "withdrawn: ask again, and check that workers consume the `gpu` queue",
-        extra={"kind": "worker_timeout", "retry_after_s": conf.ask_retry_after_s()},
+        extra={"kind": "worker_timeout", "retry_after_s": retry_after}, retry_after_s=retry_after,
     )
 
 

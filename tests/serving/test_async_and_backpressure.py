@@ -126,3 +126,33 @@ def test_the_bound_holds_under_a_burst_of_threads(alice, scope_a, served, live_s
         t.join(30)
     assert sorted(statuses) == [200] * 3 + [429] * 17
     assert answers_in_flight() == 0
+
+
+def test_a_model_free_ask_nobody_answers_is_a_504_not_a_hung_request(alice, scope_a, served, api_client_for, settings):
+    """No gpu worker reads the queue: the web process gives up after MNESIO_REMOTE_ANSWER_TIMEOUT_S and withdraws."""
+    import time
+
+    from mnesio_site.celery import app
+
+    served(scope_a, [KEY])
+    settings.MNESIO_WEB_LOADS_MODEL = False
+    settings.MNESIO_REMOTE_ANSWER_TIMEOUT_S = 1
+    before = app.conf.broker_url
+    app.conf.task_always_eager = False
+    app.conf.broker_url = "memory://"  # sent, never consumed
+    try:
+        started = time.monotonic()
+        response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"},
+                                              format="json")
+        waited = time.monotonic() - started
+        stream = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+                                                                         "stream": True}, format="json")
+        events = b"".join(stream.streaming_content).decode()
+    finally:
+        app.conf.task_always_eager = True
+        app.conf.broker_url = before
+    assert response.status_code == 504 and response.json()["extra"]["kind"] == "worker_timeout"
+    assert response["Retry-After"] and 1 <= waited < 10
+    assert stream.status_code == 200 and "event: error" in events and '"status":504' in events
+    assert not AnswerRequest.objects.exists()  # both withdrawn, with their keys
+    assert answers_in_flight() == 0
