@@ -156,3 +156,30 @@ def test_a_model_free_ask_nobody_answers_is_a_504_not_a_hung_request(alice, scop
     assert stream.status_code == 200 and "event: error" in events and '"status":504' in events
     assert not AnswerRequest.objects.exists()  # both withdrawn, with their keys
     assert answers_in_flight() == 0
+
+
+def test_a_full_engine_queue_is_429_with_the_engines_retry_after(alice, scope_a, served, api_client_for, fake_engine):
+    """The batcher's OverloadedError (its own bound) reaches the client as the same 429, sync and OpenAI."""
+    from cartridges import engine
+    from kvengine.errors import OverloadedError
+    from kvengine.fake import FakeKvBackend
+
+    class Full(FakeKvBackend):
+        def answer(self, cartridge, question, *, max_new_tokens=32):
+            raise OverloadedError(waiting=64, limit=64, retry_after_s=4.2)
+
+    served(scope_a, [KEY])
+    engine.register_backend(fake_engine, Full(model="fake-model"))
+    try:
+        response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"},
+                                              format="json")
+        client = api_client_for(alice)
+        client.credentials(HTTP_AUTHORIZATION=response.wsgi_request.META["HTTP_AUTHORIZATION"].replace("Token", "Bearer"))
+        chat = client.post("/v1/chat/completions", {"model": "scope-a", "messages": [{"role": "user", "content": "Where?"}]},
+                           format="json")
+    finally:
+        engine.cache_clear(backends=True)
+    assert response.status_code == 429 and response["Retry-After"] == "4"
+    assert response.json()["extra"] == {"kind": "overloaded", "retry_after_s": 4, "waiting": 64, "limit": 64}
+    assert chat.status_code == 429 and chat["Retry-After"] == "4" and chat.json()["error"]["type"] == "rate_limit_error"
+    assert answers_in_flight() == 0
