@@ -59,8 +59,18 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     body = json.loads(sync.body())
     assert body["answer"] == KEY and body["version_id"] == version.pk
 
+    import redis
+
+    spy = redis.Redis.from_url(os.environ["REDIS_URL"]).pubsub()
+    spy.psubscribe("mnesio:answer-request:*")  # what travels through Redis for a streamed ask
     stream = EventStream(url, "/api/scopes/scope-a/ask/", {**question, "stream": True}, auth=auth)
     events = list(stream.events())
+    seen = []
+    while (message := spy.get_message(timeout=1)) is not None:
+        seen.append(message["data"] if isinstance(message["data"], bytes) else b"")
+    spy.close()
+    assert sum(b'"seq"' in m for m in seen) == len(KEY.split()) and any(b'"done"' in m for m in seen)
+    assert not any(word.encode() in m for m in seen for word in ("spare", "flowerpot", "green")), seen
     deltas = [json.loads(data)["text"] for event, data, _ in events if event == "delta"]
     assert len(deltas) == len(KEY.split()) and "".join(deltas).strip() == KEY, events
     assert events[-1][0] == "done" and json.loads(events[-1][1])["version_id"] == version.pk

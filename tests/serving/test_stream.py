@@ -95,3 +95,24 @@ def test_an_engine_failure_mid_stream_is_an_error_event(alice, scope_a, served, 
     assert error["extra"]["kind"] == "overloaded" and error["extra"]["status"] == 429
     assert error["extra"]["retry_after_s"] == 3
     assert answers_in_flight() == 0
+
+
+def test_a_worker_stops_decoding_when_nobody_listens_to_its_stream(alice, scope_a, served, slow_engine):
+    """The worker side of a model-free stream: a publish that reaches nobody closes the engine generator."""
+    from cartridges.services import answer_request_answer, answer_request_file
+
+    served(scope_a, [LONG])
+    request = answer_request_file(scope=scope_a, question="Where is the spare key?", actor=alice)
+    published: list[int] = []
+
+    def publish(seq: int, sealed: bytes) -> bool:
+        published.append(seq)
+        assert b"spare" not in sealed  # sealed with the request's key, never text
+        return seq < 2  # the asker leaves after the third delta
+
+    answer_request_answer(answer_request=request, publish=publish)
+    assert published == [0, 1, 2]
+    assert slow_engine.closed_early.is_set() and not slow_engine.finished.is_set()
+    request.refresh_from_db()
+    assert request.answered_at is None and not request.sealed_answer  # nothing sealed for nobody
+    assert not AnswerRecord.objects.exists()
