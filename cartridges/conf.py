@@ -104,3 +104,13 @@ def answer_request_ttl_s() -> int:
 def compile_pause_s() -> float:
     """Fault injection for tests: sleep this long between opening the log and compiling (0 in production)."""
     return _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", maximum=600.0)
+
+
+max_waiting_asks = _int_setting("MNESIO_MAX_WAITING_ASKS", minimum=1, doc="How many asks one process holds at once before answering 429.")
+ask_retry_after_s = _int_setting("MNESIO_ASK_RETRY_AFTER_S", minimum=1, doc="The Retry-After (seconds) of a 429 for too many waiting asks.")
+remote_answer_timeout_s = _int_setting("MNESIO_REMOTE_ANSWER_TIMEOUT_S", minimum=1, doc="How long a model-free web process waits for a gpu worker's answer (then 504).")
+
+
+def web_loads_model() -> bool:
+    """Whether this process answers with its own engine (true) or sends asks to gpu workers (false: no torch)."""
+    return _bool("MNESIO_WEB_LOADS_MODEL")

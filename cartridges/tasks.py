@@ -23,6 +23,7 @@ from core.jobs import job_dispatch
 from memories.models import Scope
 
 from . import conf
+from .channels import DONE_MESSAGE, answer_channel, delta_message, redis_client
 from .models import AnswerRequest, CartridgeVersion
 from .selectors import active_configuration, evaluation_cases_digest, version_latest_evaluation
 from .services import (
@@ -105,15 +106,34 @@ def cartridge_blobs_sweep_task(older_than_s: int) -> dict[str, Any]:
 
 
 @shared_task(**_RELIABLE)
-def cartridge_answer_task(answer_request_id: int) -> dict[str, Any]:
-    """Answer the sealed AnswerRequest ``answer_request_id``; the caller collects the sealed answer."""
+def cartridge_answer_task(answer_request_id: int, stream: bool = False) -> dict[str, Any]:
+    """Answer the sealed AnswerRequest ``answer_request_id``; the caller collects the sealed answer.
+
+    With ``stream`` the sealed deltas are published on the request's channel as they are decoded
+    (cartridges/channels.py); either way ``{"done": true}`` is published once the row holds the answer, so a
+    waiting model-free web process wakes at once. A publish nobody receives (the asker left) stops decoding.
+    """
     request = AnswerRequest.objects.filter(pk=answer_request_id).first()
     if request is None:  # collected (or never existed): nothing to do
         return {"ok": False, "error": f"answer request {answer_request_id} does not exist"}
+    client = redis_client()
+    channel = answer_channel(answer_request_id)
+    publish = None
+    if stream and client is not None:
+        def publish(seq: int, sealed: bytes) -> bool:
+            return client.publish(channel, delta_message(seq, sealed)) > 0
     try:
-        request = answer_request_answer(answer_request=request)
+        request = answer_request_answer(answer_request=request, publish=publish)
     except MnesioError as exc:  # discarded by an erasure or swept while waiting
         return _error(exc)
+    finally:
+        if client is not None:
+            try:
+                client.publish(channel, DONE_MESSAGE)
+            except Exception:  # a waiting web process also looks at the row every POLL_S (cartridges.asking)
+                log.warning("could not publish 'done' of answer request %s", answer_request_id, exc_info=True)
+            finally:
+                client.close()
     return {"ok": not request.error, "answer_request": request.pk}
 
 

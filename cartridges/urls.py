@@ -21,6 +21,7 @@ urlpatterns = [
         name="cartridge-activate",
     ),
     path("scopes/<str:scope>/ask/", views.AskView.as_view(), name="scope-ask"),
+    path("scopes/<str:scope>/answers/<int:pk>/", views.AnswerRequestView.as_view(), name="answer-request"),
     path("scopes/<str:scope>/evaluation-cases/", views.EvaluationCaseListView.as_view(), name="evaluation-cases"),
     path("kv/configuration/", views.KvConfigurationView.as_view(), name="kv-configuration"),
     # Both spellings: the issue names /api/kv/metrics, DRF habit adds the slash.

@@ -98,7 +98,10 @@ def master_key_unavailable_body() -> dict[str, Any]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render MnesioError, engine errors, lost database connections and DRF errors as ``{"message", "extra"}``."""
     if isinstance(exc, MnesioError):
-        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+        # back-pressure (cartridges.services.admission.Overloaded) says when to come back
+        retry_after = getattr(exc, "retry_after_s", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code, headers=headers)
     if isinstance(exc, MasterKeyUnavailable):
         log.error("master key unavailable during a request: %s", exc)
         return Response(master_key_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
@@ -111,8 +114,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if KvError and isinstance(exc, KvError):
         # an engine refusal that no service turned into an application error: over the window is a 422 on
         # every path (cartridges.services ContextTooLong), anything else the engine refuses is a 400
-        from kvengine.errors import ContextTooLongError
+        from kvengine.errors import ContextTooLongError, OverloadedError
 
+        if isinstance(exc, OverloadedError):  # the engine's queue is full: come back later, as for the web's own bound
+            retry_after = max(1, int(round(exc.retry_after_s)))
+            return Response({"message": str(exc), "extra": {"kind": "overloaded", "retry_after_s": retry_after,
+                                                           "waiting": exc.waiting, "limit": exc.limit}},
+                            status=status.HTTP_429_TOO_MANY_REQUESTS, headers={"Retry-After": str(retry_after)})
         code = status.HTTP_422_UNPROCESSABLE_ENTITY if isinstance(exc, ContextTooLongError) else status.HTTP_400_BAD_REQUEST
         return Response({"message": str(exc), "extra": {"kind": type(exc).__name__}}, status=code)
     response = drf_exception_handler(exc, context)

@@ -350,6 +350,14 @@ MNESIO_ORPHAN_BLOB_GRACE_S = envint("MNESIO_ORPHAN_BLOB_GRACE_S", None, minimum=
 # Fault injection for tests: sleep this long between opening the log and compiling (0 in production; the worker
 # tests pass it to worker processes through the environment).
 MNESIO_CARTRIDGE_COMPILE_PAUSE_S = envfloat("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, maximum=600.0)
+# Serving (cartridges/services/admission.py, remote.py): how many asks one process holds at once (sync, streamed,
+# OpenAI-compatible) before answering 429 + Retry-After, and the Retry-After it names.
+MNESIO_MAX_WAITING_ASKS = envint("MNESIO_MAX_WAITING_ASKS", 32, minimum=1)
+MNESIO_ASK_RETRY_AFTER_S = envint("MNESIO_ASK_RETRY_AFTER_S", 2, minimum=1)
+# false: this (web) process never loads the model (never imports torch); asks go to gpu workers as AnswerRequests.
+MNESIO_WEB_LOADS_MODEL = envbool("MNESIO_WEB_LOADS_MODEL", True)
+# How long a model-free web process waits for a gpu worker's answer before answering 504 (never a hung request).
+MNESIO_REMOTE_ANSWER_TIMEOUT_S = envint("MNESIO_REMOTE_ANSWER_TIMEOUT_S", 120, minimum=1)
 
 # ---------------------------------------------------------------------------
 # Celery

@@ -1,4 +1,4 @@
-"""URL layout: /api/ (DRF), /api/schema/ (OpenAPI), /admin/, and the app pages."""
+"""URL layout: /api/ (DRF), /api/schema/ (OpenAPI), /v1/ (OpenAI-compatible), /admin/, and the app pages."""
 from __future__ import annotations
 
 from django.contrib import admin
@@ -11,5 +11,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include("memories.urls")),
     path("api/", include("cartridges.urls")),
+    path("v1/", include("cartridges.openai_urls")),  # OpenAI-compatible (cartridges.api.openai_compat)
     path("", include("cartridges.pages")),
 ]

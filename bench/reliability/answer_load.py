@@ -6,6 +6,14 @@ tail is shared and guarded by a lock, which is what this checks under contention
       .venv/bin/python bench/reliability/answer_load.py --threads 4 --questions 50 \\
       --out bench/reliability/results/answer_load.json
 
+``--via async`` asks through the async path instead (``"async": true`` on /ask/: the question is filed as a
+sealed AnswerRequest, answered by a gpu worker, collected once) and starts that worker itself
+(``celery -A mnesio_site worker -Q gpu -P threads -c THREADS``, the same environment); it needs Redis:
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench REDIS_URL=redis://127.0.0.1:6379/0 \\
+      MNESIO_ANSWER_MAX_NEW_TOKENS=8 .venv/bin/python bench/reliability/answer_load.py --via async \\
+      --threads 4 --questions 10 --out bench/reliability/results/answer_load_async.json
+
 Uses the real default model (SmolLM2-135M-Instruct, f32, CPU) through cartridges.services: a scope with a
 few memories is compiled, gated and activated, then asked. tests/reliability/test_load.py imports
 ``run_answer_load`` with small numbers.
@@ -45,11 +53,27 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run_answer_load(*, scope, questions: list[str], num_threads: int, num_per_thread: int) -> dict:
-    """Ask single-threaded once per question, then from ``num_threads`` threads; compare every answer."""
+def ask_async(*, scope, question: str, timeout_s: float = 300.0):
+    """Ask through the async path (file, a gpu worker answers, collect once) and return the AnswerResult."""
+    from cartridges import asking
+
+    request = asking.answer_ask_async(scope=scope, question=question)
+    deadline = time.monotonic() + timeout_s
+    while (result := asking.answer_request_collect_for(scope=scope, pk=request.pk, user=None)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"answer request {request.pk} not answered within {timeout_s} s")
+        time.sleep(0.02)
+    return result
+
+
+def run_answer_load(*, scope, questions: list[str], num_threads: int, num_per_thread: int, ask=None) -> dict:
+    """Ask single-threaded once per question (this process's engine), then from ``num_threads`` threads with
+    ``ask`` (default: the same engine; ``ask_async``: through gpu workers); compare every answer."""
     from django.db import connection
 
     from cartridges.services import cartridge_answer
+
+    ask = ask or cartridge_answer
 
     baseline, single = {}, []
     for question in questions:
@@ -70,7 +94,7 @@ def run_answer_load(*, scope, questions: list[str], num_threads: int, num_per_th
             for i in range(num_per_thread):
                 question = questions[(index + i) % len(questions)]  # threads ask different questions at once
                 started = time.perf_counter()
-                result = cartridge_answer(scope=scope, question=question)
+                result = ask(scope=scope, question=question)
                 elapsed = time.perf_counter() - started
                 with lock:
                     latencies.append(elapsed)
@@ -125,13 +149,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--questions", type=int, default=50, help="questions per thread")
     parser.add_argument("--backend", default="transformers", choices=["transformers", "fake"])
+    parser.add_argument("--via", default="local", choices=["local", "async"],
+                        help="local: this process's engine; async: AnswerRequests answered by a gpu worker it starts")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/reliability/results/answer_load.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
     os.environ.setdefault("MNESIO_ANSWER_MAX_NEW_TOKENS", "8")
     os.environ.setdefault("MNESIO_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("CELERY_BROKER_URL", "")  # nothing queued to a broker by the configuration switch
+    if args.via == "local":
+        os.environ.setdefault("CELERY_BROKER_URL", "")  # nothing queued to a broker by the configuration switch
+    elif not os.environ.get("REDIS_URL"):
+        sys.exit("--via async needs REDIS_URL (the broker the gpu worker reads)")
     import django
 
     django.setup()
@@ -145,7 +174,26 @@ def main() -> None:
     started = time.perf_counter()
     scope = serving_scope(backend_config=(args.backend, model, "f32", "none"))
     setup_s = time.perf_counter() - started
-    figures = run_answer_load(scope=scope, questions=QUESTIONS, num_threads=args.threads, num_per_thread=args.questions)
+    worker = None
+    if args.via == "async":
+        import subprocess
+
+        app.conf.task_always_eager = False
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "mnesio_site", "worker", "-Q", "gpu", "-P", "threads",
+             "-c", str(args.threads), "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
+            cwd=ROOT, env={**os.environ, "MNESIO_LOG_LEVEL": "WARNING"},
+        )
+    try:
+        if worker is not None:  # untimed: the worker has started (and loaded its model) before the clock runs
+            ask_async(scope=scope, question=QUESTIONS[0])
+        figures = run_answer_load(scope=scope, questions=QUESTIONS, num_threads=args.threads,
+                                  num_per_thread=args.questions, ask=ask_async if args.via == "async" else None)
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=60)
+    figures.update(via=args.via)
     figures.update(backend=args.backend, model=model, max_new_tokens=int(os.environ["MNESIO_ANSWER_MAX_NEW_TOKENS"]),
                    setup_s_model_load_compile_gate=round(setup_s, 1), cpu_count=os.cpu_count(),
                    started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -199,9 +199,27 @@ class AskSerializer(StrictSerializer):
 
     question = TextField(trim_whitespace=True, allow_blank=False)
     mode = Choice(MODES, default="cartridge")
+    stream = serializers.BooleanField(default=False, help_text="answer as text/event-stream, an event per token")
+    # ``async`` is a Python keyword, so the field is declared by name (the JSON field is "async")
+    locals()["async"] = serializers.BooleanField(
+        default=False, help_text="answer 202 with a Location to collect the answer once, later"
+    )
 
     def validate_question(self, value: str) -> str:
         return _check_question(value)
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("stream") and attrs.get("async"):
+            raise serializers.ValidationError({"async": "`async` and `stream` cannot both be true: pick one"})
+        return attrs
+
+
+class AnswerAcceptedSerializer(serializers.Serializer):
+    """A question filed for a gpu worker: where to collect its answer (also the Location header)."""
+
+    answer_request = serializers.IntegerField()
+    location = serializers.CharField()
+    status = serializers.CharField()
 
 
 class AnswerSerializer(serializers.Serializer):

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import permissions, renderers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cartridges import jobs, metrics, prometheus, selectors, services
+from cartridges import asking, jobs, metrics, prometheus, selectors, services
 from cartridges.api import serializers as s
+from cartridges.api import sse
 from cartridges.models import CartridgeVersion
 from core.api import validated
 from core.errors import MnesioError
@@ -125,15 +127,43 @@ class CartridgeRollbackView(APIView):
 
 class AskView(APIView):
     @extend_schema(
-        summary="Ask a scope a question (mode=cartridge by default; mode=text re-reads the memories)",
+        summary="Ask a scope a question (mode=cartridge by default; mode=text re-reads the memories); "
+                "stream=true answers text/event-stream, async=true answers 202 with a Location to collect",
         request=s.AskSerializer,
-        responses={200: s.AnswerSerializer, 400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
+        responses={200: s.AnswerSerializer, 202: s.AnswerAcceptedSerializer, 400: ERROR, 403: ERROR, 404: ERROR,
+                   409: ERROR, 429: ERROR, 504: ERROR},
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = validated(s.AskSerializer, request)
-        result = services.cartridge_answer(scope=scope_row, question=data["question"], mode=data["mode"],
-                                           actor=request.user)
+        ask = {"scope": scope_row, "question": data["question"], "mode": data["mode"], "actor": request.user}
+        if data["stream"]:
+            return sse.streaming_response(request, asking.answer_ask_stream(**ask))
+        if data["async"]:
+            filed = asking.answer_ask_async(**ask)
+            return _pending(scope_row, filed.pk)
+        return Response(s.AnswerSerializer(asking.answer_ask(**ask)).data)
+
+
+def _pending(scope_row: Scope, pk: int) -> Response:
+    """202 naming where to collect the answer of request ``pk`` (body and Location header)."""
+    location = reverse("answer-request", kwargs={"scope": scope_row.name, "pk": pk})
+    body = {"answer_request": pk, "location": location, "status": "pending"}
+    return Response(s.AnswerAcceptedSerializer(body).data, status=status.HTTP_202_ACCEPTED,
+                    headers={"Location": location, "Retry-After": "1"})
+
+
+class AnswerRequestView(APIView):
+    @extend_schema(
+        summary="Collect the answer of an async ask once (202 while pending; 404 once collected, or for "
+                "another user's or another scope's request)",
+        responses={200: s.AnswerSerializer, 202: s.AnswerAcceptedSerializer, 403: ERROR, 404: ERROR},
+    )
+    def get(self, request: Request, scope: str, pk: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        result = asking.answer_request_collect_for(scope=scope_row, pk=pk, user=request.user)
+        if result is None:
+            return _pending(scope_row, pk)
         return Response(s.AnswerSerializer(result).data)
 
 

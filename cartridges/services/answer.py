@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -25,6 +25,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
 from kvengine import ANSWER_MODES, ContextTooLongError
+from kvengine.errors import OverloadedError
 from memories import crypto
 from memories.models import Subject
 from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
@@ -33,6 +34,7 @@ from memories.services import subject_id_validate
 from .. import conf, engine, prometheus
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
 from ..selectors import active_configuration, active_version, evaluation_case_aad
+from .admission import overloaded_from_engine
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
 from .gate import normalize
 
@@ -53,6 +55,7 @@ class AnswerResult:
     num_context_tokens: int
     num_prompt_tokens: int
     note: str = ""  # says so when the answer re-read the memories as text instead of a cartridge
+    num_answer_tokens: int = 0  # tokens generated (the OpenAI-compatible usage.completion_tokens); 0 in old sealed rows
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,9 +75,12 @@ def question_validate(question: object) -> str:
 
 @contextmanager
 def _context_too_long_as_422() -> Iterator[None]:
-    """The engine's over-window refusal as the application's ContextTooLong: 422 on every path, as for a compile."""
+    """The engine's refusals as application errors: over the window is ContextTooLong (422 on every path, as
+    for a compile), a full engine queue (kvengine OverloadedError, from the batcher) is Overloaded (429)."""
     try:
         yield
+    except OverloadedError as exc:
+        raise overloaded_from_engine(exc) from None
     except ContextTooLongError as exc:
         raise ContextTooLong(
             f"{exc}; ask a shorter question, or split the scope", extra={"field": "question", "num_tokens": exc.num_tokens,
@@ -82,21 +88,37 @@ def _context_too_long_as_422() -> Iterator[None]:
         ) from None
 
 
-def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
-    """Answer ``question`` for ``scope`` from its active cartridge, or by re-reading the text when mode="text"."""
-    question = question_validate(question)
+def mode_validate(mode: object) -> str:
+    """Return ``mode`` if it is one of MODES, or raise naming `mode`."""
     if mode not in MODES:
         raise MnesioError(f"`mode` has to be one of {MODES} but got {mode!r}", extra={"field": "mode"})
+    return str(mode)
+
+
+def active_version_for_answer(*, scope, config):
+    """The version that serves ``scope`` under ``config``, or NoActiveCartridge (409) saying what to do."""
+    version = active_version(scope=scope, configuration=config)
+    if version is None:
+        raise NoActiveCartridge(
+            f"`scope` '{scope.name}' has no active cartridge under the configuration {config.key()}; "
+            "compile, evaluate and activate one, or ask with mode='text' to re-read the memories",
+            extra={"field": "scope"},
+        )
+    return version
+
+
+def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
+    """Answer ``question`` for ``scope`` from its active cartridge, or by re-reading the text when mode="text".
+
+    With this process's own engine. The API's front door (cartridges/asking.py) adds the per-process bound
+    (429) and, with MNESIO_WEB_LOADS_MODEL=false, sends the question to a gpu worker instead.
+    """
+    question = question_validate(question)
+    mode = mode_validate(mode)
     config = active_configuration()
     max_new = conf.answer_max_new_tokens()
     if mode == "cartridge":
-        version = active_version(scope=scope, configuration=config)
-        if version is None:
-            raise NoActiveCartridge(
-                f"`scope` '{scope.name}' has no active cartridge under the configuration {config.key()}; "
-                "compile, evaluate and activate one, or ask with mode='text' to re-read the memories",
-                extra={"field": "scope"},
-            )
+        version = active_version_for_answer(scope=scope, config=config)
         cartridge, backend = engine.cartridge_load(version=version, config=config)
         with _context_too_long_as_422():
             answer = backend.answer(cartridge, question, max_new_tokens=max_new)
@@ -109,6 +131,11 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
         with _context_too_long_as_422():
             answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
+    return answer_record(scope=scope, version=version, mode=mode, answer=answer, actor=actor, note=note)
+
+
+def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = "") -> AnswerResult:
+    """Record an engine Answer (AnswerRecord: version, mode, timings, never text) and return its AnswerResult."""
     AnswerRecord.objects.create(
         scope=scope,
         version=version,
@@ -130,6 +157,7 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
         num_context_tokens=answer.num_context_tokens,
         num_prompt_tokens=answer.num_prompt_tokens,
         note=note,
+        num_answer_tokens=len(answer.token_ids),
     )
 
 
@@ -230,8 +258,7 @@ def _request_key(request: AnswerRequest) -> bytes:
 def answer_request_file(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
     """Seal a question for a worker to answer (queue ``cartridge_answer_task`` with the returned row's id)."""
     question = question_validate(question)
-    if mode not in MODES:
-        raise MnesioError(f"`mode` has to be one of {MODES} but got {mode!r}", extra={"field": "mode"})
+    mode = mode_validate(mode)
     key = crypto.new_data_key()
     with transaction.atomic():
         request = _request_create(scope=scope, mode=mode, actor=actor, key=key, question=question)
@@ -259,9 +286,21 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
     return request
 
 
+def answer_request_delta_aad(request_id: int, seq: int) -> bytes:
+    """Associated data of the ``seq``-th streamed delta of a request (services.stream; the order is bound in)."""
+    return answer_request_aad(request_id, f"delta:{seq}")
+
+
 @sensitive_variables()
-def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
-    """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice."""
+def answer_request_answer(
+    *, answer_request: AnswerRequest, publish: Callable[[int, bytes], bool] | None = None
+) -> AnswerRequest:
+    """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice.
+
+    With ``publish`` (a streamed ask), each text delta is sealed with the request's own key and handed to
+    ``publish(seq, sealed)`` as it is decoded; when ``publish`` returns False nobody listens any more (the
+    asker went away), so decoding stops there and nothing is sealed.
+    """
     request = AnswerRequest.objects.select_related("scope").filter(pk=answer_request.pk).first()
     if request is None:  # collected, swept, or discarded by an erasure meanwhile
         raise MnesioError(f"`answer_request` {answer_request.pk} does not exist (collected, expired or discarded)",
@@ -271,7 +310,12 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     key = _request_key(request)
     question = crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")).decode()
     try:
-        result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
+        if publish is None:
+            result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
+        else:
+            result = _answer_published(request=request, key=key, question=question, publish=publish)
+            if result is None:  # the asker is gone (and has deleted the row): nothing to seal
+                return request
     except MnesioError as exc:  # kept with its status and kind: collecting answers as the synchronous ask would
         AnswerRequest.objects.filter(pk=request.pk).update(
             error=exc.message[:1000], error_status=exc.status_code, error_kind=type(exc).__name__[:64],
@@ -280,8 +324,28 @@ def answer_request_answer(*, answer_request: AnswerRequest) -> AnswerRequest:
     else:
         sealed = crypto.seal_box(key, json.dumps(result.as_dict()).encode(), aad=answer_request_aad(request.pk, "answer"))
         AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
-    request.refresh_from_db()
-    return request
+    # the asker may collect (and delete) the row the moment it is answered: then the row as it was is returned
+    return AnswerRequest.objects.filter(pk=request.pk).first() or request
+
+
+@sensitive_variables()
+def _answer_published(*, request: AnswerRequest, key: bytes, question: str,
+                      publish: Callable[[int, bytes], bool]) -> AnswerResult | None:
+    """Stream the answer through ``publish`` (sealed deltas); the AnswerResult, or None when nobody listened."""
+    from .stream import cartridge_answer_stream  # stream builds on this module
+
+    stream = cartridge_answer_stream(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
+    result = None
+    try:
+        for seq, item in enumerate(stream):
+            if isinstance(item, AnswerResult):
+                result = item
+            elif not publish(seq, crypto.seal_box(key, item.encode(), aad=answer_request_delta_aad(request.pk, seq))):
+                log.info("answer request %s: the asker went away; decoding stopped", request.pk)
+                return None
+    finally:
+        stream.close()
+    return result
 
 
 @sensitive_variables()

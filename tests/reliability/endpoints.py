@@ -66,6 +66,10 @@ UNSCOPED_API = {
     "": "redirects to the dashboard",
     "dashboard/": "staff only",
     "metrics": "clients see only their own scopes",
+    # OpenAI-compatible (tests/serving/test_openai.py): ``model`` is resolved by scope_get_for_user like /api/
+    "v1/chat/completions": "model is a scope name resolved with the caller's grants (ungranted: 404 like unknown)",
+    "v1/models": "lists only the caller's granted scopes",
+    "v1/^.*$": "any other /v1/ path: an OpenAI-shaped 404, no data",
 }
 
 

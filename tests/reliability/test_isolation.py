@@ -39,7 +39,12 @@ def world(alice, charlie, scope_a, scope_c, fake_row, eager_tasks):
     case = evaluation_case_add(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
     erasure = erasure_request_file(subject="erin", requested_by=alice, reason="asked", scope=scope_a)
     memory_append(scope=scope_c, content="Charlie's own fact.")
+    from cartridges.services import answer_request_answer, answer_request_file
+
+    answered = answer_request_answer(answer_request=answer_request_file(
+        scope=scope_a, question="Where is the spare key?", actor=alice))  # alice's async ask, ready to collect
     return {
+        "pk_answer": answered.pk,
         "seq": scope_a.memories.order_by("seq").first().seq,
         "pk_version": version.pk,
         "pk_erasure": erasure.pk,
@@ -52,7 +57,8 @@ def _ids(route, world, scope: str) -> dict[str, object]:
     if "seq" in route.params:
         values["seq"] = world["seq"]
     if "pk" in route.params:
-        values["pk"] = world["pk_erasure"] if route.name == "erasure-request-detail" else world["pk_version"]
+        values["pk"] = {"erasure-request-detail": world["pk_erasure"], "answer-request": world.get("pk_answer")}.get(
+            route.name, world["pk_version"])
     return values
 
 

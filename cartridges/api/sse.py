@@ -1,0 +1,144 @@
+"""Server-sent events of a streamed answer, served as they are decoded under both WSGI and ASGI.
+
+Decision: under WSGI the response iterates the AnswerStream directly (a sync generator; the server writes
+and flushes each event). Under ASGI, Django buffers a *sync* iterator of a StreamingHttpResponse entirely
+("must consume synchronous iterators"), which would turn a stream into one late answer; so there the
+stream is pumped by a thread of its own and each event handed to the event loop through an asyncio queue,
+and the response iterates that asynchronously. A client that goes away ends the response: WSGI servers
+close the iterator (GeneratorExit), Django's ASGI handler cancels the async iterator, which tells the pump
+to stop; either way the AnswerStream (and with it the engine generator and the ask's slot) is closed by
+the thread that iterates it.
+
+The events (``/ask/`` with ``"stream": true``; the OpenAI-compatible endpoint renders its own chunks
+through the same machinery, see ``Encoder``):
+
+    event: delta    data: {"text": "..."}                        one per decoded token
+    event: done     data: {"answer", "version_id", "mode", "ttft_s", "total_s", ...}   the AnswerSerializer body
+    event: error    data: {"message": ..., "extra": {..., "status": <the HTTP status it would have had>}}
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+
+from core.errors import MnesioError
+
+from ..services import AnswerResult
+from ..services.stream import AnswerStream
+
+log = logging.getLogger("cartridges")
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The status and ``{"message", "extra"}`` body of an error met mid-stream (no internals for the unexpected)."""
+    if isinstance(exc, MnesioError):
+        return exc.status_code, {"message": exc.message, "extra": exc.extra}
+    try:
+        from kvengine.errors import ContextTooLongError, KvError, OverloadedError
+    except ImportError:  # pragma: no cover - kvengine is part of the project
+        KvError = ()  # type: ignore[assignment]
+    if KvError and isinstance(exc, KvError):
+        if isinstance(exc, OverloadedError):
+            return 429, {"message": str(exc), "extra": {"kind": "overloaded", "retry_after_s": exc.retry_after_s}}
+        return (422 if isinstance(exc, ContextTooLongError) else 400), {"message": str(exc), "extra": {"kind": type(exc).__name__}}
+    return 500, {"message": "the answer failed on the server; it was logged, ask again", "extra": {"kind": "internal"}}
+
+
+class Encoder:
+    """How a stream's items become bytes (this one: mnesio's SSE events; OpenAI's chunks subclass it)."""
+
+    def start(self) -> Iterator[bytes]:
+        return iter(())
+
+    def delta(self, text: str) -> bytes:
+        return sse("delta", {"text": text})
+
+    def done(self, result: AnswerResult) -> bytes:
+        from .serializers import AnswerSerializer
+
+        return sse("done", AnswerSerializer(result).data)
+
+    def error(self, exc: BaseException) -> bytes:
+        status, body = error_body(exc)
+        body = {**body, "extra": {**body.get("extra", {}), "status": status}}
+        return sse("error", body)
+
+    def end(self) -> Iterator[bytes]:
+        return iter(())
+
+
+def sse(event: str | None, data: Any) -> bytes:
+    """One server-sent event (``data`` as one line of JSON, or as is when already text)."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def events(stream: AnswerStream, encoder: Encoder) -> Iterator[bytes]:
+    """The stream's events; an error after the first byte becomes an error event; always closes the stream."""
+    failed = False
+    try:
+        yield from encoder.start()
+        for item in stream:
+            yield encoder.delta(item) if isinstance(item, str) else encoder.done(item)
+    except Exception as exc:  # after the status line went out: the error is an event
+        failed = True
+        if not isinstance(exc, MnesioError):
+            log.exception("streamed answer failed: %s", type(exc).__name__)
+        yield encoder.error(exc)
+    finally:
+        stream.close()
+    if not failed:
+        yield from encoder.end()
+
+
+async def events_async(stream: AnswerStream, encoder: Encoder) -> AsyncIterator[bytes]:
+    """``events`` run in a thread of its own, passed to the event loop event by event (ASGI)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item: bytes | None) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed (server shutting down): nobody reads any more
+            stop.set()
+
+    def pump() -> None:
+        from django.db import connections
+
+        produced = events(stream, encoder)
+        try:
+            for chunk in produced:
+                if stop.is_set():
+                    break
+                put(chunk)
+        finally:
+            produced.close()  # closes the AnswerStream here, in the thread that iterated it
+            connections.close_all()  # this thread's database connections end with it
+            put(None)
+
+    threading.Thread(target=pump, name="mnesio-answer-stream", daemon=True).start()
+    try:
+        while (chunk := await queue.get()) is not None:
+            yield chunk
+    finally:  # the end, or the client went away (Django cancels this iterator): the pump stops at its next event
+        stop.set()
+
+
+def streaming_response(request: Any, stream: AnswerStream, encoder: Encoder | None = None) -> StreamingHttpResponse:
+    """A ``text/event-stream`` response of ``stream``: async under ASGI, sync under WSGI (module docstring)."""
+    encoder = encoder or Encoder()
+    raw = getattr(request, "_request", request)
+    content = events_async(stream, encoder) if isinstance(raw, ASGIRequest) else events(stream, encoder)
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come
+    return response

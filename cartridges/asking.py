@@ -1,0 +1,226 @@
+"""The API's front door for questions: bounded per process, answered here or by gpu workers, at once,
+streamed, or later.
+
+Like ``cartridges.jobs`` this module may send tasks (services never do). Every ask first takes one of this
+process's answer slots (services/admission.py: 429 + Retry-After past MNESIO_MAX_WAITING_ASKS), held until
+the answer is out (for a stream: until it ends or the client goes away).
+
+Where an answer is computed:
+- MNESIO_WEB_LOADS_MODEL=true (default): with this process's engine (services.cartridge_answer /
+  cartridge_answer_stream).
+- MNESIO_WEB_LOADS_MODEL=false (a model-free web tier; this process never imports torch): the question is
+  sealed as an AnswerRequest and ``cartridge_answer_task`` runs on a gpu worker, which publishes the sealed
+  deltas and "done" on the request's Redis channel (cartridges/channels.py); this process collects the row
+  (which deletes it with its key). Nobody answering within MNESIO_REMOTE_ANSWER_TIMEOUT_S is a 504, and
+  the request is deleted: never a hung request. A stream whose client goes away deletes its request and
+  unsubscribes, so the worker's next publish reaches nobody and it stops decoding. Without Redis (the
+  embedded default, tasks in-process) the task has already run when it is sent.
+
+``"async": true`` files the AnswerRequest and returns it at once (202); the asker collects it once
+(``answer_request_collect_for``), only with the same user and scope as asked.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from core.errors import MnesioError
+from core.jobs import job_dispatch
+
+from . import conf
+from .channels import answer_channel, message_read, redis_client
+from .models import AnswerRequest
+from .services import AnswerResult, answer_request_collect, answer_request_file, cartridge_answer
+from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release
+from .services.answer import _request_key, answer_request_delta_aad
+from .services.stream import AnswerStream, cartridge_answer_stream
+from .tasks import cartridge_answer_task
+
+log = logging.getLogger("cartridges")
+
+POLL_S = 0.5  # how often a waiting web process also looks at the row (a lost "done" message costs this much)
+
+
+class WorkerTimeout(MnesioError):
+    """No gpu worker answered in time (none running, or all busy): 504 + Retry-After, the request is withdrawn."""
+
+    status_code = 504
+
+    def __init__(self, message: str, *, extra: dict, retry_after_s: int):
+        super().__init__(message, extra=extra)
+        self.retry_after_s = retry_after_s  # core.errors sends it as Retry-After
+
+
+def answer_ask(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
+    """Answer now (holding a slot): with this process's engine, or a gpu worker's when the web is model-free."""
+    with answer_slot():
+        if conf.web_loads_model():
+            return cartridge_answer(scope=scope, question=question, mode=mode, actor=actor)
+        return _remote_answer(scope=scope, question=question, mode=mode, actor=actor)
+
+
+def answer_ask_stream(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerStream:
+    """Open a streamed answer (holding a slot until it ends or is closed); see the module docstring for where."""
+    answer_slot_acquire()
+    try:
+        if conf.web_loads_model():
+            stream = cartridge_answer_stream(scope=scope, question=question, mode=mode, actor=actor)
+            items: Iterator = stream
+        else:
+            items = _remote_stream(scope=scope, question=question, mode=mode, actor=actor)
+    except BaseException:
+        answer_slot_release()
+        raise
+    return AnswerStream(items, on_close=answer_slot_release)
+
+
+def answer_ask_async(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
+    """File the question for a gpu worker and return the request (collect it once with answer_request_collect_for)."""
+    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+    job_dispatch(cartridge_answer_task, args=[request.pk], robust=True)  # a broker down: the row waits, then expires
+    return request
+
+
+def answer_request_for(*, scope, pk: int, user) -> AnswerRequest:
+    """The request ``pk`` filed in ``scope`` by ``user``, or a 404 that does not say whether it exists elsewhere."""
+    request = AnswerRequest.objects.filter(pk=pk, scope=scope, actor_id=getattr(user, "pk", None)).first()
+    if request is None:
+        raise MnesioError(f"`answer_request` {pk} does not exist in scope '{scope.name}' for this user, or was "
+                          "already collected (an answer is handed out once)",
+                          extra={"field": "answer_request"}, status_code=404)
+    return request
+
+
+def answer_request_collect_for(*, scope, pk: int, user) -> AnswerResult | None:
+    """Collect request ``pk`` (scope and user checked): the AnswerResult once, None while it is pending."""
+    request = answer_request_for(scope=scope, pk=pk, user=user)
+    if request.answered_at is None:
+        if request.created_at is not None and _expired(request):
+            return answer_request_collect(answer_request=request)  # raises the expiry (404) and deletes it
+        return None
+    return answer_request_collect(answer_request=request)
+
+
+def _expired(request: AnswerRequest) -> bool:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return request.created_at <= timezone.now() - timedelta(seconds=conf.answer_request_ttl_s())
+
+
+# ---------------------------------------------------------------------------
+# The model-free web tier: a gpu worker answers, this process waits on the request's channel.
+# ---------------------------------------------------------------------------
+def _subscribe(request_id: int):
+    client = redis_client()
+    if client is None:
+        return None, None
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(answer_channel(request_id))
+    return client, pubsub
+
+
+def _close(client, pubsub) -> None:
+    if pubsub is not None:
+        pubsub.close()
+    if client is not None:
+        client.close()
+
+
+def _answered(request_id: int) -> bool:
+    return AnswerRequest.objects.filter(pk=request_id, answered_at__isnull=False).exists()
+
+
+def _withdraw(request_id: int) -> None:
+    """Delete a request nobody will collect (timed out, or its asker left), with its key."""
+    AnswerRequest.objects.filter(pk=request_id).delete()
+
+
+def _timeout(request_id: int, waited_s: float) -> WorkerTimeout:
+    _withdraw(request_id)
+    retry_after = conf.ask_retry_after_s()
+    return WorkerTimeout(
+        f"no gpu worker answered within {waited_s:.0f} s (MNESIO_REMOTE_ANSWER_TIMEOUT_S); the question was "
+        "withdrawn: ask again, and check that workers consume the `gpu` queue",
+        extra={"kind": "worker_timeout", "retry_after_s": retry_after}, retry_after_s=retry_after,
+    )
+
+
+def _messages(pubsub, request_id: int) -> Iterator[dict]:
+    """Messages of the request's channel until "done" (also when the row shows answered); 504 past the timeout."""
+    limit = conf.remote_answer_timeout_s()
+    started = time.monotonic()
+    while True:
+        waited = time.monotonic() - started
+        if waited >= limit:
+            raise _timeout(request_id, waited)
+        if pubsub is None:  # no Redis: the row is all there is
+            if _answered(request_id):
+                return
+            time.sleep(min(POLL_S, limit - waited))
+            continue
+        message = pubsub.get_message(timeout=min(POLL_S, limit - waited))
+        if message is None:
+            if _answered(request_id):  # a "done" lost (or published before we listened): the row says so
+                yield from _drain(pubsub)
+                return
+            continue
+        body = message_read(message.get("data"))
+        if body.get("done"):
+            return
+        if body:
+            yield body
+
+
+def _drain(pubsub) -> Iterator[dict]:
+    while (message := pubsub.get_message(timeout=0)) is not None:
+        body = message_read(message.get("data"))
+        if body and not body.get("done"):
+            yield body
+
+
+def _remote_answer(*, scope, question: str, mode: str, actor) -> AnswerResult:
+    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+    client, pubsub = _subscribe(request.pk)
+    try:
+        job_dispatch(cartridge_answer_task, args=[request.pk], robust=True)
+        for _ in _messages(pubsub, request.pk):
+            pass
+    finally:
+        _close(client, pubsub)
+    return answer_request_collect(answer_request=request)
+
+
+def _remote_stream(*, scope, question: str, mode: str, actor) -> Iterator[str | AnswerResult]:
+    """File, subscribe, send; the generator yields the opened deltas, then the collected AnswerResult."""
+    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+    key = _request_key(request)
+    client, pubsub = _subscribe(request.pk)
+    try:
+        job_dispatch(cartridge_answer_task, args=[request.pk, True], robust=True)
+    except BaseException:
+        _close(client, pubsub)
+        _withdraw(request.pk)
+        raise
+    return _remote_deltas(request, key, client, pubsub)
+
+
+def _remote_deltas(request: AnswerRequest, key: bytes, client, pubsub) -> Iterator[str | AnswerResult]:
+    from memories import crypto
+
+    collected = False
+    try:
+        next_seq = 0
+        for body in _messages(pubsub, request.pk):
+            if body["seq"] < next_seq:  # a redelivered task publishes again from 0: skip what was passed on
+                continue
+            next_seq = body["seq"] + 1
+            yield crypto.open_box(key, body["sealed"], aad=answer_request_delta_aad(request.pk, body["seq"])).decode()
+        collected = True
+        yield answer_request_collect(answer_request=request)
+    finally:
+        _close(client, pubsub)
+        if not collected:  # the client left (or it failed): nobody will collect; the worker's publishes stop
+            _withdraw(request.pk)
