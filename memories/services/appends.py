@@ -102,6 +102,9 @@ def _batch_failure(errors: list[tuple[int, MnesioError]], *, single: bool) -> Mn
     return MnesioError(message, extra={"field": listed[0]["field"], "errors": listed}, status_code=status)
 
 
+_ITEM_FIELDS = frozenset({"content", "subject", "idempotency_key", "metadata"})
+
+
 def _items_validate(raw_items: object, *, single: bool) -> list[_Item]:
     """Validate every item (collecting every bad one) and link repeated idempotency keys within the batch."""
     if not isinstance(raw_items, (list, tuple)):
@@ -117,6 +120,11 @@ def _items_validate(raw_items: object, *, single: bool) -> list[_Item]:
         if not isinstance(raw, Mapping):
             errors.append((index, MnesioError(f"an item has to be an object but got {type(raw).__name__}",
                                               extra={"field": "item"})))
+            continue
+        unknown = sorted(str(key) for key in raw if key not in _ITEM_FIELDS)
+        if unknown:
+            errors.append((index, MnesioError(f"unknown field; the accepted fields are {sorted(_ITEM_FIELDS)}",
+                                              extra={"field": unknown[0]})))
             continue
         try:
             data = content_validate(raw.get("content"))

@@ -58,7 +58,9 @@ def test_it_refuses_truncate_of_the_log_in_raw_sql(two_memories):
 
 @pytest.mark.postgres
 @pytest.mark.parametrize(
-    "table", ["memories_subject", "memories_scopekey", "memories_loghead", "memories_erasurerequest", "memories_erasureevent"]
+    "table",
+    ["memories_subject", "memories_scopekey", "memories_memorykey", "memories_loghead", "memories_erasurerequest",
+     "memories_erasureevent"],
 )
 def test_it_refuses_delete_and_truncate_of_keys_counter_and_erasure_records(two_memories, alice, table):
     erasure_request_file(subject="subject-1", requested_by=alice, reason="asked by the person")
