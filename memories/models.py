@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from core.models import AppendOnlyModel, append_only_triggers, reject_truncate, rewrap_only_trigger
+from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
 
 
 class Scope(models.Model):

@@ -13,11 +13,11 @@ from core.pagination import BoundedLimitOffsetPagination
 from memories.api.serializers import (
     BatchAppendResultSerializer,
     ErasureRequestFileSerializer,
-    MemoryBatchAppendSerializer,
-    MemoryForgetSerializer,
     ErasureRequestSerializer,
     HeadSerializer,
     MemoryAppendSerializer,
+    MemoryBatchAppendSerializer,
+    MemoryForgetSerializer,
     OpenedMemorySerializer,
     ScopeSerializer,
 )
@@ -123,7 +123,7 @@ class ScopeMemoriesBatchView(APIView):
         opened = memories_open([o.memory for o in outcomes])
         results = [
             {"index": i, "status": "created" if o.created else "existing", "memory": m}
-            for i, (o, m) in enumerate(zip(outcomes, opened))
+            for i, (o, m) in enumerate(zip(outcomes, opened, strict=True))
         ]
         num_created = sum(o.created for o in outcomes)
         body = BatchAppendResultSerializer(

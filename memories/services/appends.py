@@ -272,7 +272,7 @@ def _repeat_errors(items: list[_Item], existing: dict[str, Memory]) -> list[tupl
     """409s for items whose idempotency key was used in this scope for another subject, content or metadata."""
     if not existing:
         return []
-    opened = {row.idempotency_key: o for row, o in zip(existing.values(), memories_open(existing.values()))}
+    opened = {row.idempotency_key: o for row, o in zip(existing.values(), memories_open(existing.values()), strict=True)}
     errors = []
     for item in items:
         row = existing.get(item.idempotency_key) if item.idempotency_key is not None else None
@@ -388,7 +388,7 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool) -> list[Appe
             scope_key = _scope_parent_key(scope) if any(i.subject is None for i in new_items) else None
             memories, own_keys = _rows_build(scope, new_items, head, subjects, keys, scope_key)
             _rows_insert(memories, own_keys)
-            created = {item.index: memory for item, memory in zip(new_items, memories)}
+            created = {item.index: memory for item, memory in zip(new_items, memories, strict=True)}
     outcomes: list[AppendOutcome] = []
     for item in items:
         if item.index in created:
