@@ -47,8 +47,8 @@ class OpenedMemorySerializer(serializers.Serializer):
 
 class BatchItemResultSerializer(serializers.Serializer):
     index = serializers.IntegerField()
-    status = serializers.ChoiceField(
-        choices=["created", "existing"],
+    # a CharField, not a ChoiceField: drf-spectacular would name its enum after `status` and collide with others
+    status = serializers.CharField(
         help_text="`created`: a new row; `existing`: the idempotency key was seen (earlier, or earlier in this batch).",
     )
     memory = OpenedMemorySerializer()

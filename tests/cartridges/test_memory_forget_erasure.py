@@ -119,3 +119,15 @@ def test_deleting_a_scope_destroys_all_its_cartridges_and_rebuilds_none(scope_a,
     assert CartridgeVersion.objects.filter(scope=scope_a).count() == 2  # nothing rebuilt
     assert active_version(scope=scope_c) == other and blob_exists(storage_name=other.storage_name)
     assert {str(p.relative_to(blob_root)) for p in blob_root.rglob("*.kvc")} == {other.storage_name}
+
+
+def test_a_version_listing_a_forgotten_memory_never_serves_even_before_its_rebuild(scope_a, fake_engine):
+    from cartridges.selectors import version_erased_subjects
+
+    seq = _log_with_secret(scope_a)
+    version = cartridge_compile(scope=scope_a)
+    cartridge_activate(version=version)
+    memory_forget_file(scope=scope_a, seq=seq, requested_by=None)  # shredded; the rebuild has not run yet
+    assert version_erased_subjects(version=version) == [f"memory #{seq}"]
+    assert active_version(scope=scope_a) is None
+    assert version_state(version=version) != "active"
