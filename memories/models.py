@@ -308,6 +308,13 @@ class ErasureRequest(AppendOnlyModel):
                 | models.Q(kind="scope", subject__isnull=True, memory__isnull=True, scope__isnull=False),
                 name="memories_erasurerequest_kind_target",
             ),
+            # one request per forgotten memory and per deleted scope: a concurrent repeat loses the race here
+            models.UniqueConstraint(
+                fields=["memory"], condition=models.Q(kind="memory"), name="memories_erasurerequest_memory_once"
+            ),
+            models.UniqueConstraint(
+                fields=["scope"], condition=models.Q(kind="scope"), name="memories_erasurerequest_scope_once"
+            ),
         ]
         permissions = [
             ("process_erasurerequest", "Can process an erasure request (shred keys, rebuild views)"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
@@ -214,11 +214,14 @@ def memory_forget_file(*, scope: Scope, seq: int, requested_by, reason: str = "f
             f"`seq` {seq} is already erased (its subject was erased or its scope deleted); there is nothing to forget",
             extra={"field": "seq", "kind": "already_erased"},
         )
-    with transaction.atomic():
-        erasure_request = ErasureRequest.objects.create(
-            kind=ErasureKind.MEMORY, memory=memory, scope=scope, requested_by=requested_by, reason=reason
-        )
-        _event_record(erasure_request=erasure_request, status=ErasureStatus.REQUESTED, actor=requested_by)
+    try:
+        with transaction.atomic():
+            erasure_request = ErasureRequest.objects.create(
+                kind=ErasureKind.MEMORY, memory=memory, scope=scope, requested_by=requested_by, reason=reason
+            )
+            _event_record(erasure_request=erasure_request, status=ErasureStatus.REQUESTED, actor=requested_by)
+    except IntegrityError:  # a concurrent forget of the same memory filed first (one request per memory)
+        return ErasureRequest.objects.get(kind=ErasureKind.MEMORY, memory_id=memory.seq)
     erasure_request_shred(erasure_request=erasure_request, actor=requested_by)
     logger.info("memory forget filed id=%s seq=%s", erasure_request.pk, memory.seq)
     return erasure_request
@@ -238,13 +241,16 @@ def scope_delete_file(*, scope: Scope, requested_by, reason: str = "delete this 
     earlier = ErasureRequest.objects.filter(kind=ErasureKind.SCOPE, scope=scope).order_by("pk").first()
     if earlier is not None:
         return earlier
-    with transaction.atomic():
-        _counter_lock()  # an append in flight commits first (and its memory is shredded below) or sees the deletion
-        Scope.objects.filter(pk=scope.pk, deleted_at__isnull=True).update(deleted_at=timezone.now())
-        erasure_request = ErasureRequest.objects.create(
-            kind=ErasureKind.SCOPE, scope=scope, requested_by=requested_by, reason=reason
-        )
-        _event_record(erasure_request=erasure_request, status=ErasureStatus.REQUESTED, actor=requested_by)
+    try:
+        with transaction.atomic():
+            _counter_lock()  # an append in flight commits first (its memory is shredded below) or sees the deletion
+            Scope.objects.filter(pk=scope.pk, deleted_at__isnull=True).update(deleted_at=timezone.now())
+            erasure_request = ErasureRequest.objects.create(
+                kind=ErasureKind.SCOPE, scope=scope, requested_by=requested_by, reason=reason
+            )
+            _event_record(erasure_request=erasure_request, status=ErasureStatus.REQUESTED, actor=requested_by)
+    except IntegrityError:  # a concurrent deletion of the same scope filed first
+        return ErasureRequest.objects.get(kind=ErasureKind.SCOPE, scope=scope)
     erasure_request_shred(erasure_request=erasure_request, actor=requested_by)
     logger.info("scope deleted scope_id=%s erasure_request=%s", scope.pk, erasure_request.pk)
     return erasure_request

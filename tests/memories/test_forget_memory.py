@@ -266,3 +266,32 @@ def test_a_scope_created_after_a_deletion_cannot_reuse_its_name(scope_a):
     scope_delete_file(scope=scope_a, requested_by=None)
     with pytest.raises(Conflict):
         scope_create(name="scope-a")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_forgets_of_one_memory_file_one_request(scope_a):
+    import threading
+
+    from django.db import connection as thread_connection
+
+    memory_append(scope=scope_a, content="Forget me once.")
+    results, barrier = [], threading.Barrier(4)
+
+    def forget() -> None:
+        try:
+            barrier.wait(10)
+            results.append(memory_forget_file(scope=scope_a, seq=1, requested_by=None).pk)
+        except BaseException as exc:  # reported to the test
+            results.append(exc)
+        finally:
+            thread_connection.close()
+
+    threads = [threading.Thread(target=forget) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(results) == 4 and all(isinstance(r, int) for r in results), results
+    assert len(set(results)) == 1 and ErasureRequest.objects.filter(kind="memory").count() == 1
+    assert scope_memories_open(scope=scope_a)[0].erased
