@@ -100,8 +100,11 @@ def version_erased_subjects(*, version: CartridgeVersion) -> list[str]:
     nothing reads any more): even if an erasure missed the version, it can no longer serve or pass the gate.
     """
     seqs = [entry[0] for entry in version.manifest.get("entries", [])]
-    rows = Memory.objects.filter(scope_id=version.scope_id, seq__in=seqs, subject__shredded_at__isnull=False)
-    return sorted(set(rows.values_list("subject__external_id", flat=True)))
+    listed = Memory.objects.filter(scope_id=version.scope_id, seq__in=seqs)
+    rows = listed.filter(subject__shredded_at__isnull=False)
+    # a forgotten memory (or one of a deleted scope) counts as well: its own key is shredded
+    forgotten = listed.filter(own_key__shredded_at__isnull=False).values_list("seq", flat=True)
+    return sorted(set(rows.values_list("subject__external_id", flat=True)) | {f"memory #{seq}" for seq in forgotten})
 
 
 def active_version(*, scope, configuration: ActiveConfiguration | None = None) -> CartridgeVersion | None:
@@ -180,9 +183,8 @@ def versions_serving(versions: Iterable[CartridgeVersion], *, configuration: Act
     listed = Q(pk__in=[])
     for version in matching:  # one scope per candidate: each is its scope's newest activation
         listed |= Q(scope_id=version.scope_id, seq__in=[entry[0] for entry in version.manifest.get("entries", [])])
-    erased_scopes = set(
-        Memory.objects.filter(listed, subject__shredded_at__isnull=False).values_list("scope_id", flat=True).distinct()
-    )
+    erased = Q(subject__shredded_at__isnull=False) | Q(own_key__shredded_at__isnull=False)
+    erased_scopes = set(Memory.objects.filter(listed, erased).values_list("scope_id", flat=True).distinct())
     return {v.pk for v in matching if v.scope_id not in erased_scopes}
 
 

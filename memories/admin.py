@@ -12,9 +12,9 @@ from rest_framework.authtoken.models import TokenProxy
 
 from core.errors import MnesioError
 from memories.jobs import erasure_request_enqueue
-from memories.models import ErasureEvent, ErasureRequest, Memory, Scope, ScopeGrant, Subject
+from memories.models import ErasureEvent, ErasureRequest, Memory, MemoryKey, Scope, ScopeGrant, Subject
 from memories.selectors import erasure_request_status, subject_get
-from memories.services import MAX_REASON_CHARS, erasure_request_file
+from memories.services import MAX_REASON_CHARS, erasure_request_file, scope_delete_file
 
 # Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
 PROCESS_PERMISSION = "memories.process_erasurerequest"
@@ -54,7 +54,9 @@ class MemoryAdmin(ReadOnlyAdmin):
 
     @admin.display(boolean=True, description="erased")
     def erased(self, obj: Memory) -> bool:
-        return bool(obj.subject_id and obj.subject.shredded_at)
+        # its subject erased, or its own key shredded (forgotten, or its scope deleted)
+        own_key_shredded = MemoryKey.objects.filter(memory_id=obj.seq, shredded_at__isnull=False).exists()
+        return bool(obj.subject_id and obj.subject.shredded_at) or own_key_shredded
 
     @admin.display(description="sealed size (bytes)")
     def sealed_bytes(self, obj: Memory) -> int:
@@ -101,6 +103,12 @@ class ErasureRequestForm(forms.ModelForm):
         help_texts = {"scope": "Leave empty to erase the subject in every scope (needs the permission "
                                "'Can file an erasure of a subject in every scope')."}
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if "subject" in self.fields:
+            # operators file subject erasures here; one memory's or a scope's come from the API or the scope action
+            self.fields["subject"].required = True
+
     def clean_reason(self) -> str:
         # The service's limit, as a form error: a longer reason used to reach the service and answer 500.
         reason = self.cleaned_data["reason"]
@@ -140,7 +148,7 @@ class ErasureRequestAdmin(admin.ModelAdmin):
     """Operators file requests here (add form) and process them with the "process" action; nothing is edited."""
 
     form = ErasureRequestForm
-    list_display = ["id", "subject", "status", "requested_by", "scope", "created_at"]
+    list_display = ["id", "kind", "subject", "memory", "status", "requested_by", "scope", "created_at"]
     list_select_related = ["subject", "requested_by", "scope"]
     search_fields = ["subject__external_id"]
     fields = ["subject", "reason", "scope"]
@@ -152,10 +160,12 @@ class ErasureRequestAdmin(admin.ModelAdmin):
         return self.inlines if obj else []  # the add form has no events yet
 
     def get_readonly_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else []
+        return ["kind", "subject", "memory", "reason", "scope", "requested_by", "created_at"] if obj else []
 
     def get_fields(self, request: HttpRequest, obj=None) -> list[str]:
-        return ["subject", "reason", "scope", "requested_by", "created_at"] if obj else ["subject", "reason", "scope"]
+        if obj:
+            return ["kind", "subject", "memory", "reason", "scope", "requested_by", "created_at"]
+        return ["subject", "reason", "scope"]
 
     def get_form(self, request: HttpRequest, obj=None, change: bool = False, **kwargs: Any):
         form = super().get_form(request, obj, change=change, **kwargs)  # a new class per call
@@ -207,9 +217,32 @@ class ScopeGrantInline(admin.TabularInline):
 
 @admin.register(Scope)
 class ScopeAdmin(admin.ModelAdmin):
-    list_display = ["name", "description", "created_at"]
+    list_display = ["name", "description", "created_at", "deleted_at"]
+    list_filter = [("deleted_at", admin.EmptyFieldListFilter)]
     search_fields = ["name"]
     inlines = [ScopeGrantInline]
+    actions = ["delete_scopes"]
+
+    def get_actions(self, request: HttpRequest) -> dict:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # a scope with memories is deleted by shredding its keys, not its row
+        return actions
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        # an empty scope (a typo) may be removed as a row; one with memories only through the action
+        return super().has_delete_permission(request, obj) and (obj is None or not obj.memories.exists())
+
+    def has_delete_scope_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("memories.delete_scope")
+
+    @admin.action(description="Delete (shred every key of its memories, destroy its cartridges)",
+                  permissions=["delete_scope"])
+    def delete_scopes(self, request: HttpRequest, queryset) -> None:
+        for scope in queryset:
+            erasure_request = scope_delete_file(scope=scope, requested_by=request.user, reason="deleted in the admin")
+            erasure_request_enqueue(erasure_request=erasure_request)
+        self.message_user(request, f"Deleted {queryset.count()} scope(s); their cartridges are being destroyed.",
+                          messages.SUCCESS)
 
 
 @admin.register(ScopeGrant)

@@ -1,9 +1,13 @@
 """Envelope encryption for the log: AES-256-GCM data keys wrapped by the master key.
 
-Every memory is sealed with a data key: its subject's key, or its scope's key when it has no
-subject. Data keys are stored only wrapped (encrypted) by the master key, and each wrapped key
-records the id of the master key that wrapped it, so ``rotate_master_key`` can re-wrap them
-without touching a single memory row. Associated data binds every ciphertext to where it lives
+Every memory is sealed with its own data key (memories.models.MemoryKey), wrapped by its subject's key,
+or by its scope's key when it has no subject (memories appended before memories had own keys were sealed
+with the subject's or scope's key directly). Subject and scope keys are stored only wrapped (encrypted) by
+the master key, and each records the id of the master key that wrapped it, so ``rotate_master_key`` can
+re-wrap them without touching a single memory row, nor a memory's own key (wrapped by a data key, not by
+the master key, so a rotation does not have to touch one row per memory). Forgetting one memory shreds its
+own key; erasing a subject shreds the subject's key, and with it every own key it wraps. Own keys are
+random, not derived: no KDF runs per memory, one AES-GCM wrap does. Associated data binds every ciphertext to where it lives
 (a memory to its seq, scope and subject; a wrapped key to its owner), so bytes copied elsewhere
 fail authentication instead of decrypting.
 """
@@ -180,3 +184,18 @@ def subject_key_aad(external_id: str, scope_id: int | None = None) -> bytes:
 def scope_key_aad(scope_id: int) -> bytes:
     """Associated data of a wrapped scope key."""
     return f"mnesio:scope-key:v1|{scope_id}".encode()
+
+
+def memory_key_aad(*, seq: int, scope_id: int, subject_id: int | None) -> bytes:
+    """Associated data of a memory's own wrapped key (MemoryKey): the memory it belongs to."""
+    return b"mnesio:memory-key:v1|" + memory_aad(seq=seq, scope_id=scope_id, subject_id=subject_id)
+
+
+def memory_metadata_aad(*, seq: int, scope_id: int, subject_id: int | None) -> bytes:
+    """Associated data of a memory's sealed metadata (Memory.metadata_box)."""
+    return b"mnesio:memory-metadata:v1|" + memory_aad(seq=seq, scope_id=scope_id, subject_id=subject_id)
+
+
+def memory_resealed_aad(*, seq: int, scope_id: int, subject_id: int | None) -> bytes:
+    """Associated data of a legacy memory's content re-sealed under its own key (MemoryKey.resealed)."""
+    return b"mnesio:memory-resealed:v1|" + memory_aad(seq=seq, scope_id=scope_id, subject_id=subject_id)

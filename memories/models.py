@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from core.models import AppendOnlyModel, append_only_triggers, reject_truncate, rewrap_only_trigger
+from core.models import AppendOnlyModel, append_only_triggers, reject_truncate
 
 
 class Scope(models.Model):
@@ -21,6 +21,10 @@ class Scope(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Set once when the scope is deleted (memories.services.scope_delete_file): from then on it is invisible to
+    # clients and refuses appends, and its keys are shredded by the erasure it filed. The row stays (the log
+    # rows point at it) and so does its name.
+    deleted_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -43,28 +47,59 @@ class ScopeGrant(models.Model):
         return f"{self.user} -> {self.scope}"
 
 
-# A wrapped key may change in exactly one way besides a shred: a re-wrap by a new master key.
+# A wrapped key may change in exactly three ways: a re-wrap by a new master key (same key_generation), a
+# re-key (memories.services.memory_keys_backfill: a new data key, key_generation + 1), or a one-way shred.
 _REWRAP_SQL = (
     "OLD.shredded_at IS NULL AND NEW.shredded_at IS NULL AND NEW.wrapped_key IS NOT NULL"
-    " AND NEW.master_key_id IS DISTINCT FROM OLD.master_key_id"
+    " AND ((NEW.master_key_id IS DISTINCT FROM OLD.master_key_id AND NEW.key_generation = OLD.key_generation)"
+    " OR NEW.key_generation = OLD.key_generation + 1)"
 )
-_SHRED_SQL = "OLD.shredded_at IS NULL AND NEW.shredded_at IS NOT NULL AND NEW.wrapped_key IS NULL"
+_SHRED_SQL = (
+    "OLD.shredded_at IS NULL AND NEW.shredded_at IS NOT NULL AND NEW.wrapped_key IS NULL"
+    " AND NEW.key_generation = OLD.key_generation"
+)
 
 
 class ScopeKey(AppendOnlyModel):
-    """The data key that seals a scope's memories without a subject, wrapped by the master key."""
+    """The data key of a scope, wrapped by the master key: it wraps the own keys of the scope's memories
+    without a subject (and sealed such memories directly before memories had keys of their own).
+
+    Shredded (one way) when the scope is deleted. ``key_generation`` grows by one when a backfill re-keys it
+    (memories.services.memory_keys_backfill): the old data key, the one legacy rows were sealed with, is
+    then gone from the database.
+    """
 
     scope = models.OneToOneField(Scope, on_delete=models.PROTECT, related_name="key")
-    wrapped_key = models.BinaryField()
+    wrapped_key = models.BinaryField(null=True)
     master_key_id = models.CharField(max_length=16)
     created_at = models.DateTimeField(default=timezone.now)
+    key_generation = models.PositiveIntegerField(default=1)
+    shredded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
+                | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
+                name="memories_scopekey_key_xor_shredded",
+            ),
+        ]
         triggers = [
-            rewrap_only_trigger("protect_update", rewrapped="master_key_id", kept=["id", "scope_id", "created_at"]),
+            pgtrigger.Protect(
+                name="protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    f"NOT ((({_SHRED_SQL}) OR ({_REWRAP_SQL})) AND NEW.id = OLD.id"
+                    " AND NEW.scope_id = OLD.scope_id AND NEW.created_at = OLD.created_at)"
+                ),
+            ),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
             reject_truncate("protect_truncate"),
         ]
+
+    @property
+    def is_shredded(self) -> bool:
+        return self.shredded_at is not None
 
 
 class Subject(AppendOnlyModel):
@@ -91,6 +126,7 @@ class Subject(AppendOnlyModel):
     wrapped_key = models.BinaryField(null=True)
     master_key_id = models.CharField(max_length=16)
     shredded_at = models.DateTimeField(null=True, blank=True)
+    key_generation = models.PositiveIntegerField(default=1)  # + 1 on each re-key (see ScopeKey)
 
     class Meta:
         ordering = ["external_id"]
@@ -130,18 +166,22 @@ class Subject(AppendOnlyModel):
 
 
 class LogHead(AppendOnlyModel):
-    """The one-row seq counter: appends lock it, so seqs are handed out in commit order without gaps."""
+    """The one-row seq counter: appends lock it, so seqs are handed out in commit order without gaps.
+
+    A batch append moves it by the number of rows it inserts, in one UPDATE, so the trigger lets it move
+    forward by any amount (it used to allow + 1 only). That the rows behind it exist is the append code's
+    guarantee (the same transaction inserts them), as it always was for + 1.
+    """
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     head = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         triggers = [
-            # The counter only ever moves forward by one.
             pgtrigger.Protect(
                 name="protect_update",
                 operation=pgtrigger.Update,
-                condition=pgtrigger.Condition("NOT (NEW.head = OLD.head + 1 AND NEW.id = OLD.id)"),
+                condition=pgtrigger.Condition("NOT (NEW.head > OLD.head AND NEW.id = OLD.id)"),
             ),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
             reject_truncate("protect_truncate"),
@@ -157,8 +197,13 @@ class Memory(AppendOnlyModel):
     created_at = models.DateTimeField(default=timezone.now)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     nonce = models.BinaryField(max_length=12)
-    # AES-256-GCM(data key, utf-8 content, aad=(seq, scope, subject)) with the 16-byte tag appended.
+    # AES-256-GCM(data key, utf-8 content, aad=(seq, scope, subject)) with the 16-byte tag appended. The data key
+    # is the memory's own key (MemoryKey) for memories appended since memories had one, else (legacy) its
+    # subject's or scope's key.
     ciphertext = models.BinaryField()
+    # The optional metadata (canonical JSON), sealed with the memory's own key (crypto.seal_box, aad
+    # memory_metadata_aad); NULL when there is none. Never stored in plaintext.
+    metadata_box = models.BinaryField(null=True, blank=True)
 
     class Meta:
         ordering = ["seq"]
@@ -174,10 +219,76 @@ class Memory(AppendOnlyModel):
         return f"memory #{self.seq}"
 
 
-class ErasureRequest(AppendOnlyModel):
-    """Someone asked for a subject's data to be erased: who, when, why. Its status lives in events."""
+class MemoryKey(AppendOnlyModel):
+    """A memory's own data key, wrapped by its subject's key (or its scope's key without a subject).
 
-    subject = models.ForeignKey(Subject, on_delete=models.PROTECT, related_name="erasure_requests")
+    The log row stays immutable; this row is what forgetting one memory destroys (a one-way shred, like a
+    subject's). Besides the shred it changes only when its parent is re-keyed (key_generation + 1, a new
+    wrapping of the same memory key). ``resealed`` holds, for a memory appended before memories had own keys,
+    a copy of its content sealed under this key (the log row's ciphertext was sealed with the parent's old
+    key, which the backfill that created this row destroyed); NULL for memories sealed with their own key.
+    """
+
+    memory = models.OneToOneField(
+        Memory, on_delete=models.PROTECT, to_field="seq", db_column="seq", related_name="own_key", primary_key=True
+    )
+    # nonce (12 bytes) + AES-GCM(parent data key, memory key, aad=crypto.memory_key_aad); NULL once shredded.
+    wrapped_key = models.BinaryField(null=True)
+    key_generation = models.PositiveIntegerField(default=1)  # the parent's key_generation that wrapped it
+    resealed = models.BinaryField(null=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    shredded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
+                | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True, resealed__isnull=True),
+                name="memories_memorykey_key_xor_shredded",
+            ),
+        ]
+        triggers = [
+            pgtrigger.Protect(
+                name="protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "NOT (((OLD.shredded_at IS NULL AND NEW.shredded_at IS NOT NULL AND NEW.wrapped_key IS NULL"
+                    " AND NEW.resealed IS NULL AND NEW.key_generation = OLD.key_generation)"
+                    " OR (OLD.shredded_at IS NULL AND NEW.shredded_at IS NULL AND NEW.wrapped_key IS NOT NULL"
+                    " AND NEW.key_generation = OLD.key_generation + 1"
+                    " AND NEW.resealed IS NOT DISTINCT FROM OLD.resealed))"
+                    " AND NEW.seq = OLD.seq AND NEW.created_at = OLD.created_at)"
+                ),
+            ),
+            pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
+            reject_truncate("protect_truncate"),
+        ]
+
+    @property
+    def is_shredded(self) -> bool:
+        return self.shredded_at is not None
+
+
+class ErasureKind(models.TextChoices):
+    SUBJECT = "subject"  # every memory of a subject (its key shredded)
+    MEMORY = "memory"  # one memory (its own key shredded)
+    SCOPE = "scope"  # a whole deleted scope (every key of its memories shredded, its cartridges destroyed)
+
+
+class ErasureRequest(AppendOnlyModel):
+    """Someone asked for data to be erased (a subject, one memory or a whole scope): who, when, why.
+
+    Its status lives in events. ``subject`` is set for a subject's erasure, ``memory`` for one memory's,
+    and a scope's deletion has neither (``scope`` is the deleted scope).
+    """
+
+    kind = models.CharField(max_length=10, choices=ErasureKind.choices, default=ErasureKind.SUBJECT)
+    subject = models.ForeignKey(
+        Subject, on_delete=models.PROTECT, null=True, blank=True, related_name="erasure_requests"
+    )
+    memory = models.ForeignKey(
+        Memory, on_delete=models.PROTECT, null=True, blank=True, to_field="seq", db_column="memory_seq", related_name="+"
+    )
     # The scope an API client filed it through (None when an operator filed it); the erasure is global.
     scope = models.ForeignKey(Scope, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     requested_by = models.ForeignKey(
@@ -189,13 +300,30 @@ class ErasureRequest(AppendOnlyModel):
     class Meta:
         ordering = ["-created_at", "-id"]
         triggers = append_only_triggers()
+        constraints = [
+            # each kind names exactly what it erases
+            models.CheckConstraint(
+                condition=models.Q(kind="subject", subject__isnull=False, memory__isnull=True)
+                | models.Q(kind="memory", subject__isnull=True, memory__isnull=False, scope__isnull=False)
+                | models.Q(kind="scope", subject__isnull=True, memory__isnull=True, scope__isnull=False),
+                name="memories_erasurerequest_kind_target",
+            ),
+            # one request per forgotten memory and per deleted scope: a concurrent repeat loses the race here
+            models.UniqueConstraint(
+                fields=["memory"], condition=models.Q(kind="memory"), name="memories_erasurerequest_memory_once"
+            ),
+            models.UniqueConstraint(
+                fields=["scope"], condition=models.Q(kind="scope"), name="memories_erasurerequest_scope_once"
+            ),
+        ]
         permissions = [
             ("process_erasurerequest", "Can process an erasure request (shred keys, rebuild views)"),
             ("erase_subject_everywhere", "Can file an erasure of a subject in every scope"),
         ]
 
     def __str__(self) -> str:
-        return f"erasure request #{self.pk} for {self.subject_id}"
+        target = {"memory": f"memory {self.memory_id}", "scope": f"scope {self.scope_id}"}.get(self.kind, self.subject_id)
+        return f"erasure request #{self.pk} for {target}"
 
 
 class ErasureStatus(models.TextChoices):

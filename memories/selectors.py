@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.core.validators import slug_re
 from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
@@ -15,7 +16,17 @@ from django.views.decorators.debug import sensitive_variables
 
 from core.errors import MnesioError, NotFound
 from memories import crypto
-from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope, ScopeGrant, Subject
+from memories.models import (
+    ErasureEvent,
+    ErasureKind,
+    ErasureRequest,
+    ErasureStatus,
+    Memory,
+    MemoryKey,
+    Scope,
+    ScopeGrant,
+    Subject,
+)
 
 
 class MemoryIntegrityError(MnesioError):
@@ -26,7 +37,8 @@ class MemoryIntegrityError(MnesioError):
 
 @dataclass(frozen=True)
 class OpenedMemory:
-    """A memory as a reader sees it: the text, or ``erased=True`` and no text once its subject is shredded."""
+    """A memory as a reader sees it: the text and metadata, or ``erased=True``, no text and ``{}`` once it is
+    erased (its subject's key, its own key or its deleted scope's key shredded)."""
 
     seq: int
     subject: str | None  # the subject's external id
@@ -34,6 +46,7 @@ class OpenedMemory:
     erased: bool
     created_at: dt.datetime
     subject_id: int | None = None  # the subject row's pk (subjects are per scope; compile locks these rows)
+    metadata: dict = field(default_factory=dict)  # the optional JSON object sealed with the memory
 
 
 # A seq is a PostgreSQL bigint (at most 2**63 - 1, 19 digits).
@@ -89,21 +102,44 @@ def as_of_validate(as_of: object, *, scope: Scope | None = None) -> int:
 
 def scope_memories(*, scope: Scope, as_of: int | None = None) -> QuerySet[Memory]:
     """Return the scope's memory rows with seq <= ``as_of`` (all when None), ordered by seq."""
-    rows = Memory.objects.filter(scope=scope).select_related("scope__key", "subject").order_by("seq")
+    rows = Memory.objects.filter(scope=scope).select_related("scope__key", "subject", "own_key").order_by("seq")
     if as_of is not None:
         rows = rows.filter(seq__lte=as_of)
     return rows
 
 
+def _own_key(memory: Memory) -> MemoryKey | None:
+    """The memory's own key row (None for a memory appended before memories had one)."""
+    try:
+        return memory.own_key
+    except MemoryKey.DoesNotExist:
+        return None
+
+
 @sensitive_variables()
 def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
-    """Decrypt rows (fetched with ``scope__key`` and ``subject`` selected); each data key is unwrapped once."""
+    """Decrypt rows (fetched with ``scope__key``, ``subject`` and ``own_key`` selected); each parent key is
+    unwrapped once.
+
+    A memory is erased when its subject is shredded, its own key is shredded (forgotten), or it has no
+    subject and its scope's key is shredded (a deleted scope). A memory with its own key opens with it;
+    one appended before memories had own keys opens with its parent's key, until a backfill gives it one.
+    """
     keys: dict[tuple[str, int], bytes] = {}
     opened = []
     for memory in memories:
         subject: Subject | None = memory.subject
-        if subject is not None and subject.is_shredded:
-            opened.append(OpenedMemory(memory.seq, subject.external_id, None, True, memory.created_at, subject.pk))
+        own = _own_key(memory)
+        scope_key = memory.scope.key if subject is None else None
+        if (
+            (subject is not None and subject.is_shredded)
+            or (own is not None and own.is_shredded)
+            or (scope_key is not None and scope_key.is_shredded)
+        ):
+            opened.append(OpenedMemory(
+                memory.seq, subject.external_id if subject else None, None, True, memory.created_at,
+                subject.pk if subject else None,
+            ))
             continue
         if subject is not None:
             cache_key = ("subject", subject.pk)
@@ -116,13 +152,24 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
         else:
             cache_key = ("scope", memory.scope_id)
             if cache_key not in keys:
-                scope_key = memory.scope.key
                 keys[cache_key] = crypto.unwrap(
                     scope_key.wrapped_key, wrapped_by=scope_key.master_key_id, aad=crypto.scope_key_aad(memory.scope_id)
                 )
-        aad = crypto.memory_aad(seq=memory.seq, scope_id=memory.scope_id, subject_id=memory.subject_id)
+        where = {"seq": memory.seq, "scope_id": memory.scope_id, "subject_id": memory.subject_id}
+        metadata: dict = {}
         try:
-            text = crypto.unseal(keys[cache_key], memory.nonce, memory.ciphertext, aad=aad).decode()
+            if own is None:
+                text = crypto.unseal(keys[cache_key], memory.nonce, memory.ciphertext, aad=crypto.memory_aad(**where)).decode()
+            else:
+                memory_key = crypto.open_box(keys[cache_key], own.wrapped_key, aad=crypto.memory_key_aad(**where))
+                if own.resealed is not None:
+                    text = crypto.open_box(memory_key, own.resealed, aad=crypto.memory_resealed_aad(**where)).decode()
+                else:
+                    text = crypto.unseal(memory_key, memory.nonce, memory.ciphertext, aad=crypto.memory_aad(**where)).decode()
+                if memory.metadata_box is not None:
+                    metadata = json.loads(
+                        crypto.open_box(memory_key, memory.metadata_box, aad=crypto.memory_metadata_aad(**where))
+                    )
         except crypto.InvalidTag:
             raise MemoryIntegrityError(
                 f"memory seq={memory.seq} failed authentication: its ciphertext does not belong to this row",
@@ -130,7 +177,8 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
             ) from None
         opened.append(
             OpenedMemory(
-                memory.seq, subject.external_id if subject else None, text, False, memory.created_at, memory.subject_id
+                memory.seq, subject.external_id if subject else None, text, False, memory.created_at, memory.subject_id,
+                metadata,
             )
         )
     return opened
@@ -172,7 +220,8 @@ def scope_get_for_user(*, user, name: str) -> Scope:
         )
     scope = None
     if user and user.is_authenticated:
-        scope = Scope.objects.filter(name=name, grants__user=user).first()
+        # a deleted scope answers like one that never existed
+        scope = Scope.objects.filter(name=name, grants__user=user, deleted_at__isnull=True).first()
     if scope is None:
         raise NotFound(f"`scope` '{name}' does not exist or is not granted to you", extra={"field": "scope"})
     return scope
@@ -182,7 +231,7 @@ def user_scopes(*, user) -> QuerySet[Scope]:
     """Return the scopes ``user`` is granted (staff get no implicit grants)."""
     if not (user and user.is_authenticated):
         return Scope.objects.none()
-    return Scope.objects.filter(grants__user=user).order_by("name")
+    return Scope.objects.filter(grants__user=user, deleted_at__isnull=True).order_by("name")
 
 
 def subject_id_variants(external_id: str) -> list[str]:
@@ -235,7 +284,13 @@ def erasure_request_subjects(*, erasure_request: ErasureRequest) -> list[Subject
     Filed through a scope: that scope's subject with the request's id, and a legacy global one with
     memories in the scope (filing checked that the client is granted every scope it holds memories in).
     Filed by an operator without a scope: every subject with that id, in every scope.
+    Forgetting one memory shreds no subject; deleting a scope shreds every subject of that scope (legacy
+    global subjects reach other scopes: their memories here are forgotten one by one instead).
     """
+    if erasure_request.kind == ErasureKind.MEMORY:
+        return []
+    if erasure_request.kind == ErasureKind.SCOPE:
+        return list(Subject.objects.filter(scope_id=erasure_request.scope_id).order_by("pk"))
     variants = subject_id_variants(erasure_request.subject.external_id)
     if erasure_request.scope_id is None:
         return list(Subject.objects.filter(external_id__in=variants).order_by("pk"))
@@ -246,6 +301,29 @@ def erasure_request_subjects(*, erasure_request: ErasureRequest) -> list[Subject
     # checked again here, not only at filing: a legacy row reaches scopes the requester may not be granted
     rows |= {row for row in legacy if legacy_subject_erasable_by(subject=row, user=erasure_request.requested_by)}
     return sorted(rows, key=lambda row: row.pk)
+
+
+def erasure_request_memories(*, erasure_request: ErasureRequest) -> QuerySet[Memory]:
+    """The log rows an erasure request makes unreadable: what the views holding them must be rebuilt without.
+
+    A subject's: every memory of its subjects; one memory's: that row; a scope's: every memory of the scope.
+    """
+    if erasure_request.kind == ErasureKind.MEMORY:
+        return Memory.objects.filter(seq=erasure_request.memory_id)
+    if erasure_request.kind == ErasureKind.SCOPE:
+        return Memory.objects.filter(scope_id=erasure_request.scope_id)
+    return Memory.objects.filter(subject__in=erasure_request_subjects(erasure_request=erasure_request))
+
+
+def memory_keys_forgotten_lock(*, seqs: Iterable[int]) -> bool:
+    """Lock the own keys of ``seqs`` until the caller's transaction ends; True when any of them is shredded.
+
+    A compile locks its manifest's keys before storing a version (cartridges.services.compile), and
+    forgetting shreds with an UPDATE of the same rows: a shred that committed first is seen here, a later
+    one waits, and the erasure's rebuild then finds the stored version.
+    """
+    rows = MemoryKey.objects.select_for_update().filter(memory_id__in=list(seqs)).order_by("memory_id")
+    return any(shredded_at is not None for shredded_at in rows.values_list("shredded_at", flat=True))
 
 
 def erasure_request_status(*, erasure_request: ErasureRequest) -> str:

@@ -7,8 +7,10 @@ from memories.api import views
 
 urlpatterns = [
     path("scopes/", views.ScopeListView.as_view(), name="scope-list"),
+    path("scopes/<str:scope>/", views.ScopeDeleteView.as_view(), name="scope-delete"),
     path("scopes/<str:scope>/head/", views.ScopeHeadView.as_view(), name="scope-head"),
     path("scopes/<str:scope>/memories/", views.ScopeMemoriesView.as_view(), name="scope-memories"),
+    path("scopes/<str:scope>/memories/batch/", views.ScopeMemoriesBatchView.as_view(), name="scope-memories-batch"),
     path("scopes/<str:scope>/memories/<int:seq>/", views.MemoryDetailView.as_view(), name="memory-detail"),
     path("scopes/<str:scope>/erasure-requests/", views.ErasureRequestsView.as_view(), name="erasure-requests"),
     path(

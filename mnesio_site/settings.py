@@ -297,6 +297,8 @@ MNESIO_MASTER_KEY_OLD: bytes | None = parse_master_key(_old_raw, name="MNESIO_MA
 
 # Largest memory content accepted by the API, in UTF-8 bytes (documented in README).
 MNESIO_MAX_MEMORY_BYTES = envint("MNESIO_MAX_MEMORY_BYTES", 8192, minimum=1)
+# The optional metadata of one memory, as canonical JSON (memories.services.metadata_validate).
+MNESIO_MAX_METADATA_BYTES = envint("MNESIO_MAX_METADATA_BYTES", 4096, minimum=2)
 # Largest question accepted by the API, in characters.
 MNESIO_MAX_QUESTION_CHARS = envint("MNESIO_MAX_QUESTION_CHARS", 2000, minimum=1)
 

@@ -31,7 +31,7 @@ from kvengine.base import canonical_json
 from kvengine.format import FORMAT_VERSION, read_header
 from memories.models import Subject
 from memories.selectors import log_head as current_log_head
-from memories.selectors import scope_head, scope_memories_open
+from memories.selectors import memory_keys_forgotten_lock, scope_head, scope_memories_open
 
 from .. import conf, engine
 from ..models import CartridgeVersion, CartridgeVersionSubject
@@ -52,6 +52,7 @@ class CompileInput:
     manifest_digest: str
     subjects: list[str]
     subject_ids: list[int]  # the subject rows behind the manifest: locked when the version is stored
+    seqs: tuple[int, ...] = ()  # the surviving memories: their own keys are locked when the version is stored
 
 
 class SubjectErasedDuringCompile(Exception):
@@ -110,6 +111,7 @@ def compile_input(*, scope, head: int) -> CompileInput:
         manifest_digest=_sha256(canonical_json(manifest)),
         subjects=sorted({m.subject for m in surviving if m.subject}),
         subject_ids=sorted({m.subject_id for m in surviving if m.subject_id is not None}),
+        seqs=tuple(m.seq for m in surviving),
     )
 
 
@@ -203,6 +205,14 @@ def manifest_subjects_lock(subject_ids: list[int]) -> None:
         raise SubjectErasedDuringCompile
 
 
+def manifest_memory_keys_lock(seqs: tuple[int, ...]) -> None:
+    """The same order for one forgotten memory or a deleted scope: lock the manifest's own keys; raise if any is
+    shredded (memories.selectors.memory_keys_forgotten_lock)."""
+    assert transaction.get_connection().in_atomic_block
+    if seqs and memory_keys_forgotten_lock(seqs=seqs):
+        raise SubjectErasedDuringCompile
+
+
 def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, digest: str, supersedes, actor) -> CartridgeVersion:
     """Write the encrypted blob and its version row: both or neither."""
     blob_row, key = blob_reserve(scope=scope)
@@ -210,6 +220,7 @@ def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, di
         stored = blob_write(blob=blob_row, key=key, data=blob)
         with transaction.atomic():
             manifest_subjects_lock(data.subject_ids)
+            manifest_memory_keys_lock(data.seqs)
             version = CartridgeVersion.objects.create(
                 scope=scope,
                 configuration=config.row,

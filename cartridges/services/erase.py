@@ -1,11 +1,14 @@
 """Erase by recompile: the view rebuilder registered with memories.registry, and version destruction.
 
-After memories shreds a subject's key it calls ``cartridge_views_rebuild(erasure_request)``:
-1. destroy the blob and blob key of every version whose manifest lists a memory of the erased subjects
+After memories shreds a subject's key (or one memory's own key, or every key of a deleted scope) it calls
+``cartridge_views_rebuild(erasure_request)``:
+1. destroy the blob and blob key of every version whose manifest lists an erased memory
+   (memories.selectors.erasure_request_memories)
    (found from the manifests and the log rows, never from an index that could be truncated; the row
    stays, with a CartridgeDestruction naming the erasure request);
 2. for every scope whose serving version was destroyed, compile at the current log head (the erased
-   memories now open as erased and are left out), gate and activate (kind "erasure").
+   memories now open as erased and are left out), gate and activate (kind "erasure"); a deleted scope
+   is not rebuilt.
 A scope left with no surviving memories simply has no cartridge afterwards. Any compile or gate failure
 is raised after all destruction is done, so memories records the request as failed with the reason; the
 subject is already forgotten by every cartridge, and processing the request again retries the rebuild.
@@ -23,8 +26,8 @@ from collections import defaultdict
 from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, MnesioError
-from memories.models import ErasureRequest, Memory, Subject
-from memories.selectors import erasure_request_subjects
+from memories.models import ErasureKind, ErasureRequest, Memory, Subject
+from memories.selectors import erasure_request_memories, erasure_request_subjects
 
 from .. import engine
 from ..models import CartridgeActivation, CartridgeDestruction, CartridgeVersion
@@ -64,14 +67,17 @@ def _serving_version_id(scope_id: int) -> int | None:
     return activation.version_id if activation else None
 
 
-def versions_holding(*, subjects: list[Subject]) -> list[CartridgeVersion]:
-    """Every version whose manifest lists a memory of ``subjects``, destroyed ones included.
+def versions_holding(*, subjects: list[Subject] | None = None, memories=None) -> list[CartridgeVersion]:
+    """Every version whose manifest lists a memory of ``subjects`` (or one of the ``memories`` rows), destroyed
+    ones included.
 
     Decided from the protected rows alone: the memories' seqs (append-only log rows) against each
     version's manifest (an append-only version row), never from an index table that could be emptied.
     """
+    if memories is None:
+        memories = Memory.objects.filter(subject__in=subjects or [])
     seqs_by_scope: dict[int, set[int]] = defaultdict(set)
-    for seq, scope_id in Memory.objects.filter(subject__in=subjects).values_list("seq", "scope_id"):
+    for seq, scope_id in memories.values_list("seq", "scope_id"):
         seqs_by_scope[scope_id].add(seq)
     found = []
     rows = CartridgeVersion.objects.filter(scope_id__in=list(seqs_by_scope)).select_related("scope").order_by("id")
@@ -90,14 +96,15 @@ def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
     memories are discarded, so no rebuild gates with them and nothing sealed outlives the erasure.
     """
     subjects = erasure_request_subjects(erasure_request=erasure_request)
+    erased = erasure_request_memories(erasure_request=erasure_request)
     evaluation_cases_forget(subject_ids=[subject.pk for subject in subjects])
-    answer_requests_discard(
-        scope_ids=sorted(set(Memory.objects.filter(subject__in=subjects).values_list("scope_id", flat=True)))
-    )
-    versions = versions_holding(subjects=subjects)
+    answer_requests_discard(scope_ids=sorted(set(erased.values_list("scope_id", flat=True))))
+    versions = versions_holding(memories=erased)
+    # a deleted scope is not rebuilt: every cartridge of it is destroyed and none replaces it
+    rebuild = erasure_request.kind != ErasureKind.SCOPE
     affected = {}
     for version in versions:
-        if _serving_version_id(version.scope_id) == version.pk:
+        if rebuild and _serving_version_id(version.scope_id) == version.pk:
             affected[version.scope_id] = version.scope
         cartridge_destroy(version=version, erasure_request=erasure_request, reason=f"erasure request #{erasure_request.pk}")
     failures = []

@@ -4,7 +4,12 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from core.serializers import StrictSerializer
-from memories.services import MAX_IDEMPOTENCY_KEY_CHARS, MAX_REASON_CHARS, MAX_SUBJECT_CHARS
+from memories.services import MAX_BATCH_ITEMS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_REASON_CHARS, MAX_SUBJECT_CHARS
+
+METADATA_HELP = (
+    "Optional small JSON object (at most MNESIO_MAX_METADATA_BYTES of canonical JSON, default 4 KiB, nested at "
+    "most 4 levels), sealed with the memory under its own key; returned on reads, never stored in plaintext."
+)
 
 
 class MemoryAppendSerializer(StrictSerializer):
@@ -14,6 +19,21 @@ class MemoryAppendSerializer(StrictSerializer):
     idempotency_key = serializers.CharField(
         required=False, allow_null=True, max_length=MAX_IDEMPOTENCY_KEY_CHARS, trim_whitespace=False
     )
+    # shape only (an object); its limits are the service's (memories.services.metadata_validate)
+    metadata = serializers.DictField(required=False, allow_null=True, help_text=METADATA_HELP)
+
+
+class MemoryBatchAppendSerializer(StrictSerializer):
+    # Items are checked by the service, which names each bad one by path (`items[3].content`) and writes nothing.
+    items = serializers.ListField(
+        child=serializers.DictField(), min_length=1, max_length=MAX_BATCH_ITEMS,
+        help_text=f"1 to {MAX_BATCH_ITEMS} memories, each shaped like a single append's body "
+        "(`content`, optional `subject`, `idempotency_key`, `metadata`).",
+    )
+
+
+class MemoryForgetSerializer(StrictSerializer):
+    reason = serializers.CharField(required=False, max_length=MAX_REASON_CHARS)
 
 
 class OpenedMemorySerializer(serializers.Serializer):
@@ -22,6 +42,22 @@ class OpenedMemorySerializer(serializers.Serializer):
     text = serializers.CharField(allow_null=True, help_text="The plaintext; null when the memory is erased.")
     erased = serializers.BooleanField()
     created_at = serializers.DateTimeField()
+    metadata = serializers.DictField(help_text="The memory's metadata ({} when none, or when erased).")
+
+
+class BatchItemResultSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    # a CharField, not a ChoiceField: drf-spectacular would name its enum after `status` and collide with others
+    status = serializers.CharField(
+        help_text="`created`: a new row; `existing`: the idempotency key was seen (earlier, or earlier in this batch).",
+    )
+    memory = OpenedMemorySerializer()
+
+
+class BatchAppendResultSerializer(serializers.Serializer):
+    num_created = serializers.IntegerField()
+    num_existing = serializers.IntegerField()
+    items = BatchItemResultSerializer(many=True)
 
 
 class ScopeSerializer(serializers.Serializer):
@@ -51,7 +87,9 @@ class ErasureEventSerializer(serializers.Serializer):
 
 class ErasureRequestSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    subject = serializers.CharField(source="subject.external_id")
+    kind = serializers.CharField(help_text="`subject`, `memory` (one forgotten memory) or `scope` (a deleted scope).")
+    subject = serializers.CharField(source="subject.external_id", default=None, allow_null=True)
+    seq = serializers.IntegerField(source="memory_id", allow_null=True, help_text="The forgotten memory's seq.")
     reason = serializers.CharField()
     requested_by = serializers.CharField(source="requested_by.get_username", default=None)
     created_at = serializers.DateTimeField()

@@ -11,10 +11,13 @@ from rest_framework.views import APIView
 from core.api import validated
 from core.pagination import BoundedLimitOffsetPagination
 from memories.api.serializers import (
+    BatchAppendResultSerializer,
     ErasureRequestFileSerializer,
     ErasureRequestSerializer,
     HeadSerializer,
     MemoryAppendSerializer,
+    MemoryBatchAppendSerializer,
+    MemoryForgetSerializer,
     OpenedMemorySerializer,
     ScopeSerializer,
 )
@@ -31,13 +34,34 @@ from memories.selectors import (
     scope_memory_get,
     user_scopes,
 )
-from memories.services import erasure_request_file, memory_append
+from memories.services import (
+    erasure_request_file,
+    memories_append_batch,
+    memory_append,
+    memory_forget_file,
+    scope_delete_file,
+)
 
 
 class ScopeListView(APIView):
     @extend_schema(responses=ScopeSerializer(many=True), summary="List the scopes you are granted")
     def get(self, request: Request) -> Response:
         return Response(ScopeSerializer(user_scopes(user=request.user), many=True).data)
+
+
+class ScopeDeleteView(APIView):
+    @extend_schema(
+        request=MemoryForgetSerializer,
+        responses={202: ErasureRequestSerializer},
+        summary="Delete a scope (staff permission `memories.delete_scope`): every key of its memories is shredded "
+        "now, its cartridges are destroyed by the erasure it files; the scope then answers 404 to everyone",
+    )
+    def delete(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        data = validated(MemoryForgetSerializer, request) if request.body else {}
+        erasure_request = scope_delete_file(scope=scope_row, requested_by=request.user, **data)
+        erasure_request_enqueue(erasure_request=erasure_request)
+        return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_202_ACCEPTED)
 
 
 class ScopeHeadView(APIView):
@@ -85,11 +109,47 @@ class ScopeMemoriesView(APIView):
         return Response(body, status=status.HTTP_201_CREATED if memory.appended else status.HTTP_200_OK)
 
 
+class ScopeMemoriesBatchView(APIView):
+    @extend_schema(
+        request=MemoryBatchAppendSerializer,
+        responses={201: BatchAppendResultSerializer, 200: BatchAppendResultSerializer},
+        summary="Append up to 1,000 memories in one transaction, all or nothing: any bad item refuses the batch "
+        "(400/409 naming each bad item as `items[i].field` in `extra.errors`); 201 when any was created",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        items = validated(MemoryBatchAppendSerializer, request)["items"]
+        outcomes = memories_append_batch(scope=scope_row, items=items, actor=request.user)
+        opened = memories_open([o.memory for o in outcomes])
+        results = [
+            {"index": i, "status": "created" if o.created else "existing", "memory": m}
+            for i, (o, m) in enumerate(zip(outcomes, opened, strict=True))
+        ]
+        num_created = sum(o.created for o in outcomes)
+        body = BatchAppendResultSerializer(
+            {"num_created": num_created, "num_existing": len(outcomes) - num_created, "items": results}
+        ).data
+        return Response(body, status=status.HTTP_201_CREATED if num_created else status.HTTP_200_OK)
+
+
 class MemoryDetailView(APIView):
     @extend_schema(responses=OpenedMemorySerializer, summary="Read one memory of a scope")
     def get(self, request: Request, scope: str, seq: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         return Response(OpenedMemorySerializer(memory_open(memory=scope_memory_get(scope=scope_row, seq=seq))).data)
+
+    @extend_schema(
+        request=MemoryForgetSerializer,
+        responses={202: ErasureRequestSerializer},
+        summary="Forget one memory: its own key is shredded now (reads show it erased), and the cartridges holding "
+        "it are rebuilt without it by the erasure request this files (repeating returns the same request)",
+    )
+    def delete(self, request: Request, scope: str, seq: int) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        data = validated(MemoryForgetSerializer, request) if request.body else {}
+        erasure_request = memory_forget_file(scope=scope_row, seq=seq, requested_by=request.user, **data)
+        erasure_request_enqueue(erasure_request=erasure_request)
+        return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_202_ACCEPTED)
 
 
 class ErasureRequestsView(APIView):

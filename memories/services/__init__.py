@@ -1,25 +1,53 @@
-"""Writes to the log: appends, scopes and grants, shredding, erasure requests, master-key rotation.
+"""Writes to the log: appends (single and batch), scopes and grants, shredding, erasure requests (a subject,
+one memory, a whole scope), own-key backfill, master-key rotation.
 
-The log has no update or delete service. The only changes to existing rows are the two a
-subject key allows (a one-way shred, a re-wrap by a new master key), and both go through here.
+The log has no update or delete service. The only changes to existing rows are the ones a key row
+allows (a one-way shred, a re-wrap by a new master key, a re-key by the backfill), and all go through here.
 One module per concern; every public name stays importable from ``memories.services``. Sending tasks
 is memories.jobs' (services never import tasks).
 """
 from __future__ import annotations
 
-from .appends import memory_append
-from .erasure import erasure_request_file, erasure_request_process, erasure_requeue_grace_s, subject_shred
+from .appends import AppendOutcome, memories_append_batch, memory_append
+from .erasure import (
+    erasure_request_file,
+    erasure_request_process,
+    erasure_request_shred,
+    erasure_requeue_grace_s,
+    subject_shred,
+)
+from .forget import (
+    memory_forget_file,
+    memory_key_shred,
+    memory_keys_backfill,
+    memory_keys_backfill_parent,
+    scope_delete_file,
+    scope_keys_shred,
+)
 from .rotation import RotationReport, master_key_rotate
 from .scopes import scope_create, scope_grant
 from .validation import (
+    MAX_BATCH_ITEMS,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_REASON_CHARS,
     MAX_SUBJECT_CHARS,
     content_validate,
+    metadata_validate,
     subject_id_validate,
 )
 
 __all__ = [
+    "AppendOutcome",
+    "MAX_BATCH_ITEMS",
+    "memories_append_batch",
+    "memory_forget_file",
+    "memory_key_shred",
+    "memory_keys_backfill",
+    "memory_keys_backfill_parent",
+    "metadata_validate",
+    "scope_delete_file",
+    "scope_keys_shred",
+    "erasure_request_shred",
     "MAX_IDEMPOTENCY_KEY_CHARS",
     "MAX_REASON_CHARS",
     "MAX_SUBJECT_CHARS",

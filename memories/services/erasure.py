@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from core.errors import Conflict, MnesioError
 from memories import registry
-from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Scope, Subject
+from memories.models import ErasureEvent, ErasureKind, ErasureRequest, ErasureStatus, Scope, Subject
 from memories.selectors import (
     erasure_request_status,
     erasure_request_subjects,
@@ -101,8 +101,30 @@ def erasure_requeue_grace_s() -> int:
     return int(getattr(settings, "CELERY_TASK_TIME_LIMIT", 1800)) + 600
 
 
+def erasure_request_shred(*, erasure_request: ErasureRequest, actor=None) -> None:
+    """Shred what the request erases and record ``keys_shredded`` (once; a repeat finds the step recorded).
+
+    A subject's: its subjects' keys; one memory's: its own key; a scope's: every key of its memories.
+    The shred's row lock orders it against compiles: a compile locks its manifest's subjects and own keys
+    before storing a version (cartridges.services.compile), so once this commits no compile can store a
+    version holding what it erased, and every earlier one is visible to the rebuild.
+    """
+    from .forget import memory_key_shred, scope_keys_shred  # forget imports this module
+
+    if ErasureEvent.objects.filter(request=erasure_request, status=ErasureStatus.KEYS_SHREDDED).exists():
+        return
+    if erasure_request.kind == ErasureKind.MEMORY:
+        memory_key_shred(memory=erasure_request.memory)  # may re-key a legacy parent: its own transactions
+    elif erasure_request.kind == ErasureKind.SCOPE:
+        scope_keys_shred(scope=erasure_request.scope)
+    with transaction.atomic():
+        for subject in erasure_request_subjects(erasure_request=erasure_request):
+            subject_shred(subject=subject)
+        _event_record(erasure_request=erasure_request, status=ErasureStatus.KEYS_SHREDDED, actor=actor)
+
+
 def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> ErasureRequest:
-    """Shred the subjects' keys, record ``keys_shredded``, run every view rebuilder, record ``views_rebuilt``.
+    """Shred the keys (erasure_request_shred), record ``keys_shredded``, run every view rebuilder, record ``views_rebuilt``.
 
     A rebuilder that raises records ``failed`` with the reason (and the request can be processed
     again). Safe to run twice: each step checks what is already recorded, the shred is a conditional
@@ -112,13 +134,7 @@ def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> E
     if ErasureStatus.VIEWS_REBUILT in done:
         return erasure_request
     if ErasureStatus.KEYS_SHREDDED not in done:
-        with transaction.atomic():
-            # The shred's row lock orders it against compiles: a compile locks its manifest's subjects
-            # before storing a version (cartridges.services.compile), so once this commits no compile
-            # can store a version holding these subjects, and every earlier one is visible to the rebuild.
-            for subject in erasure_request_subjects(erasure_request=erasure_request):
-                subject_shred(subject=subject)
-            _event_record(erasure_request=erasure_request, status=ErasureStatus.KEYS_SHREDDED, actor=actor)
+        erasure_request_shred(erasure_request=erasure_request, actor=actor)
     rebuilders = registry.view_rebuilders()
     for rebuilder in rebuilders:
         name = getattr(rebuilder, "__qualname__", repr(rebuilder))

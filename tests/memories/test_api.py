@@ -33,7 +33,8 @@ def test_a_granted_client_appends_lists_reads_and_gets_the_head(client_a, bob, a
     r = client_a.post("/api/scopes/scope-a/memories/", {"content": "Alice's dog is Rex.", "subject": "alice"}, format="json")
     assert r.status_code == 201, r.json()
     assert r.json() | {"created_at": None} == {
-        "seq": 1, "subject": "alice", "text": "Alice's dog is Rex.", "erased": False, "created_at": None
+        "seq": 1, "subject": "alice", "text": "Alice's dog is Rex.", "erased": False, "created_at": None,
+        "metadata": {},
     }
     client_a.post("/api/scopes/scope-a/memories/", {"content": "Team standup is at 9."}, format="json")
 
@@ -206,7 +207,7 @@ def test_it_logs_no_plaintext(client_a, caplog):
         client_a.post("/api/scopes/scope-a/memories/", {"content": secret, "idempotency_key": "k"}, format="json")
     assert r.status_code == 201
     assert "31-41-59" not in caplog.text
-    assert "memory appended seq=1" in caplog.text
+    assert "memories appended num=1 seqs=1..1" in caplog.text
 
 
 def test_filing_succeeds_and_shows_failed_when_rebuilding_fails_in_process(

@@ -41,6 +41,21 @@ def test_concurrent_appends_leave_no_gap_no_duplicate_and_the_follower_never_see
     assert follower["duplicates_seen"] == 0
 
 
+def test_concurrent_batch_writers_leave_no_gap_and_keep_each_batch_in_order(record_figures):
+    # 4 processes x 5 batches of 40, racing each other and a follower: 800 rows, seqs exactly consecutive
+    figures = _bench("append_load").run_load(
+        num_processes=4, num_appends=5, batch_size=40, database_url=_database_url(), master_key=crypto.master_key()
+    )
+    record_figures(**figures)
+    assert figures["seqs_exact"] and figures["num_rows"] == 800 and figures["head_moved_by"] == 800
+    assert figures["num_gaps"] == 0 and figures["num_duplicates"] == 0 and figures["per_writer_in_order"]
+    assert figures["batches_contiguous"]
+    follower = figures["follower"]
+    assert follower["rows_seen"] == 800
+    assert follower["positions_appearing_below_read"] == 0 and follower["holes_seen"] == 0
+    assert follower["duplicates_seen"] == 0
+
+
 @pytest.mark.model
 def test_threads_asking_one_cartridge_get_the_single_threaded_answers(settings, real_backend, eager_tasks, record_figures):
     from cartridges import engine
