@@ -50,6 +50,19 @@ class Bm25:
             return [0.0] * self.num_documents
         return [float(score) for score in self._index.get_scores(tokens)]
 
+    def ranked(self, query: str, k: int) -> list[tuple[int, float]]:
+        """``(index, score)`` of the ``k`` best documents that match ``query`` at all (score > 0), best first.
+
+        The search API's order (memories.selectors.memories_search): a reader wants the best match first,
+        unlike the prompt order of ``top_k``; equal scores rank the earlier document first, as there.
+        """
+        if k < 1:
+            raise ValueError(f"`k` has to be at least 1 but got {k}")
+        scores = self.scores(query)
+        matching = [index for index, score in enumerate(scores) if score > 0]
+        best = sorted(matching, key=lambda index: (-scores[index], index))[:k]
+        return [(index, scores[index]) for index in best]
+
     def top_k(self, query: str, k: int) -> list[int]:
         """Indices of the ``k`` best documents for ``query``, in document order (see the module docstring)."""
         return top_k_indices(self.scores(query), k)

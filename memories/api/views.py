@@ -9,35 +9,80 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from core.api import validated
+from core.permissions import staff_permission_check
 from core.pagination import BoundedLimitOffsetPagination
 from memories.api.serializers import (
     ErasureRequestFileSerializer,
     ErasureRequestSerializer,
     HeadSerializer,
     MemoryAppendSerializer,
+    MemorySearchSerializer,
     OpenedMemorySerializer,
+    ScopeCreateSerializer,
+    ScopeGrantCreateSerializer,
+    ScopeGrantSerializer,
     ScopeSerializer,
+    SearchResultSerializer,
 )
 from memories.jobs import erasure_request_enqueue
 from memories.selectors import (
     as_of_validate,
     erasure_request_get,
     memories_open,
+    memories_search,
     memory_open,
     scope_erasure_requests,
+    scope_get_for_staff,
     scope_get_for_user,
     scope_head,
     scope_memories,
     scope_memory_get,
+    user_get,
     user_scopes,
 )
-from memories.services import erasure_request_file, memory_append
+from memories.services import erasure_request_file, memory_append, scope_create, scope_grant, scope_revoke
 
 
 class ScopeListView(APIView):
     @extend_schema(responses=ScopeSerializer(many=True), summary="List the scopes you are granted")
     def get(self, request: Request) -> Response:
         return Response(ScopeSerializer(user_scopes(user=request.user), many=True).data)
+
+    @extend_schema(
+        request=ScopeCreateSerializer,
+        responses={201: ScopeSerializer},
+        summary="Create a scope (staff with `memories.add_scope`; grant clients to it next)",
+    )
+    def post(self, request: Request) -> Response:
+        staff_permission_check(user=request.user, permission="memories.add_scope")
+        scope_row = scope_create(actor=request.user, **validated(ScopeCreateSerializer, request))
+        return Response(ScopeSerializer(scope_row).data, status=status.HTTP_201_CREATED)
+
+
+class ScopeGrantsView(APIView):
+    @extend_schema(
+        request=ScopeGrantCreateSerializer,
+        responses={201: ScopeGrantSerializer, 200: ScopeGrantSerializer},
+        summary="Grant a client (a user, the owner of its tokens) the use of a scope "
+        "(staff with `memories.add_scopegrant`; 200 when it was granted already)",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_staff(user=request.user, name=scope, permission="memories.add_scopegrant")
+        user = user_get(username=validated(ScopeGrantCreateSerializer, request)["user"])
+        grant = scope_grant(scope=scope_row, user=user, actor=request.user)
+        return Response(ScopeGrantSerializer(grant).data, status=status.HTTP_201_CREATED if grant.created else status.HTTP_200_OK)
+
+
+class ScopeGrantDetailView(APIView):
+    @extend_schema(
+        request=None,
+        responses={204: None},
+        summary="Revoke a client's grant of a scope (staff with `memories.delete_scopegrant`)",
+    )
+    def delete(self, request: Request, scope: str, username: str) -> Response:
+        scope_row = scope_get_for_staff(user=request.user, name=scope, permission="memories.delete_scopegrant")
+        scope_revoke(scope=scope_row, user=user_get(username=username), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ScopeHeadView(APIView):
@@ -118,3 +163,16 @@ class ErasureRequestDetailView(APIView):
     def get(self, request: Request, scope: str, pk: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         return Response(ErasureRequestSerializer(erasure_request_get(scope=scope_row, pk=pk)).data)
+
+
+class MemorySearchView(APIView):
+    @extend_schema(
+        request=MemorySearchSerializer,
+        responses={200: SearchResultSerializer},
+        summary="Search a scope's memories by BM25, best match first (erased and forgotten memories never appear)",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        result = memories_search(scope=scope_row, **validated(MemorySearchSerializer, request))
+        body = {"scope": scope_row.name, "as_of": result.as_of, "results": result.hits}
+        return Response(SearchResultSerializer(body).data)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .appends import memory_append
 from .erasure import erasure_request_file, erasure_request_process, erasure_requeue_grace_s, subject_shred
 from .rotation import RotationReport, master_key_rotate
-from .scopes import scope_create, scope_grant
+from .scopes import scope_create, scope_grant, scope_revoke
 from .validation import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_REASON_CHARS,
@@ -32,6 +32,7 @@ __all__ = [
     "memory_append",
     "scope_create",
     "scope_grant",
+    "scope_revoke",
     "subject_id_validate",
     "subject_shred",
 ]
