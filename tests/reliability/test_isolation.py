@@ -22,6 +22,9 @@ BODIES = {
     "cartridge-activate": {},
     "scope-ask": {"question": "Where is the spare key?"},
     "evaluation-cases": {"question": "Where is the spare key?", "answers": ["flowerpot"]},
+    "scope-search": {"query": "spare key"},
+    "scope-grants": {"user": "charlie"},
+    "scope-settings": {"auto_refresh": "on_append"},
 }
 
 
@@ -53,6 +56,8 @@ def _ids(route, world, scope: str) -> dict[str, object]:
         values["seq"] = world["seq"]
     if "pk" in route.params:
         values["pk"] = world["pk_erasure"] if route.name == "erasure-request-detail" else world["pk_version"]
+    if "username" in route.params:
+        values["username"] = "alice"
     return values
 
 
