@@ -9,6 +9,7 @@ order, so a prompt built from them reads the memories in the order they were wri
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 
@@ -37,6 +38,9 @@ class Bm25:
         # imported here: bm25s imports scipy (when installed), which a Django process needs only when the gate has cases
         import bm25s
 
+        # bm25s sets its own logger to DEBUG on import and logs "Building index from tokens" on every index():
+        # one line per search request in the service's logs (and ~1 ms to format it). Warnings still show.
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
         self.num_documents = len(documents)
         self.k1 = k1  # the usual default: term frequency saturates after a few repeats
         self.b = b  # the usual default: half-way between no and full length normalization
