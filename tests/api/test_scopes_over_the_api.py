@@ -208,3 +208,43 @@ def test_the_database_refuses_out_of_range_settings_and_edits(scope_a):
     # append-only, raw SQL included: a change is a new row
     with pytest.raises(DatabaseError, match="protect_update"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE cartridges_scopesettings SET auto_refresh = 'on_append' WHERE id = %s", [row.pk])
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_partial_changes_both_land(scope_a, monkeypatch):
+    import threading
+    import time
+
+    from django.db import connection
+
+    from cartridges.selectors import scope_settings_get
+    from cartridges.services import scope_settings as module
+
+    real = module.scope_settings_get
+
+    def slow_read(*, scope):  # widen the read-merge-write window: without the scope lock one change is lost
+        settings_now = real(scope=scope)
+        time.sleep(0.3)
+        return settings_now
+
+    monkeypatch.setattr(module, "scope_settings_get", slow_read)
+    errors: list[Exception] = []
+
+    def change(**kwargs):
+        try:
+            module.scope_settings_update(scope=scope_a, **kwargs)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=change, kwargs={"auto_refresh": "on_append"}),
+               threading.Thread(target=change, kwargs={"keep_previous_versions": 2})]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors, errors
+    final = scope_settings_get(scope=scope_a)
+    assert (final.auto_refresh, final.keep_previous_versions) == ("on_append", 2)
