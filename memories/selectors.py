@@ -407,16 +407,23 @@ def memories_search(
             f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
             extra={"field": "until"},
         )
-    head = as_of_validate(as_of, scope=scope) if as_of is not None else scope_head(scope=scope)
     # Not scope_memories(): its select_related builds a Scope and a ScopeKey per row (half the CPU of a search
     # on 200 memories, bench/search_latency.py); every row shares the caller's ``scope`` instead, whose key
     # memories_open loads once, on the first memory without a subject.
     rows = (
-        Memory.objects.filter(scope=scope, seq__lte=head)
+        Memory.objects.filter(scope=scope)
         .filter(Q(subject__isnull=True) | Q(subject__shredded_at__isnull=True))
         .select_related("subject")
         .order_by("seq")
     )
+    if as_of is not None:
+        head = as_of_validate(as_of, scope=scope)
+        rows = rows.filter(seq__lte=head)
+    else:
+        # the scope's head read by the same statement (one snapshot): the rows are exactly those up to it,
+        # and the search costs one round trip less than reading the head first
+        newest = Memory.objects.filter(scope=scope).order_by().values("scope").annotate(head=Max("seq")).values("head")
+        rows = rows.annotate(scope_head=Subquery(newest[:1]))
     if subject is not None:
         rows = rows.filter(subject__external_id__in=subject_id_variants(subject))
     if since is not None:
@@ -424,6 +431,8 @@ def memories_search(
     if until is not None:
         rows = rows.filter(created_at__lt=until)
     rows = list(rows)
+    if as_of is None:
+        head = rows[0].scope_head if rows else scope_head(scope=scope)
     for row in rows:
         row.scope = scope
     opened = [memory for memory in memories_open(rows) if not memory.erased and memory.text is not None]
