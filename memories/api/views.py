@@ -1,4 +1,5 @@
-"""The memories API: every view resolves its scope with ``scope_get_for_user`` first (grant or 403/404)."""
+"""The memories API: every view resolves its scope with ``scope_get_for_user`` first (grant or 403/404); the staff
+views (create a scope, grant, revoke) check their permission through ``core.permissions`` / ``scope_get_for_staff``."""
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -9,8 +10,8 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from core.api import validated
-from core.permissions import staff_permission_check
 from core.pagination import BoundedLimitOffsetPagination
+from core.permissions import staff_permission_check
 from memories.api.serializers import (
     ErasureRequestFileSerializer,
     ErasureRequestSerializer,
