@@ -204,7 +204,9 @@ def user_get(*, username: str):
     """Return the user (an API client: the owner of its tokens) called ``username``, or NotFound naming `user`."""
     from django.contrib.auth import get_user_model
 
-    user = get_user_model().objects.filter(username=username).first() if isinstance(username, str) else None
+    # a NUL is refused by PostgreSQL (a 500), and no username holds one: not looked up
+    valid = isinstance(username, str) and "\x00" not in username and len(username) <= 1000
+    user = get_user_model().objects.filter(username=username).first() if valid else None
     if user is None:
         raise NotFound(f"`user` {_shown(username)} does not exist", extra={"field": "user"})
     return user

@@ -2,7 +2,7 @@
 views (create a scope, grant, revoke) check their permission through ``core.permissions`` / ``scope_get_for_staff``."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -43,6 +43,8 @@ from memories.selectors import (
 )
 from memories.services import erasure_request_file, memory_append, scope_create, scope_grant, scope_revoke
 
+ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or the missing permission')
+
 
 class ScopeListView(APIView):
     @extend_schema(responses=ScopeSerializer(many=True), summary="List the scopes you are granted")
@@ -51,7 +53,7 @@ class ScopeListView(APIView):
 
     @extend_schema(
         request=ScopeCreateSerializer,
-        responses={201: ScopeSerializer},
+        responses={201: ScopeSerializer, 400: ERROR, 403: ERROR, 409: ERROR},
         summary="Create a scope (staff with `memories.add_scope`; grant clients to it next)",
     )
     def post(self, request: Request) -> Response:
@@ -63,7 +65,7 @@ class ScopeListView(APIView):
 class ScopeGrantsView(APIView):
     @extend_schema(
         request=ScopeGrantCreateSerializer,
-        responses={201: ScopeGrantSerializer, 200: ScopeGrantSerializer},
+        responses={201: ScopeGrantSerializer, 200: ScopeGrantSerializer, 400: ERROR, 403: ERROR, 404: ERROR},
         summary="Grant a client (a user, the owner of its tokens) the use of a scope "
         "(staff with `memories.add_scopegrant`; 200 when it was granted already)",
     )
@@ -77,7 +79,7 @@ class ScopeGrantsView(APIView):
 class ScopeGrantDetailView(APIView):
     @extend_schema(
         request=None,
-        responses={204: None},
+        responses={204: None, 403: ERROR, 404: ERROR},
         summary="Revoke a client's grant of a scope (staff with `memories.delete_scopegrant`)",
     )
     def delete(self, request: Request, scope: str, username: str) -> Response:
@@ -169,7 +171,7 @@ class ErasureRequestDetailView(APIView):
 class MemorySearchView(APIView):
     @extend_schema(
         request=MemorySearchSerializer,
-        responses={200: SearchResultSerializer},
+        responses={200: SearchResultSerializer, 400: ERROR, 404: ERROR},
         summary="Search a scope's memories by BM25, best match first (erased and forgotten memories never appear)",
     )
     def post(self, request: Request, scope: str) -> Response:

@@ -248,3 +248,10 @@ def test_two_concurrent_partial_changes_both_land(scope_a, monkeypatch):
     assert not errors, errors
     final = scope_settings_get(scope=scope_a)
     assert (final.auto_refresh, final.keep_previous_versions) == ("on_append", 2)
+
+
+def test_a_hostile_username_in_the_path_is_a_404_naming_user(scope_a, staff_with, api_client_for):
+    staff = api_client_for(staff_with("sam", "memories.delete_scopegrant"))
+    for name in ("a%00b", "x" * 5000, "%FF%FE", "..", "dave%20"):
+        response = staff.delete(f"/api/v1/scopes/scope-a/grants/{name}/")
+        assert_error(response, 404, "user")
