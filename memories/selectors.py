@@ -409,14 +409,13 @@ def memories_search(
             f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
             extra={"field": "until"},
         )
-    # Not scope_memories(): its select_related builds a Scope and a ScopeKey per row (half the CPU of a search
-    # on 200 memories, bench/search_latency.py); every row shares the caller's ``scope`` instead, whose key
-    # memories_open loads once, on the first memory without a subject.
-    rows = (
-        Memory.objects.filter(scope=scope)
-        .filter(Q(subject__isnull=True) | Q(subject__shredded_at__isnull=True))
-        .select_related("subject")
-        .order_by("seq")
+    # scope_memories() says what memories_open needs joined; all of it but the scope: joining the scope builds
+    # a Scope and a ScopeKey per row (half the CPU of a search on 200 memories, bench/search_latency.py), so
+    # every row shares the caller's ``scope`` instead, whose key memories_open loads once if it needs it.
+    rows = scope_memories(scope=scope)
+    joined = [name for name in rows.query.select_related if name != "scope"]
+    rows = rows.select_related(None).select_related(*joined).filter(
+        Q(subject__isnull=True) | Q(subject__shredded_at__isnull=True)
     )
     if as_of is not None:
         head = as_of_validate(as_of, scope=scope)
