@@ -255,3 +255,17 @@ def test_a_hostile_username_in_the_path_is_a_404_naming_user(scope_a, staff_with
     for name in ("a%00b", "x" * 5000, "%FF%FE", "..", "dave%20"):
         response = staff.delete(f"/api/v1/scopes/scope-a/grants/{name}/")
         assert_error(response, 404, "user")
+
+
+def test_an_operator_revokes_a_grant_from_the_command_line(alice, api_client_for):
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    client = api_client_for(alice)
+    call_command("revoke_scope", "scope-a", "alice", stdout=io.StringIO())
+    assert_error(client.get("/api/v1/scopes/scope-a/head/"), 404, "scope")
+    with pytest.raises(CommandError, match="`user`"):
+        call_command("revoke_scope", "scope-a", "alice", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="`scope`"):
+        call_command("revoke_scope", "nope", "alice", stdout=io.StringIO())
