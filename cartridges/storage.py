@@ -43,6 +43,17 @@ class BlobStorageUnavailable(MnesioError):
     status_code = 503
 
 
+def _unavailable(exc: OSError, *, doing: str) -> BlobStorageUnavailable:
+    """The 503 for a storage failure other than a missing blob, naming the errno and what was being done."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else None
+    log.warning("blob storage failed while %s errno=%s: %s", doing, code, exc)
+    return BlobStorageUnavailable(
+        f"blob storage unavailable while {doing}: {exc.strerror or type(exc).__name__}; retry once the storage "
+        "(MNESIO_BLOB_ROOT, MNESIO_BLOB_STORAGE or MNESIO_BLOB_STORAGE_BACKEND) answers",
+        extra={"kind": "blob_storage_unavailable", "errno": code},
+    )
+
+
 @dataclass(frozen=True)
 class StoredBlob:
     """Where a blob was written and the digest of the bytes as stored (ciphertext)."""
@@ -111,12 +122,15 @@ def blob_read(*, version: CartridgeVersion) -> bytes:
     try:
         with storage.open(version.storage_name, "rb") as fh:
             stored = fh.read()
-    except (FileNotFoundError, OSError):
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise BlobUnavailable(
             f"the blob of cartridge version {version.pk} is missing from storage; rebuild it with "
             f"`manage.py cartridge_rebuild {version.pk}`",
             extra={"version": version.pk},
         ) from None
+    except OSError as exc:
+        # the storage itself failed (an S3 outage, a permission): the blob may be fine, so retry, not rebuild
+        raise _unavailable(exc, doing=f"reading the blob of cartridge version {version.pk}") from exc
     if hashlib.sha256(stored).hexdigest() != version.stored_sha256:
         raise BlobTampered(
             f"the stored blob of cartridge version {version.pk} does not match its recorded sha256; refusing it",
@@ -145,11 +159,39 @@ def blob_destroy(*, storage_name: str) -> bool:
     """Delete the stored blob and its key; True when anything was there. Safe to run twice."""
     storage = blob_storage()
     existed = False
-    if storage.exists(storage_name):
-        storage.delete(storage_name)
-        existed = True
+    try:
+        if storage.exists(storage_name):
+            storage.delete(storage_name)
+            existed = True
+    except OSError as exc:
+        # never report a blob destroyed that is still stored: the caller (an erasure) fails and is retried
+        raise _unavailable(exc, doing=f"deleting blob {storage_name}") from exc
     deleted, _ = CartridgeBlob.objects.filter(storage_name=storage_name).delete()
     return existed or bool(deleted)
+
+
+PROBE_PREFIX = "readiness-probes"
+
+
+def blob_storage_check() -> None:
+    """Write, read back and delete a small probe object; raise BlobStorageUnavailable when any step fails.
+
+    For readiness checks: a storage that answers but cannot be written (a full disk, a read-only bucket policy,
+    wrong credentials) is not ready to store cartridges. The probe holds no secret.
+    """
+    storage = blob_storage()
+    name = f"{PROBE_PREFIX}/{uuid.uuid4().hex}.probe"
+    payload = b"mnesio blob storage probe\n"
+    try:
+        saved = storage.save(name, ContentFile(payload))
+        try:
+            with storage.open(saved, "rb") as fh:
+                if fh.read() != payload:
+                    raise OSError(errno.EIO, "the probe object read back differs from what was written")
+        finally:
+            storage.delete(saved)
+    except OSError as exc:
+        raise _unavailable(exc, doing="checking it with a probe object") from exc
 
 
 def blob_exists(*, storage_name: str) -> bool:

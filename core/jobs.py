@@ -68,7 +68,9 @@ def _outcome(task_id: str, result: Any) -> JobOutcome:
     """Read an in-process run's result (raising what the task raised); anything else is still queued."""
     if not isinstance(result, EagerResult):
         return JobOutcome(task_id=task_id, status="queued")
-    returned = result.get(propagate=True)
+    # an EagerResult is already computed, so get() cannot block; Celery's guard against joining inside a task is a
+    # process-wide flag that another thread's in-process task sets (concurrent requests of one web process)
+    returned = result.get(propagate=True, disable_sync_subtasks=False)
     if isinstance(returned, Mapping) and returned.get("ok") is False:
         return JobOutcome(task_id=task_id, status="done", refusal=refusal_error(returned))
     return JobOutcome(task_id=task_id, status="done", result=returned if isinstance(returned, Mapping) else {"value": returned})

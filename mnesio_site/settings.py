@@ -165,6 +165,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # static files from STATIC_ROOT (bin/serve collects them): the production server serves the admin's CSS itself
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -177,6 +179,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "mnesio_site.urls"
 WSGI_APPLICATION = "mnesio_site.wsgi.application"
+ASGI_APPLICATION = "mnesio_site.asgi.application"  # what bin/serve runs (gunicorn + uvicorn workers)
 
 TEMPLATES = [
     {
@@ -224,18 +227,49 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 MEDIA_ROOT = Path(env("MNESIO_MEDIA_ROOT", str(DATA_DIR / "media")))
 
-# Cartridge blobs go through Django's storage API: local files by default, any
-# django-storages backend (S3, GCS) for a worker fleet via MNESIO_BLOB_STORAGE_BACKEND.
-MNESIO_BLOB_STORAGE_BACKEND = env("MNESIO_BLOB_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage")
+# Cartridge blobs go through Django's storage API (cartridges/storage.py): local files by default;
+# MNESIO_BLOB_STORAGE=s3 puts them in an S3 bucket (django-storages, cartridges/s3.py) so that a fleet of web and
+# worker hosts shares them; MNESIO_BLOB_STORAGE_BACKEND names any other Django storage class (no options).
+MNESIO_BLOB_STORAGE = envchoice("MNESIO_BLOB_STORAGE", "local", ["local", "s3"])
+MNESIO_BLOB_STORAGE_BACKEND = env("MNESIO_BLOB_STORAGE_BACKEND")
+if MNESIO_BLOB_STORAGE_BACKEND and MNESIO_BLOB_STORAGE == "s3":
+    raise ImproperlyConfigured("set either `MNESIO_BLOB_STORAGE=s3` or `MNESIO_BLOB_STORAGE_BACKEND`, not both")
+if MNESIO_BLOB_STORAGE == "s3":
+    _s3_bucket = env("MNESIO_S3_BUCKET")
+    if not _s3_bucket:
+        raise ImproperlyConfigured("`MNESIO_S3_BUCKET` must be set when `MNESIO_BLOB_STORAGE` is 's3'")
+    _blob_storage: dict[str, Any] = {
+        "BACKEND": "cartridges.s3.CartridgeS3Storage",
+        "OPTIONS": {
+            "bucket_name": _s3_bucket,
+            # a key prefix inside the bucket ('' = the bucket's root)
+            "location": env("MNESIO_S3_PREFIX", "").strip("/"),
+            # unset: AWS itself; set for MinIO, Ceph, moto (tests) or another S3-compatible service
+            "endpoint_url": env("MNESIO_S3_ENDPOINT_URL") or None,
+            "region_name": env("MNESIO_S3_REGION") or None,
+            # unset: boto3's own chain (AWS_ACCESS_KEY_ID..., an instance or pod role)
+            "access_key": envsecret("MNESIO_S3_ACCESS_KEY_ID") or None,
+            "secret_key": envsecret("MNESIO_S3_SECRET_ACCESS_KEY") or None,
+            # 'path' for most self-hosted S3-compatible servers; unset: boto3 chooses (virtual hosts on AWS)
+            "addressing_style": envchoice("MNESIO_S3_ADDRESSING_STYLE", "auto", ["auto", "path", "virtual"]),
+            "signature_version": "s3v4",
+            "file_overwrite": False,  # a name that exists is never written over (cartridges.storage refuses a rename)
+            "default_acl": None,  # the bucket's own policy: blobs are private, never public-read
+            "querystring_auth": True,
+        },
+    }
+else:
+    _blob_backend = MNESIO_BLOB_STORAGE_BACKEND or "django.core.files.storage.FileSystemStorage"
+    _blob_storage = {
+        "BACKEND": _blob_backend,
+        "OPTIONS": {"location": env("MNESIO_BLOB_ROOT", str(DATA_DIR / "cartridges"))}
+        if _blob_backend == "django.core.files.storage.FileSystemStorage"
+        else {},
+    }
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    "cartridges": {
-        "BACKEND": MNESIO_BLOB_STORAGE_BACKEND,
-        "OPTIONS": {"location": env("MNESIO_BLOB_ROOT", str(DATA_DIR / "cartridges"))}
-        if MNESIO_BLOB_STORAGE_BACKEND == "django.core.files.storage.FileSystemStorage"
-        else {},
-    },
+    "cartridges": _blob_storage,
 }
 
 # Production hardening: on unless debugging (``manage.py check --deploy`` is clean with MNESIO_DEBUG=false).

@@ -1,0 +1,17 @@
+"""ASGI entry point: what the production web server runs (``bin/serve``: gunicorn managing uvicorn workers).
+
+ASGI rather than WSGI so that a response can stream (server-sent events on ``/ask/``) without holding a
+thread per open stream. Sync views and sync middleware still run in threads: Django gives each request a
+thread of its own for them (``ThreadSensitiveContext`` in its ASGI handler), so one worker serves requests
+concurrently, while CPU-bound work (model answers) shares the process's cores and GIL; size the number of
+worker processes (``MNESIO_WEB_WORKERS``) to the cores. Static files are served by WhiteNoise's middleware (mnesio_site/settings.py) from
+``STATIC_ROOT``, which ``bin/serve`` fills with ``collectstatic`` before it starts.
+"""
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
+application = get_asgi_application()
