@@ -269,3 +269,19 @@ def test_an_operator_revokes_a_grant_from_the_command_line(alice, api_client_for
         call_command("revoke_scope", "scope-a", "alice", stdout=io.StringIO())
     with pytest.raises(CommandError, match="`scope`"):
         call_command("revoke_scope", "nope", "alice", stdout=io.StringIO())
+
+
+def test_the_admin_shows_the_settings_history_read_only(scope_a, staff_with, client, django_user_model):
+    from cartridges.services import scope_settings_update
+
+    scope_settings_update(scope=scope_a, auto_refresh="on_append")
+    viewer = staff_with("vera", "cartridges.view_scopesettings")
+    client.force_login(viewer)
+    page = client.get("/admin/cartridges/scopesettings/")
+    assert page.status_code == 200 and "on_append" in page.content.decode()
+    assert client.get("/admin/cartridges/scopesettings/add/").status_code == 403
+    # even a superuser has no form to change a setting there: the API's PATCH is the one door
+    client.force_login(django_user_model.objects.create_superuser(username="root", password="x-root"))
+    assert client.get("/admin/cartridges/scopesettings/add/").status_code == 403
+    row = scope_a.settings_changes.get()
+    assert client.post(f"/admin/cartridges/scopesettings/{row.pk}/change/", {"auto_refresh": "manual"}).status_code == 403
