@@ -273,3 +273,54 @@ class AnswerRequest(models.Model):
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     answered_at = models.DateTimeField(null=True, blank=True)
+
+
+class AutoRefresh(models.TextChoices):
+    MANUAL = "manual"  # today's behaviour: a cartridge is compiled when a client or an operator asks
+    ON_APPEND = "on_append"  # recompile after appends, at most once per debounce window
+
+
+# Bounds of the scope settings, checked by the service (a 400 naming the field) and by the database.
+MAX_DEBOUNCE_S = 86_400  # a day: a longer wait is "manual" in practice
+MAX_KEEP_PREVIOUS_VERSIONS = 1_000
+
+
+class ScopeSettings(LifecycleRecord):
+    """One change of a scope's cartridge settings; the scope's newest row is in force (none: the defaults).
+
+    Append-only like KvConfiguration: a change is a new row naming who made it, so the history of who set
+    what is kept without an audit table. The defaults are today's behaviour: manual refresh, every previous
+    version kept. Nothing in the engine reads these yet (block cartridges, a later issue, will); they are
+    stored, validated and served so clients and operators can set them now.
+    """
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="settings_changes")
+    auto_refresh = models.CharField(max_length=16, choices=AutoRefresh.choices, default=AutoRefresh.MANUAL)
+    # the wait after an append before an `on_append` refresh (appends within it share one compile)
+    auto_refresh_debounce_s = models.PositiveIntegerField(default=60)
+    # how many versions before the active one to keep; null keeps every one (today's behaviour)
+    keep_previous_versions = models.PositiveIntegerField(null=True, blank=True, default=None)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+
+    class Meta(LifecycleRecord.Meta):
+        verbose_name_plural = "scope settings"
+        triggers = append_only_triggers("scopesettings_")
+        permissions = [("change_scope_settings", "Can change a scope's cartridge settings (auto-refresh, retention)")]
+        indexes = [models.Index(fields=["scope", "-id"], name="cartridges_scopeset_newest")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(auto_refresh__in=AutoRefresh.values), name="cartridges_scopesettings_auto_refresh"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(auto_refresh_debounce_s__lte=MAX_DEBOUNCE_S),
+                name="cartridges_scopesettings_debounce_bounded",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(keep_previous_versions__isnull=True)
+                | models.Q(keep_previous_versions__lte=MAX_KEEP_PREVIOUS_VERSIONS),
+                name="cartridges_scopesettings_keep_bounded",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"settings of scope {self.scope_id}: {self.auto_refresh}"

@@ -24,6 +24,7 @@ from .models import (
     CartridgeVersion,
     EvaluationCase,
     KvConfiguration,
+    ScopeSettings,
 )
 
 
@@ -344,3 +345,38 @@ def evaluation_cases_digest(*, scope) -> str:
     """
     ids = list(EvaluationCase.objects.filter(scope=scope, erased_at__isnull=True).order_by("id").values_list("id", flat=True))
     return hashlib.sha256(canonical_json(["live-case-ids", ids]).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ScopeSettingsRead:
+    """A scope's settings in force: its newest ScopeSettings row, else the defaults (today's behaviour)."""
+
+    scope: str
+    auto_refresh: str
+    auto_refresh_debounce_s: int
+    keep_previous_versions: int | None  # None: every previous version is kept
+    updated_at: dt.datetime | None  # None: never changed, the defaults apply
+    updated_by: str | None
+
+
+def scope_settings_get(*, scope) -> ScopeSettingsRead:
+    """Return the settings in force for ``scope`` (one query)."""
+    row = ScopeSettings.objects.filter(scope=scope).select_related("created_by").order_by("-id").first()
+    if row is None:
+        defaults = {field.name: field.get_default() for field in ScopeSettings._meta.get_fields() if field.concrete}
+        return ScopeSettingsRead(
+            scope=scope.name,
+            auto_refresh=defaults["auto_refresh"],
+            auto_refresh_debounce_s=defaults["auto_refresh_debounce_s"],
+            keep_previous_versions=defaults["keep_previous_versions"],
+            updated_at=None,
+            updated_by=None,
+        )
+    return ScopeSettingsRead(
+        scope=scope.name,
+        auto_refresh=row.auto_refresh,
+        auto_refresh_debounce_s=row.auto_refresh_debounce_s,
+        keep_previous_versions=row.keep_previous_versions,
+        updated_at=row.created_at,
+        updated_by=row.created_by.get_username() if row.created_by_id else None,
+    )

@@ -1,4 +1,4 @@
-"""Cartridge API routes, mounted at /api/ (see cartridges.api.views)."""
+"""Cartridge API routes, mounted at /api/v1/ and its deprecated alias /api/ (mnesio_site.urls; see cartridges.api.views)."""
 from __future__ import annotations
 
 from django.urls import path, re_path
@@ -20,6 +20,7 @@ urlpatterns = [
         views.CartridgeActivateView.as_view(),
         name="cartridge-activate",
     ),
+    path("scopes/<str:scope>/settings/", views.ScopeSettingsView.as_view(), name="scope-settings"),
     path("scopes/<str:scope>/ask/", views.AskView.as_view(), name="scope-ask"),
     path("scopes/<str:scope>/answers/<int:pk>/", views.AnswerRequestView.as_view(), name="answer-request"),
     path("scopes/<str:scope>/evaluation-cases/", views.EvaluationCaseListView.as_view(), name="evaluation-cases"),

@@ -9,6 +9,7 @@ order, so a prompt built from them reads the memories in the order they were wri
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 
@@ -37,6 +38,9 @@ class Bm25:
         # imported here: bm25s imports scipy (when installed), which a Django process needs only when the gate has cases
         import bm25s
 
+        # bm25s sets its own logger to DEBUG on import and logs "Building index from tokens" on every index():
+        # one line per search request in the service's logs (and ~1 ms to format it). Warnings still show.
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
         self.num_documents = len(documents)
         self.k1 = k1  # the usual default: term frequency saturates after a few repeats
         self.b = b  # the usual default: half-way between no and full length normalization
@@ -49,6 +53,19 @@ class Bm25:
         if not tokens:  # bm25s wants at least one token
             return [0.0] * self.num_documents
         return [float(score) for score in self._index.get_scores(tokens)]
+
+    def ranked(self, query: str, k: int) -> list[tuple[int, float]]:
+        """``(index, score)`` of the ``k`` best documents that match ``query`` at all (score > 0), best first.
+
+        The search API's order (memories.selectors.memories_search): a reader wants the best match first,
+        unlike the prompt order of ``top_k``; equal scores rank the earlier document first, as there.
+        """
+        if k < 1:
+            raise ValueError(f"`k` has to be at least 1 but got {k}")
+        scores = self.scores(query)
+        matching = [index for index, score in enumerate(scores) if score > 0]
+        best = sorted(matching, key=lambda index: (-scores[index], index))[:k]
+        return [(index, scores[index]) for index in best]
 
     def top_k(self, query: str, k: int) -> list[int]:
         """Indices of the ``k`` best documents for ``query``, in document order (see the module docstring)."""

@@ -9,12 +9,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.core.validators import slug_re
-from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
+from django.db.models import F, Max, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import MnesioError, NotFound
+from core.permissions import staff_permission_check
 from memories import crypto
 from memories.models import (
     ErasureEvent,
@@ -227,6 +228,38 @@ def scope_get_for_user(*, user, name: str) -> Scope:
     return scope
 
 
+def scope_get_for_staff(*, user, name: str, permission: str) -> Scope:
+    """Return the scope called ``name`` for a staff action needing ``permission`` (e.g. ``memories.add_scopegrant``).
+
+    Staff (who see every scope's name in the admin anyway) are checked for the permission first (403 naming
+    it), then any scope is looked up (404). Anyone else first meets ``scope_get_for_user``: a scope they
+    are not granted is the same 404 as an unknown one (no probing for names), a granted one a 403.
+    """
+    if user and user.is_authenticated and user.is_staff:
+        staff_permission_check(user=user, permission=permission)
+        if isinstance(name, str):
+            name = unicodedata.normalize("NFC", name)
+        scope = Scope.objects.filter(name=name).first() if isinstance(name, str) and slug_re.fullmatch(name) else None
+        if scope is None:
+            raise NotFound(f"`scope` {_shown(name)} does not exist", extra={"field": "scope"})
+        return scope
+    scope_get_for_user(user=user, name=name)
+    staff_permission_check(user=user, permission=permission)
+    raise AssertionError("unreachable: a user who is not staff never passes staff_permission_check")
+
+
+def user_get(*, username: str):
+    """Return the user (an API client: the owner of its tokens) called ``username``, or NotFound naming `user`."""
+    from django.contrib.auth import get_user_model
+
+    # a NUL is refused by PostgreSQL (a 500), and no username holds one: not looked up
+    valid = isinstance(username, str) and "\x00" not in username and len(username) <= 1000
+    user = get_user_model().objects.filter(username=username).first() if valid else None
+    if user is None:
+        raise NotFound(f"`user` {_shown(username)} does not exist", extra={"field": "user"})
+    return user
+
+
 def user_scopes(*, user) -> QuerySet[Scope]:
     """Return the scopes ``user`` is granted (staff get no implicit grants)."""
     if not (user and user.is_authenticated):
@@ -365,3 +398,136 @@ def erasure_requests_stuck(*, idle_for_s: int, include_failed: bool = False) -> 
 def scope_erasure_requests(*, scope: Scope) -> QuerySet[ErasureRequest]:
     """Return the erasure requests filed through ``scope``, newest first."""
     return ErasureRequest.objects.filter(scope=scope).select_related("subject").prefetch_related("events")
+
+
+# ---------------------------------------------------------------------------
+# Search (issue 15): BM25 over a scope's opened memories, through kvengine.retrieval (bm25s).
+# ---------------------------------------------------------------------------
+# Why rank in the process, per request, over decrypted text: memories are sealed at rest (no plaintext
+# index may exist, or erasure would have to find and shred it too), and a scope is small enough
+# (BENCHMARKS.md: ~12 ms of CPU per request on a 200-memory scope) that indexing its opened memories on each
+# request costs less than keeping and invalidating an index. One BM25 and one tokenization for the
+# whole project: the gate, kveval and this search all call kvengine.retrieval.Bm25.
+MAX_SEARCH_TOP_K = 100
+MAX_SEARCH_QUERY_CHARS = 2000
+MAX_SEARCH_METADATA_KEYS = 20
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One search result: an opened (never erased) memory and its BM25 score for the query."""
+
+    seq: int
+    subject: str | None
+    content: str
+    created_at: dt.datetime
+    metadata: dict
+    score: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The hits, best first, and the scope head the search read (pass it back as ``as_of`` to repeat it)."""
+
+    as_of: int
+    hits: list[SearchHit]
+
+
+def _json_same(a: object, b: object) -> bool:
+    """Exact JSON equality: `true` is not `1`, `1` equals `1.0`, objects and arrays compare element-wise."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_same(a[key], b[key]) for key in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def metadata_matches(metadata: dict, wanted: dict) -> bool:
+    """Whether ``metadata`` holds every top-level key of ``wanted`` with exactly that JSON value."""
+    return all(key in metadata and _json_same(metadata[key], value) for key, value in wanted.items())
+
+
+def memories_search(
+    *,
+    scope: Scope,
+    query: str,
+    top_k: int = 10,
+    subject: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    as_of: int | None = None,
+    metadata: dict | None = None,
+) -> SearchResult:
+    """Return the scope's memories that best match ``query`` by BM25, best first, at most ``top_k``.
+
+    Filters: ``subject`` (external id), ``since <= created_at < until``, ``seq <= as_of`` (default: the
+    scope's head, read by the same statement as the rows, so the reported ``as_of`` is exactly what was read), and
+    ``metadata`` (exact match on each given top-level key). Erased memories (a shredded subject, or a
+    memory whose own key is gone) are never returned: rows of shredded subjects are left out by the query,
+    and anything that opens as erased is dropped. Only ``scope``'s rows are read. Raises naming the field.
+    """
+    from kvengine.retrieval import Bm25, bm25_tokenize  # no torch: the retrieval module imports bm25s only
+
+    if not isinstance(query, str) or not bm25_tokenize(query):
+        raise MnesioError(
+            f"`query` has to contain at least one word (letters or digits) but got {_shown(query)}",
+            extra={"field": "query"},
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_SEARCH_TOP_K:
+        raise MnesioError(
+            f"`top_k` has to be an integer from 1 to {MAX_SEARCH_TOP_K} but got {_shown(top_k)}", extra={"field": "top_k"}
+        )
+    if since is not None and until is not None and until <= since:
+        raise MnesioError(
+            f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
+            extra={"field": "until"},
+        )
+    # scope_memories() says what memories_open needs joined; all of it but the scope: joining the scope builds
+    # a Scope and a ScopeKey per row (half the CPU of a search on 200 memories, bench/search_latency.py), so
+    # every row shares the caller's ``scope`` instead, whose key memories_open loads once if it needs it.
+    rows = scope_memories(scope=scope)
+    joined = [name for name in rows.query.select_related if name != "scope"]
+    rows = rows.select_related(None).select_related(*joined).filter(
+        Q(subject__isnull=True) | Q(subject__shredded_at__isnull=True)
+    )
+    if as_of is not None:
+        head = as_of_validate(as_of, scope=scope)
+        rows = rows.filter(seq__lte=head)
+    else:
+        # the scope's head read by the same statement (one snapshot): the rows are exactly those up to it,
+        # and the search costs one round trip less than reading the head first
+        newest = Memory.objects.filter(scope=scope).order_by().values("scope").annotate(head=Max("seq")).values("head")
+        rows = rows.annotate(scope_head=Subquery(newest[:1]))
+    if subject is not None:
+        rows = rows.filter(subject__external_id__in=subject_id_variants(subject))
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    if until is not None:
+        rows = rows.filter(created_at__lt=until)
+    rows = list(rows)
+    if as_of is None:
+        head = rows[0].scope_head if rows else scope_head(scope=scope)
+    for row in rows:
+        row.scope = scope
+    opened = [memory for memory in memories_open(rows) if not memory.erased and memory.text is not None]
+    if metadata:
+        opened = [memory for memory in opened if metadata_matches(memory.metadata or {}, metadata)]
+    if not opened:
+        return SearchResult(as_of=head, hits=[])
+    ranked = Bm25([memory.text for memory in opened]).ranked(query, top_k)
+    hits = [
+        SearchHit(
+            seq=opened[index].seq,
+            subject=opened[index].subject,
+            content=opened[index].text,
+            created_at=opened[index].created_at,
+            metadata=dict(opened[index].metadata or {}),
+            score=score,
+        )
+        for index, score in ranked
+    ]
+    return SearchResult(as_of=head, hits=hits)

@@ -174,6 +174,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "core.middleware.MasterKeyUnavailableMiddleware",  # a wrong master key is a JSON 503, not a 500
+    "mnesio_site.versioning.AliasDeprecationMiddleware",  # /api/... (unversioned) answers say: use /api/v1/
 ]
 
 ROOT_URLCONF = "mnesio_site.urls"
@@ -413,11 +414,19 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "mnesio API",
-    "DESCRIPTION": "Long-term memory for AI agents: an append-only log compiled into KV cartridges.",
+    "DESCRIPTION": "Long-term memory for AI agents: an append-only log compiled into KV cartridges. "
+    "The API is versioned under /api/v1/; the unversioned /api/... paths are a deprecated alias of the same "
+    "endpoints (their responses carry `Deprecation: true` and a `Link` to the /api/v1/ successor).",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema and the docs page list every route and field: for logged-in users only (token or session).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The schema documents /api/v1/; /api/... is the same API under a deprecated alias (mnesio_site.versioning).
+    "PREPROCESSING_HOOKS": ["mnesio_site.versioning.v1_endpoints_only"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",  # the default hook, kept
+        "mnesio_site.versioning.unversioned_operation_ids",
+    ],
 }
 # API tokens (django-rest-knox): `Authorization: Token <key>`, no expiry (a client's token does not stop
 # working silently after knox's default 10 hours; revoke one by deleting it in the admin).

@@ -8,6 +8,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from cartridges import conf
+from cartridges.models import MAX_DEBOUNCE_S, MAX_KEEP_PREVIOUS_VERSIONS
 from core.jobs import JobOutcome
 from core.serializers import Choice, StrictSerializer, TextField
 from kvengine import ANSWER_MODES as MODES
@@ -384,3 +385,35 @@ class KvMetricsSerializer(serializers.Serializer):
     versions = VersionCountsSerializer()
     sizes_by_quant = QuantSizeSerializer(many=True)
     erasures = ErasureCountsSerializer()
+
+
+class ScopeSettingsSerializer(serializers.Serializer):
+    scope = serializers.CharField()
+    auto_refresh = serializers.ChoiceField(
+        choices=["manual", "on_append"],
+        help_text="`manual` (default): compile when asked; `on_append`: recompile after appends, once per debounce "
+        "window. Stored and validated; not acted on by the engine yet (a later issue).",
+    )
+    auto_refresh_debounce_s = serializers.IntegerField(help_text="Seconds to wait after an append (on_append only).")
+    keep_previous_versions = serializers.IntegerField(
+        allow_null=True, help_text="Versions before the active one to keep; null (default) keeps every one."
+    )
+    updated_at = serializers.DateTimeField(allow_null=True, help_text="null: never changed, the defaults apply.")
+    updated_by = serializers.CharField(allow_null=True)
+
+
+class ScopeSettingsChangeSerializer(StrictSerializer):
+    """A partial change: only the fields sent change."""
+
+    auto_refresh = Choice(["manual", "on_append"], required=False)
+    auto_refresh_debounce_s = serializers.IntegerField(required=False, min_value=0, max_value=MAX_DEBOUNCE_S)
+    keep_previous_versions = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=MAX_KEEP_PREVIOUS_VERSIONS
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError(
+                {"body": [f"has to change at least one of {sorted(self.fields)} but changes none"]}
+            )
+        return attrs

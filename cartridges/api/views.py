@@ -24,7 +24,7 @@ from core.api import validated
 from core.errors import MnesioError
 from core.pagination import BoundedLimitOffsetPagination
 from memories.models import Scope
-from memories.selectors import scope_get_for_user, user_scopes
+from memories.selectors import scope_get_for_staff, scope_get_for_user, user_scopes
 
 ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
 
@@ -262,3 +262,26 @@ class KvMetricsView(APIView):
                               extra={"fields": unknown})
         scopes = None if request.user.is_staff else list(user_scopes(user=request.user))
         return Response(metrics.kv_metrics(scopes=scopes))
+
+
+class ScopeSettingsView(APIView):
+    """A scope's cartridge settings: its clients read them; staff with `cartridges.change_scope_settings` change them."""
+
+    @extend_schema(summary="Read a scope's cartridge settings (auto-refresh, retention)",
+                   responses={200: s.ScopeSettingsSerializer, 404: ERROR})
+    def get(self, request: Request, scope: str) -> Response:
+        if request.user.is_staff and request.user.has_perm("cartridges.view_scopesettings"):
+            scope_row = scope_get_for_staff(user=request.user, name=scope, permission="cartridges.view_scopesettings")
+        else:
+            scope_row = scope_get_for_user(user=request.user, name=scope)
+        return Response(s.ScopeSettingsSerializer(selectors.scope_settings_get(scope=scope_row)).data)
+
+    @extend_schema(
+        summary="Change some of a scope's cartridge settings (staff with `cartridges.change_scope_settings`)",
+        request=s.ScopeSettingsChangeSerializer,
+        responses={200: s.ScopeSettingsSerializer, 400: ERROR, 403: ERROR, 404: ERROR},
+    )
+    def patch(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_staff(user=request.user, name=scope, permission="cartridges.change_scope_settings")
+        services.scope_settings_update(scope=scope_row, actor=request.user, **validated(s.ScopeSettingsChangeSerializer, request))
+        return Response(s.ScopeSettingsSerializer(selectors.scope_settings_get(scope=scope_row)).data)

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from core.serializers import StrictSerializer
+from core.serializers import StrictSerializer, TextField
+from memories.selectors import MAX_SEARCH_METADATA_KEYS, MAX_SEARCH_QUERY_CHARS, MAX_SEARCH_TOP_K
 from memories.services import MAX_BATCH_ITEMS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_REASON_CHARS, MAX_SUBJECT_CHARS
 
 METADATA_HELP = (
     "Optional small JSON object (at most MNESIO_MAX_METADATA_BYTES of canonical JSON, default 4 KiB, nested at "
     "most 4 levels), sealed with the memory under its own key; returned on reads, never stored in plaintext."
 )
+
+# A seq is a PostgreSQL bigint.
+MAX_SEQ = 2**63 - 1
 
 
 class MemoryAppendSerializer(StrictSerializer):
@@ -99,3 +103,64 @@ class ErasureRequestSerializer(serializers.Serializer):
     def get_status(self, obj) -> str:
         events = list(obj.events.all())
         return events[-1].status if events else "requested"
+
+
+class MemorySearchSerializer(StrictSerializer):
+    query = TextField(max_length=MAX_SEARCH_QUERY_CHARS, help_text="Words to look for (BM25 over the memories' text).")
+    top_k = serializers.IntegerField(
+        min_value=1, max_value=MAX_SEARCH_TOP_K, default=10, help_text="How many memories to return at most."
+    )
+    subject = TextField(
+        required=False, allow_null=True, max_length=MAX_SUBJECT_CHARS, trim_whitespace=False,
+        help_text="Only memories about this subject (external id).",
+    )
+    since = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="Only memories created at or after this time (ISO 8601)."
+    )
+    until = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="Only memories created before this time (ISO 8601)."
+    )
+    as_of = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=MAX_SEQ,
+        help_text="Search the log as of this head (a seq; default: the scope's current head).",
+    )
+    metadata = serializers.DictField(
+        child=serializers.JSONField(), required=False, allow_null=True,
+        help_text=f"Only memories whose metadata has each of these top-level keys with exactly this JSON value "
+        f"(at most {MAX_SEARCH_METADATA_KEYS} keys).",
+    )
+
+    def validate_metadata(self, value: dict | None) -> dict | None:
+        if value is not None and len(value) > MAX_SEARCH_METADATA_KEYS:
+            raise serializers.ValidationError(f"has to have at most {MAX_SEARCH_METADATA_KEYS} keys but got {len(value)}")
+        return value
+
+
+class SearchHitSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    subject = serializers.CharField(allow_null=True)
+    content = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    metadata = serializers.DictField(child=serializers.JSONField())
+    score = serializers.FloatField(help_text="The BM25 score (higher is a better match; only matches, > 0).")
+
+
+class SearchResultSerializer(serializers.Serializer):
+    scope = serializers.CharField()
+    as_of = serializers.IntegerField(help_text="The head searched: pass it back as `as_of` to repeat the search.")
+    results = SearchHitSerializer(many=True, help_text="Best match first.")
+
+
+class ScopeCreateSerializer(StrictSerializer):
+    name = TextField(max_length=100, help_text="A slug: letters, digits, '-' and '_'.")
+    description = TextField(required=False, default="", allow_blank=True, max_length=500)
+
+
+class ScopeGrantCreateSerializer(StrictSerializer):
+    user = TextField(max_length=150, help_text="The username of the client (the owner of its API tokens) to grant.")
+
+
+class ScopeGrantSerializer(serializers.Serializer):
+    scope = serializers.CharField(source="scope.name")
+    user = serializers.CharField(source="user.get_username")
+    created_at = serializers.DateTimeField()

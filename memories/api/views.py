@@ -1,7 +1,8 @@
-"""The memories API: every view resolves its scope with ``scope_get_for_user`` first (grant or 403/404)."""
+"""The memories API: every view resolves its scope with ``scope_get_for_user`` first (grant or 403/404); the staff
+views (create a scope, grant, revoke) check their permission through ``core.permissions`` / ``scope_get_for_staff``."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -10,6 +11,7 @@ from rest_framework.views import APIView
 
 from core.api import validated
 from core.pagination import BoundedLimitOffsetPagination
+from core.permissions import staff_permission_check
 from memories.api.serializers import (
     BatchAppendResultSerializer,
     ErasureRequestFileSerializer,
@@ -18,20 +20,28 @@ from memories.api.serializers import (
     MemoryAppendSerializer,
     MemoryBatchAppendSerializer,
     MemoryForgetSerializer,
+    MemorySearchSerializer,
     OpenedMemorySerializer,
+    ScopeCreateSerializer,
+    ScopeGrantCreateSerializer,
+    ScopeGrantSerializer,
     ScopeSerializer,
+    SearchResultSerializer,
 )
 from memories.jobs import erasure_request_enqueue
 from memories.selectors import (
     as_of_validate,
     erasure_request_get,
     memories_open,
+    memories_search,
     memory_open,
     scope_erasure_requests,
+    scope_get_for_staff,
     scope_get_for_user,
     scope_head,
     scope_memories,
     scope_memory_get,
+    user_get,
     user_scopes,
 )
 from memories.services import (
@@ -39,14 +49,55 @@ from memories.services import (
     memories_append_batch,
     memory_append,
     memory_forget_file,
+    scope_create,
     scope_delete_file,
+    scope_grant,
+    scope_revoke,
 )
+
+ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or the missing permission')
 
 
 class ScopeListView(APIView):
     @extend_schema(responses=ScopeSerializer(many=True), summary="List the scopes you are granted")
     def get(self, request: Request) -> Response:
         return Response(ScopeSerializer(user_scopes(user=request.user), many=True).data)
+
+    @extend_schema(
+        request=ScopeCreateSerializer,
+        responses={201: ScopeSerializer, 400: ERROR, 403: ERROR, 409: ERROR},
+        summary="Create a scope (staff with `memories.add_scope`; grant clients to it next)",
+    )
+    def post(self, request: Request) -> Response:
+        staff_permission_check(user=request.user, permission="memories.add_scope")
+        scope_row = scope_create(actor=request.user, **validated(ScopeCreateSerializer, request))
+        return Response(ScopeSerializer(scope_row).data, status=status.HTTP_201_CREATED)
+
+
+class ScopeGrantsView(APIView):
+    @extend_schema(
+        request=ScopeGrantCreateSerializer,
+        responses={201: ScopeGrantSerializer, 200: ScopeGrantSerializer, 400: ERROR, 403: ERROR, 404: ERROR},
+        summary="Grant a client (a user, the owner of its tokens) the use of a scope "
+        "(staff with `memories.add_scopegrant`; 200 when it was granted already)",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_staff(user=request.user, name=scope, permission="memories.add_scopegrant")
+        user = user_get(username=validated(ScopeGrantCreateSerializer, request)["user"])
+        grant = scope_grant(scope=scope_row, user=user, actor=request.user)
+        return Response(ScopeGrantSerializer(grant).data, status=status.HTTP_201_CREATED if grant.created else status.HTTP_200_OK)
+
+
+class ScopeGrantDetailView(APIView):
+    @extend_schema(
+        request=None,
+        responses={204: None, 403: ERROR, 404: ERROR},
+        summary="Revoke a client's grant of a scope (staff with `memories.delete_scopegrant`)",
+    )
+    def delete(self, request: Request, scope: str, username: str) -> Response:
+        scope_row = scope_get_for_staff(user=request.user, name=scope, permission="memories.delete_scopegrant")
+        scope_revoke(scope=scope_row, user=user_get(username=username), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ScopeDeleteView(APIView):
@@ -178,3 +229,16 @@ class ErasureRequestDetailView(APIView):
     def get(self, request: Request, scope: str, pk: int) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         return Response(ErasureRequestSerializer(erasure_request_get(scope=scope_row, pk=pk)).data)
+
+
+class MemorySearchView(APIView):
+    @extend_schema(
+        request=MemorySearchSerializer,
+        responses={200: SearchResultSerializer, 400: ERROR, 404: ERROR},
+        summary="Search a scope's memories by BM25, best match first (erased and forgotten memories never appear)",
+    )
+    def post(self, request: Request, scope: str) -> Response:
+        scope_row = scope_get_for_user(user=request.user, name=scope)
+        result = memories_search(scope=scope_row, **validated(MemorySearchSerializer, request))
+        body = {"scope": scope_row.name, "as_of": result.as_of, "results": result.hits}
+        return Response(SearchResultSerializer(body).data)

@@ -25,7 +25,7 @@ from .forget import (
     scope_keys_shred,
 )
 from .rotation import RotationReport, master_key_rotate
-from .scopes import scope_create, scope_grant
+from .scopes import scope_create, scope_grant, scope_revoke
 from .validation import (
     MAX_BATCH_ITEMS,
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -60,6 +60,7 @@ __all__ = [
     "memory_append",
     "scope_create",
     "scope_grant",
+    "scope_revoke",
     "subject_id_validate",
     "subject_shred",
 ]

@@ -6,7 +6,7 @@ import unicodedata
 
 from django.utils.text import slugify
 
-from core.errors import Conflict, MnesioError
+from core.errors import Conflict, MnesioError, NotFound
 from memories.models import Scope, ScopeGrant
 
 logger = logging.getLogger("memories")
@@ -26,8 +26,20 @@ def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
 
 
 def scope_grant(*, scope: Scope, user, actor=None) -> ScopeGrant:
-    """Grant ``user`` the use of ``scope`` (idempotent)."""
-    grant, _ = ScopeGrant.objects.get_or_create(scope=scope, user=user)
+    """Grant ``user`` the use of ``scope`` (idempotent: ``grant.created`` says whether this call made it)."""
+    grant, created = ScopeGrant.objects.get_or_create(scope=scope, user=user)
+    grant.created = created
     logger.info("scope granted scope=%s user=%s actor=%s", scope.name, user.pk, getattr(actor, "pk", None))
     return grant
+
+
+def scope_revoke(*, scope: Scope, user, actor=None) -> None:
+    """Take the use of ``scope`` away from ``user`` (their tokens stop reaching it at once), or NotFound naming `user`.
+
+    A grant is access control, not history: the row is deleted, and the log line records who revoked it.
+    """
+    deleted, _ = ScopeGrant.objects.filter(scope=scope, user=user).delete()
+    if not deleted:
+        raise NotFound(f"`user` '{user.get_username()}' is not granted scope '{scope.name}'", extra={"field": "user"})
+    logger.info("scope revoked scope=%s user=%s actor=%s", scope.name, user.pk, getattr(actor, "pk", None))
 

@@ -60,9 +60,13 @@ def all_routes() -> list[Route]:
 UNSCOPED_API = {
     "api/schema/": "any logged-in user (token or session): the OpenAPI document, no data",
     "api/docs/": "any logged-in user (token or session): the Swagger page, no data",
-    "api/scopes/": "lists only the caller's granted scopes",
+    "api/scopes/": "lists only the caller's granted scopes; creating one needs staff with memories.add_scope",
     "api/kv/configuration/": "reads the global configuration (no scope data); writes need staff",
     "api/^kv/metrics/?$": "clients see only their own scopes",
+    # the same views under /api/v1/ (mnesio_site.urls: /api/ is the deprecated alias of /api/v1/)
+    "api/v1/scopes/": "lists only the caller's granted scopes; creating one needs staff with memories.add_scope",
+    "api/v1/kv/configuration/": "reads the global configuration (no scope data); writes need staff",
+    "api/v1/^kv/metrics/?$": "clients see only their own scopes",
     "": "redirects to the dashboard",
     "dashboard/": "staff only",
     "metrics": "clients see only their own scopes",

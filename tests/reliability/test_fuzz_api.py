@@ -82,12 +82,12 @@ def test_no_operation_of_the_schema_answers_5xx(wsgi_app, fuzz_world, record_fig
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 18, [f"{o.method} {o.path}" for o in operations]
     # the configuration switch last: a switch to the real model would make later operations load it
-    operations.sort(key=lambda o: o.path.startswith("/api/kv/configuration"))
+    operations.sort(key=lambda o: o.path.startswith("/api/v1/kv/configuration"))
     failures: list[str] = []
     counts: dict[int, int] = {}
     nothing_to_negate = []
     for operation in operations:
-        auth = fuzz_world["operator" if operation.path.startswith("/api/kv/configuration") else "alice"]
+        auth = fuzz_world["operator" if operation.path.startswith("/api/v1/kv/configuration") else "alice"]
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             try:
                 _fuzz(operation, mode=mode, auth=auth, failures=failures, counts=counts)

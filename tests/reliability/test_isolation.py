@@ -22,6 +22,9 @@ BODIES = {
     "cartridge-activate": {},
     "scope-ask": {"question": "Where is the spare key?"},
     "evaluation-cases": {"question": "Where is the spare key?", "answers": ["flowerpot"]},
+    "scope-search": {"query": "spare key"},
+    "scope-grants": {"user": "charlie"},
+    "scope-settings": {"auto_refresh": "on_append"},
 }
 
 
@@ -59,6 +62,8 @@ def _ids(route, world, scope: str) -> dict[str, object]:
     if "pk" in route.params:
         values["pk"] = {"erasure-request-detail": world["pk_erasure"], "answer-request": world.get("pk_answer")}.get(
             route.name, world["pk_version"])
+    if "username" in route.params:
+        values["username"] = "alice"
     return values
 
 
