@@ -1,7 +1,26 @@
-"""One application error type, rendered by one DRF exception handler as ``{"message", "extra"}``."""
+"""One application error type, rendered by one DRF exception handler as ``{"code", "message", "extra"}``.
+
+``code`` is the stable, machine-readable key a client switches on; every value is listed in ``ERROR_CODES``
+(and in the OpenAPI schema's ``Error`` component, core/schema.py, and the README). Before it existed the key
+moved between ``extra.kind``, ``extra.code`` and ``extra.field``; those stay, for compatibility, but a client
+should read ``code``. The code of an error is found, most specific first (``error_code``):
+
+1. a ``code=`` given when raising;
+2. ``extra["kind"]``, when it names a registered code (as is, or as the snake_case of an error class name:
+   a task's refusal carries its class name, ``ContextTooLong`` -> ``context_too_long``);
+3. the snake_case name of the error's class or one of its bases, without a trailing ``Error``
+   (``GateFailed`` -> ``gate_failed``, ``NotFound`` -> ``not_found``);
+4. the generic code of its HTTP status (400 ``invalid_input``, 409 ``conflict``, ...), else ``error``.
+
+So every error class of every app gets a code without importing anything here (core must not import the
+apps), and a new error class is covered by its status until it is given a code of its own. Why not
+drf-standardized-errors: it replaces the whole body (``{"type", "errors": [...]}``), which every client and
+test of this API reads as ``{"message", "extra"}``; adding one key keeps them working.
+"""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError
@@ -15,17 +34,89 @@ from core.keys import MasterKeyUnavailable
 log = logging.getLogger("mnesio")
 
 
+# Every ``code`` an error body may carry, with its usual status and what a client does about it. Stable: a code
+# is never renamed or reused (tests/api/test_error_codes.py checks each is produced and each produced is here).
+ERROR_CODES: dict[str, tuple[int, str]] = {
+    "invalid_input": (400, "a value in the body, query or path is wrong; `extra.field` (or `extra.fields`) names it"),
+    "not_authenticated": (401, "no credentials: send `Authorization: Token <key>`"),
+    "authentication_failed": (401, "the token is unknown or revoked"),
+    "permission_denied": (403, "authenticated, but this action needs a permission the user lacks"),
+    "not_found": (404, "no such object, or a scope not granted to you (answered alike on purpose)"),
+    "method_not_allowed": (405, "the route does not accept this HTTP method"),
+    "not_acceptable": (406, "the `Accept` header asks for a format the API does not produce (it answers JSON)"),
+    "unsupported_media_type": (415, "the body's `Content-Type` is not JSON"),
+    "conflict": (409, "the request conflicts with the stored state (a reused idempotency key with other content, "
+                      "an erased subject, a duplicate name); the message says which"),
+    "gate_failed": (409, "the cartridge version did not pass the gate; `extra.reasons` lists why"),
+    "no_active_cartridge": (409, "the scope has no cartridge that may serve; compile and activate one, or ask with "
+                                 "`mode: text`"),
+    "nothing_to_compile": (400, "the scope has no (surviving) memories at the requested head"),
+    "context_too_long": (422, "the memories or the question do not fit the model's context window"),
+    "erased_during_compile": (409, "subjects were erased during every compile attempt; ask for the compile again"),
+    "legacy_subject_needs_operator": (409, "the subject predates per-scope subjects: an operator erases it everywhere"),
+    "blob_unavailable": (409, "the cartridge's stored blob or its key is gone; rebuild the version"),
+    "blob_tampered": (409, "the cartridge's stored bytes fail their checks and are never served"),
+    "blob_storage_unavailable": (503, "blob storage refused a write; retry once it is fixed"),
+    "memory_integrity": (500, "a stored memory failed authentication (altered or copied ciphertext)"),
+    "engine_refused": (400, "the KV engine refused the input; the message says why"),
+    "overloaded": (429, "the answering engine is at capacity; retry after `Retry-After` seconds"),
+    "database_unavailable": (503, "the database is unreachable; retry with the same idempotency key"),
+    "master_key_unavailable": (503, "the server's master key does not open the stored keys; an operator must fix it"),
+    "error": (500, "an error without a more specific code; switch on the HTTP status"),
+}
+# The generic code of a status, for an error whose class and kind name no registered code.
+STATUS_CODES: dict[int, str] = {
+    400: "invalid_input", 401: "not_authenticated", 403: "permission_denied", 404: "not_found",
+    405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 415: "unsupported_media_type",
+    429: "overloaded",
+}
+
+
+def _snake(name: str) -> str:
+    """``ContextTooLongError`` -> ``context_too_long`` (class names and class-name kinds to codes)."""
+    snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+    return snake[: -len("_error")] if snake.endswith("_error") else snake
+
+
+def error_code(exc: BaseException, *, status_code: int | None = None) -> str:
+    """The stable ``code`` of an error (see the module docstring for the order); always a key of ERROR_CODES."""
+    explicit = getattr(exc, "code", None)
+    if isinstance(explicit, str) and explicit in ERROR_CODES:
+        return explicit
+    kind = (getattr(exc, "extra", None) or {}).get("kind")
+    if isinstance(kind, str):
+        for candidate in (kind, _snake(kind)):
+            if candidate in ERROR_CODES:
+                return candidate
+    for cls in type(exc).__mro__:
+        if cls in (MnesioError, Exception, BaseException, object):
+            break
+        candidate = _snake(cls.__name__)
+        if candidate in ERROR_CODES:
+            return candidate
+    status_code = status_code if status_code is not None else getattr(exc, "status_code", 500)
+    return STATUS_CODES.get(status_code, "error")
+
+
 class MnesioError(Exception):
-    """An error a client can act on: a message naming what was wrong, plus structured extras."""
+    """An error a client can act on: a message naming what was wrong, plus structured extras.
+
+    ``code`` (optional) is one of ERROR_CODES; without it the code is derived (see ``error_code``).
+    """
 
     status_code = status.HTTP_400_BAD_REQUEST
 
-    def __init__(self, message: str, *, extra: dict[str, Any] | None = None, status_code: int | None = None):
+    def __init__(self, message: str, *, extra: dict[str, Any] | None = None, status_code: int | None = None,
+                 code: str | None = None):
         super().__init__(message)
         self.message = message
         self.extra = extra or {}
         if status_code is not None:
             self.status_code = status_code
+        if code is not None:
+            if code not in ERROR_CODES:
+                raise ValueError(f"`code` has to be one of ERROR_CODES (core/errors.py) but got {code!r}")
+            self.code = code
 
 
 class NotFound(MnesioError):
@@ -69,6 +160,7 @@ def _database_unavailable(exc: DatabaseError) -> Response:
     log.warning("database unavailable during a request: %s sqlstate=%s", type(exc).__name__, sqlstate)
     return Response(
         {
+            "code": "database_unavailable",
             "message": "the database is unavailable for now (a lost or refused connection, a restart, a lock or "
             "statement timeout), so this request may or may not have been applied; retry in "
             f"{DATABASE_RETRY_AFTER_S} s with the same idempotency_key (an append that did commit is then "
@@ -88,6 +180,7 @@ def master_key_unavailable_body() -> dict[str, Any]:
     ``manage.py check --database default``): a client can do nothing about it but wait for an operator.
     """
     return {
+        "code": "master_key_unavailable",
         "message": "the server's master key (`MNESIO_MASTER_KEY`) does not open the keys stored for this data, so "
         "the request was refused and nothing was written; an operator has to start the service with the right "
         "`MNESIO_MASTER_KEY` (see `manage.py check --database default`)",
@@ -98,7 +191,7 @@ def master_key_unavailable_body() -> dict[str, Any]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render MnesioError, engine errors, lost database connections and DRF errors as ``{"message", "extra"}``."""
     if isinstance(exc, MnesioError):
-        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+        return Response({"code": error_code(exc), "message": exc.message, "extra": exc.extra}, status=exc.status_code)
     if isinstance(exc, MasterKeyUnavailable):
         log.error("master key unavailable during a request: %s", exc)
         return Response(master_key_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
@@ -111,16 +204,25 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if KvError and isinstance(exc, KvError):
         # an engine refusal that no service turned into an application error: over the window is a 422 on
         # every path (cartridges.services ContextTooLong), anything else the engine refuses is a 400
-        from kvengine.errors import ContextTooLongError
+        from kvengine.errors import ContextTooLongError, OverloadedError
 
+        if isinstance(exc, OverloadedError):
+            # back-pressure from the answering engine: retry later, as the engine says
+            retry_after = str(max(1, round(getattr(exc, "retry_after_s", 1) or 1)))
+            return Response({"code": "overloaded", "message": str(exc), "extra": {"kind": type(exc).__name__}},
+                            status=status.HTTP_429_TOO_MANY_REQUESTS, headers={"Retry-After": retry_after})
         code = status.HTTP_422_UNPROCESSABLE_ENTITY if isinstance(exc, ContextTooLongError) else status.HTTP_400_BAD_REQUEST
-        return Response({"message": str(exc), "extra": {"kind": type(exc).__name__}}, status=code)
+        error = "context_too_long" if isinstance(exc, ContextTooLongError) else "engine_refused"
+        return Response({"code": error, "message": str(exc), "extra": {"kind": type(exc).__name__}}, status=code)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, ValidationError):
         messages = _flatten(exc.detail)
-        response.data = {"message": "; ".join(messages), "extra": {"fields": exc.detail}}
+        response.data = {"code": "invalid_input", "message": "; ".join(messages), "extra": {"fields": exc.detail}}
     elif isinstance(exc, APIException):
-        response.data = {"message": str(exc.detail), "extra": {"code": exc.get_codes()}}
+        drf_code = exc.get_codes()
+        code = drf_code if isinstance(drf_code, str) and drf_code in ERROR_CODES else error_code(
+            exc, status_code=response.status_code)
+        response.data = {"code": code, "message": str(exc.detail), "extra": {"code": drf_code}}
     return response

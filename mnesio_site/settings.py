@@ -157,6 +157,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "knox",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc assets from the package: the docs work offline
     "pgtrigger",
     "core",
     "memories",
@@ -164,6 +165,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz answer first: no https redirect, host check, session or auth for a probe (mnesio_site/health.py)
+    "mnesio_site.health.HealthMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -288,6 +291,10 @@ MNESIO_CARTRIDGE_CACHE_SIZE = envint("MNESIO_CARTRIDGE_CACHE_SIZE", 8, minimum=0
 # Model ids an operator may switch to (cartridges.conf.allowed_models adds the configured default).
 MNESIO_KV_ALLOWED_MODELS = envlist("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-instruct", "fake-model"])
 
+# Whether /readyz waits for the active model to be loaded in this process (the web process answers questions);
+# false for a process that never answers.
+MNESIO_READYZ_MODEL = envbool("MNESIO_READYZ_MODEL", True)
+
 # ---------------------------------------------------------------------------
 # Cartridge lifecycle: the gate and serving (read at call time through cartridges.conf, so the tests'
 # ``settings`` fixture overrides them; worker processes get them through the environment)
@@ -374,6 +381,12 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema and the docs page list every route and field: for logged-in users only (token or session).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # The docs pages load their JavaScript and CSS from this server (drf-spectacular-sidecar), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # The Error component (a `code` enum from core.errors.ERROR_CODES) and the error responses of every operation.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.error_responses"],
 }
 # API tokens (django-rest-knox): `Authorization: Token <key>`, no expiry (a client's token does not stop
 # working silently after knox's default 10 hours; revoke one by deleting it in the admin).

@@ -24,7 +24,7 @@ from core.pagination import BoundedLimitOffsetPagination
 from memories.models import Scope
 from memories.selectors import scope_get_for_user, user_scopes
 
-ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
+ERROR = OpenApiResponse(description='`{"code": ..., "message": ..., "extra": ...}` naming the field or reason')
 
 
 class VersionPagination(BoundedLimitOffsetPagination):
