@@ -8,11 +8,13 @@ should read ``code``. The code of an error is found, most specific first (``erro
 1. a ``code=`` given when raising;
 2. ``extra["kind"]``, when it names a registered code (as is, or as the snake_case of an error class name:
    a task's refusal carries its class name, ``ContextTooLong`` -> ``context_too_long``);
-3. the snake_case name of the error's class or one of its bases, without a trailing ``Error``
-   (``GateFailed`` -> ``gate_failed``, ``NotFound`` -> ``not_found``);
+3. DRF's own code of a DRF error (``not_authenticated``, ``method_not_allowed``, ...), else the snake_case name
+   of the error's class or one of its bases, without a trailing ``Error`` (``GateFailed`` -> ``gate_failed``,
+   ``NotFound`` -> ``not_found``; an engine ``KvError`` -> ``engine_refused``, see CLASS_CODES);
 4. the generic code of its HTTP status (400 ``invalid_input``, 409 ``conflict``, ...), else ``error``.
 
-So every error class of every app gets a code without importing anything here (core must not import the
+The code is added to the body by ``exception_handler`` once, whatever branch rendered it. So every error class of
+every app gets a code without importing anything here (core must not import the
 apps), and a new error class is covered by its status until it is given a code of its own. Why not
 drf-standardized-errors: it replaces the whole body (``{"type", "errors": [...]}``), which every client and
 test of this API reads as ``{"message", "extra"}``; adding one key keeps them working.
@@ -23,8 +25,10 @@ import logging
 import re
 from typing import Any
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import DatabaseError, InterfaceError, OperationalError
-from rest_framework import status
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from rest_framework import exceptions, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -72,6 +76,10 @@ STATUS_CODES: dict[int, str] = {
 }
 
 
+# Classes whose snake_case name is not their code (matched by name: core imports neither the engine nor the apps).
+CLASS_CODES = {"ValidationError": "invalid_input", "KvError": "engine_refused"}
+
+
 def _snake(name: str) -> str:
     """``ContextTooLongError`` -> ``context_too_long`` (class names and class-name kinds to codes)."""
     snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
@@ -88,10 +96,13 @@ def error_code(exc: BaseException, *, status_code: int | None = None) -> str:
         for candidate in (kind, _snake(kind)):
             if candidate in ERROR_CODES:
                 return candidate
+    drf_codes = exc.get_codes() if isinstance(exc, APIException) else None
+    if isinstance(drf_codes, str) and drf_codes in ERROR_CODES:  # not_authenticated, method_not_allowed, ...
+        return drf_codes
     for cls in type(exc).__mro__:
         if cls in (MnesioError, Exception, BaseException, object):
             break
-        candidate = _snake(cls.__name__)
+        candidate = CLASS_CODES.get(cls.__name__) or _snake(cls.__name__)
         if candidate in ERROR_CODES:
             return candidate
     status_code = status_code if status_code is not None else getattr(exc, "status_code", 500)
@@ -160,7 +171,6 @@ def _database_unavailable(exc: DatabaseError) -> Response:
     log.warning("database unavailable during a request: %s sqlstate=%s", type(exc).__name__, sqlstate)
     return Response(
         {
-            "code": "database_unavailable",
             "message": "the database is unavailable for now (a lost or refused connection, a restart, a lock or "
             "statement timeout), so this request may or may not have been applied; retry in "
             f"{DATABASE_RETRY_AFTER_S} s with the same idempotency_key (an append that did commit is then "
@@ -189,9 +199,24 @@ def master_key_unavailable_body() -> dict[str, Any]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: render the error (``_error_response``), then give its body the stable ``code``.
+
+    The code is added here, once, for every branch (and any branch added later), rather than in each body.
+    """
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()  # as DRF does, but as an APIException: {"message", "extra"}, not {"detail"}
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = _error_response(exc, context)
+    if response is not None and isinstance(response.data, dict) and "message" in response.data:
+        response.data = {"code": error_code(exc, status_code=response.status_code), **response.data}
+    return response
+
+
+def _error_response(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render MnesioError, engine errors, lost database connections and DRF errors as ``{"message", "extra"}``."""
     if isinstance(exc, MnesioError):
-        return Response({"code": error_code(exc), "message": exc.message, "extra": exc.extra}, status=exc.status_code)
+        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
     if isinstance(exc, MasterKeyUnavailable):
         log.error("master key unavailable during a request: %s", exc)
         return Response(master_key_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
@@ -204,25 +229,27 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if KvError and isinstance(exc, KvError):
         # an engine refusal that no service turned into an application error: over the window is a 422 on
         # every path (cartridges.services ContextTooLong), anything else the engine refuses is a 400
-        from kvengine.errors import ContextTooLongError, OverloadedError
+        from kvengine.errors import ContextTooLongError
 
-        if isinstance(exc, OverloadedError):
-            # back-pressure from the answering engine: retry later, as the engine says
-            retry_after = str(max(1, round(getattr(exc, "retry_after_s", 1) or 1)))
-            return Response({"code": "overloaded", "message": str(exc), "extra": {"kind": type(exc).__name__}},
-                            status=status.HTTP_429_TOO_MANY_REQUESTS, headers={"Retry-After": retry_after})
         code = status.HTTP_422_UNPROCESSABLE_ENTITY if isinstance(exc, ContextTooLongError) else status.HTTP_400_BAD_REQUEST
-        error = "context_too_long" if isinstance(exc, ContextTooLongError) else "engine_refused"
-        return Response({"code": error, "message": str(exc), "extra": {"kind": type(exc).__name__}}, status=code)
+        return Response({"message": str(exc), "extra": {"kind": type(exc).__name__}}, status=code)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
     if isinstance(exc, ValidationError):
         messages = _flatten(exc.detail)
-        response.data = {"code": "invalid_input", "message": "; ".join(messages), "extra": {"fields": exc.detail}}
+        response.data = {"message": "; ".join(messages), "extra": {"fields": exc.detail}}
     elif isinstance(exc, APIException):
-        drf_code = exc.get_codes()
-        code = drf_code if isinstance(drf_code, str) and drf_code in ERROR_CODES else error_code(
-            exc, status_code=response.status_code)
-        response.data = {"code": code, "message": str(exc.detail), "extra": {"code": drf_code}}
+        response.data = {"message": str(exc.detail), "extra": {"code": exc.get_codes()}}
     return response
+
+
+def api_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler404: a path under /api/ that matches no route (``/cartridges/abc/``) is a JSON 404 with a code, like
+    every other API error; elsewhere Django's own page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"code": "not_found", "message": f"`path` {request.path!r} is not an API route",
+                             "extra": {"field": "path"}}, status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)

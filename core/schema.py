@@ -57,9 +57,15 @@ def error_responses(result: dict[str, Any], generator: Any, request: Any, public
             if method not in ("get", "put", "patch", "post", "delete") or not isinstance(operation, dict):
                 continue
             responses = operation.setdefault("responses", {})
+            # an operation that also answers another format (/api/kv/metrics: Prometheus text) answers its errors in
+            # that format too: a text line, documented as a string
+            other_types = {media: {"schema": {"type": "string"}}
+                           for ok_status, ok in responses.items() if str(ok_status).startswith("2")
+                           for media in (ok.get("content") or {}) if "json" not in media}
+            error_content = {**content, **other_types}
             for status_code, response in responses.items():
                 if str(status_code)[:1] in ("4", "5") and not response.get("content"):
-                    response["content"] = content
+                    response["content"] = error_content
             for status_code, description in COMMON_ERRORS.items():
-                responses.setdefault(status_code, {"description": description, "content": content})
+                responses.setdefault(status_code, {"description": description, "content": error_content})
     return result

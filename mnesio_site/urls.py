@@ -14,3 +14,6 @@ urlpatterns = [
     path("api/", include("cartridges.urls")),
     path("", include("cartridges.pages")),
 ]
+
+# An unmatched /api/ path answers a JSON error with a code, like every API error (core.errors).
+handler404 = "core.errors.api_not_found"

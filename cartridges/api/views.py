@@ -138,6 +138,9 @@ class AskView(APIView):
 
 
 class EvaluationCaseListView(APIView):
+    # the schema documents the paginated body ({count, next, previous, results}) the view answers (drf-spectacular reads it)
+    pagination_class = BoundedLimitOffsetPagination
+
     @extend_schema(summary="List a scope's evaluation cases",
                    responses={200: s.EvaluationCaseSerializer(many=True), 403: ERROR, 404: ERROR})
     def get(self, request: Request, scope: str) -> Response:

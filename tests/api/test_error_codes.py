@@ -153,15 +153,20 @@ def test_each_documented_code_is_produced_by_a_real_request(
     assert response.status_code == ERROR_CODES[code][0], (response.status_code, body)
 
 
-def test_engine_errors_map_to_their_codes_and_back_pressure_is_a_429_with_retry_after():
+def test_engine_errors_map_to_their_codes():
     from kvengine.errors import ConfigError, ContextTooLongError, OverloadedError
 
-    busy = exception_handler(OverloadedError(waiting=9, limit=8, retry_after_s=2.4), {})
-    assert busy.status_code == 429 and busy["Retry-After"] == "2" and busy.data["code"] == "overloaded"
     refused = exception_handler(ConfigError("`quant` has to be one of ['none', 'q8', 'q4'] but got 'q3'"), {})
     assert refused.status_code == 400 and refused.data["code"] == "engine_refused"
     too_long = exception_handler(ContextTooLongError(num_tokens=9000, limit=8192), {})
     assert too_long.status_code == 422 and too_long.data["code"] == "context_too_long"
+    # the engine's back-pressure (the web tier answers it with 429 + Retry-After) and the web's own bound
+    assert error_code(OverloadedError(waiting=9, limit=8, retry_after_s=2.4)) == "overloaded"
+
+    class Overloaded(MnesioError):
+        status_code = 429
+
+    assert error_code(Overloaded("busy")) == "overloaded"
 
 
 def test_a_kind_names_the_code_of_an_error_raised_without_a_class_of_its_own():
@@ -230,3 +235,11 @@ def test_the_readme_table_lists_every_code():
     readme = (ROOT / "README.md").read_text()
     listed = set(re.findall(r"^\| `([a-z_]+)` \| \d{3} \|", readme, flags=re.M))
     assert listed == set(ERROR_CODES), sorted(listed ^ set(ERROR_CODES))
+
+
+def test_an_unmatched_api_path_is_a_json_404_with_a_code_and_other_paths_keep_the_html_page(alice, api_client_for):
+    response = api_client_for(alice).get("/api/scopes/scope-a/cartridges/not-a-number/")
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    assert response.json()["code"] == "not_found" and "not-a-number" in response.json()["message"]
+    page = api_client_for(alice).get("/no-such-page/")
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
