@@ -167,6 +167,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # /healthz and /readyz answer first: no https redirect, host check, session or auth for a probe (mnesio_site/health.py)
     "mnesio_site.health.HealthMiddleware",
+    # a request id for every log line of the request (X-Request-ID in and out) and the per-route latency histogram
+    "core.observability.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -400,11 +402,16 @@ REST_KNOX = {
 # Logging: no memory plaintext is ever logged (tests scan the logs for it).
 # ---------------------------------------------------------------------------
 LOG_LEVEL = envchoice("MNESIO_LOG_LEVEL", "INFO", ["DEBUG", "INFO", "WARNING", "ERROR"])
+# json: one JSON object per line with the request id (core.observability); plain: for a terminal.
+LOG_FORMAT = envchoice("MNESIO_LOG_FORMAT", "json", ["json", "plain"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "core.observability.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "mnesio": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
