@@ -52,6 +52,8 @@ _model_errors: dict[str, str] = {}
 def _failure(exc: BaseException) -> dict[str, Any]:
     """What a failed check reports: the class and errno only (see the module docstring), logged in full."""
     code = getattr(exc, "errno", None)
+    if code is None and exc.__cause__ is not None:  # an application error raised from the OSError
+        code = getattr(exc.__cause__, "errno", None)
     out: dict[str, Any] = {"status": "unavailable", "error": type(exc).__name__}
     if isinstance(code, int):
         out["errno"] = errno_module.errorcode.get(code, str(code))

@@ -141,3 +141,71 @@ def test_readyz_is_503_while_redis_is_down_and_recovers(probe_client, fake_row, 
     finally:
         app.conf.broker_url = before
         server.crash()
+
+
+@pytest.fixture
+def s3_bucket(settings, tmp_path):
+    """A bucket on a local S3-compatible server (moto in server mode) as STORAGES["cartridges"], through
+    django-storages' S3 backend; skipped where those packages are not installed."""
+    import socket
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    pytest.importorskip("storages.backends.s3")
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    moto_server = Path(sys.executable).parent / "moto_server"
+    if not moto_server.exists():
+        pytest.skip("needs moto_server (moto[server,s3])")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    log = open(tmp_path / "moto.log", "wb")
+    proc = subprocess.Popen([str(moto_server), "-H", "127.0.0.1", "-p", str(port)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
+                          aws_secret_access_key="test")
+    deadline = time.monotonic() + 30
+    name = f"readyz-{uuid.uuid4().hex[:12]}"
+    while True:
+        try:
+            client.create_bucket(Bucket=name)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    settings.STORAGES = {**settings.STORAGES, "cartridges": {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {"bucket_name": name, "endpoint_url": endpoint, "region_name": "us-east-1", "access_key": "test",
+                    "secret_key": "test", "addressing_style": "path", "signature_version": "s3v4",
+                    "file_overwrite": False,
+                    # a probe must not wait out botocore's default retries against a dead endpoint
+                    "client_config": Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1})},
+    }}
+    yield {"proc": proc, "client": client, "bucket": name, "endpoint": endpoint}
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
+    log.close()
+
+
+@pytest.mark.django_db
+def test_readyz_checks_s3_blob_storage_through_django_storages(probe_client, fake_row, s3_bucket):
+    response = _wait_ready(probe_client)
+    assert response.status_code == 200, response.content
+    assert response.json()["checks"]["blob_storage"]["status"] == "ok"
+    listed = s3_bucket["client"].list_objects_v2(Bucket=s3_bucket["bucket"])
+    assert listed.get("KeyCount", 0) == 0  # the probe object was deleted
+    s3_bucket["proc"].kill()
+    s3_bucket["proc"].wait(timeout=10)
+    down = probe_client.get("/readyz")
+    assert down.status_code == 503, down.content
+    check = down.json()["checks"]["blob_storage"]
+    assert check["status"] == "unavailable" and check["error"], check
+    assert s3_bucket["endpoint"] not in down.content.decode() and s3_bucket["bucket"] not in down.content.decode()
