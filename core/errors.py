@@ -86,12 +86,16 @@ def _snake(name: str) -> str:
     return snake[: -len("_error")] if snake.endswith("_error") else snake
 
 
-def error_code(exc: BaseException, *, status_code: int | None = None) -> str:
-    """The stable ``code`` of an error (see the module docstring for the order); always a key of ERROR_CODES."""
+def error_code(exc: BaseException, *, status_code: int | None = None, kind: Any = None) -> str:
+    """The stable ``code`` of an error (see the module docstring for the order); always a key of ERROR_CODES.
+
+    ``kind``: the ``extra.kind`` of the rendered body, for errors rendered without an ``extra`` of their own
+    (a lost database connection).
+    """
     explicit = getattr(exc, "code", None)
     if isinstance(explicit, str) and explicit in ERROR_CODES:
         return explicit
-    kind = (getattr(exc, "extra", None) or {}).get("kind")
+    kind = (getattr(exc, "extra", None) or {}).get("kind") or kind
     if isinstance(kind, str):
         for candidate in (kind, _snake(kind)):
             if candidate in ERROR_CODES:
@@ -209,7 +213,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.PermissionDenied()
     response = _error_response(exc, context)
     if response is not None and isinstance(response.data, dict) and "message" in response.data:
-        response.data = {"code": error_code(exc, status_code=response.status_code), **response.data}
+        extra = response.data.get("extra")
+        kind = extra.get("kind") if isinstance(extra, dict) else None
+        response.data = {"code": error_code(exc, status_code=response.status_code, kind=kind), **response.data}
     return response
 
 

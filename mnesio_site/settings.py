@@ -418,5 +418,7 @@ LOGGING = {
         "memories": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
         "cartridges": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
         "kvengine": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # a worker's own lines (received, succeeded, a lost child) in the same format (celery.py: no root hijack)
+        "celery": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
     },
 }
