@@ -7,8 +7,8 @@ registry the exception handler uses, so schema and behaviour cannot drift apart.
 - gives every declared 4xx/5xx response (views declare them as a bare description) the ``Error`` body;
 - adds the responses every authenticated operation can return whatever its view declares: 400 (a body or
   query that does not validate), 401 (no or a bad token), 403, 404 (an ungranted scope answers as a missing
-  one), 405, 406, 415, 429 and 503 (database or master key unavailable), so a client (and the schemathesis run,
-  tests/reliability/test_fuzz_api.py) can check every error body against the schema.
+  one), 405, 406, 415, 429 and 503 (database or master key unavailable), and for writes 409 and 422, so a client
+  (and the schemathesis run, tests/reliability/test_fuzz_api.py) can check every error body against the schema.
 """
 from __future__ import annotations
 
@@ -28,6 +28,12 @@ COMMON_ERRORS = {
     "415": "Unsupported media type (send JSON)",
     "429": "Overloaded: retry after `Retry-After` seconds",
     "503": "A dependency (database, blob storage, master key) is unavailable: retry later",
+}
+# What any write may also answer: a conflict with the stored state (a reused idempotency key with other content, an
+# erased subject, a duplicate name, a failed gate) and a refusal of what does not fit the model's window.
+WRITE_ERRORS = {
+    "409": "Conflict with the stored state: `code` says which",
+    "422": "Does not fit the model's context window (`context_too_long`)",
 }
 
 
@@ -66,6 +72,7 @@ def error_responses(result: dict[str, Any], generator: Any, request: Any, public
             for status_code, response in responses.items():
                 if str(status_code)[:1] in ("4", "5") and not response.get("content"):
                     response["content"] = error_content
-            for status_code, description in COMMON_ERRORS.items():
+            common = {**COMMON_ERRORS, **(WRITE_ERRORS if method != "get" else {})}
+            for status_code, description in common.items():
                 responses.setdefault(status_code, {"description": description, "content": error_content})
     return result
