@@ -8,7 +8,8 @@ id that follows a request into the Celery tasks it queues, and a request-latency
   ``task``. ``MNESIO_LOG_FORMAT=plain`` keeps the human format for a terminal.
 - **Request id.** ``RequestIdMiddleware`` takes the client's ``X-Request-ID`` when it is well formed (1-128
   characters of letters, digits and ``-._:``: no spaces, quotes or newlines to forge log lines with), else makes a
-  uuid4; binds it for every log line of the request and returns it as ``X-Request-ID``.
+  uuid4; binds it for every log line of the request (a streamed body's too, while it is produced) and returns it
+  as ``X-Request-ID``.
 - **Into Celery.** ``before_task_publish`` copies the bound id into the message's headers (``mnesio_request_id``);
   in the worker ``task_prerun`` binds it with the task id, ``task_postrun`` unbinds them. In-process (eager) tasks
   run inside the request's context already, so they keep its id. Task arguments stay primary keys: the id is a
@@ -110,7 +111,33 @@ class RequestIdMiddleware:
         HTTP_REQUEST_DURATION.labels(route=route, method=request.method or "-",
                                      status=f"{response.status_code // 100}xx").observe(time.perf_counter() - started)
         response[REQUEST_ID_HEADER] = request_id
+        if getattr(response, "streaming", False):
+            # a streamed body (server-sent events) is produced after this returns: keep the id bound while it is
+            response.streaming_content = _bound_stream(response.streaming_content, request_id)
         return response
+
+
+def _bound_stream(content: Any, request_id: str) -> Any:
+    """Iterate ``content`` (sync or async) with ``request_id`` bound for the log lines written meanwhile."""
+    if hasattr(content, "__aiter__"):
+        async def bound_async() -> Any:
+            structlog.contextvars.bind_contextvars(request_id=request_id)
+            try:
+                async for chunk in content:
+                    yield chunk
+            finally:
+                structlog.contextvars.unbind_contextvars("request_id")
+
+        return bound_async()
+
+    def bound() -> Any:
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            yield from content
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    return bound()
 
 
 # ---------------------------------------------------------------------------

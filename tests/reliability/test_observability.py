@@ -175,3 +175,15 @@ def test_the_gpu_queue_depth_counts_waiting_model_work_and_the_request_id_reache
     _wait(lambda: redis_clean.llen("gpu") == 0, timeout=30, what="the queue to drain", worker=worker)
     assert _sample(_scrape(api_client_for(operator)), "mnesio_queue_depth", queue="gpu") == 0
     assert "The bike is in the shed" not in worker.output()
+
+
+@pytest.mark.urls("tests.reliability.streaming_urls")
+def test_a_streamed_body_logs_with_the_request_id_while_it_is_produced(client, json_log):
+    response = client.get("/stream/", HTTP_X_REQUEST_ID="req-stream-9")
+    assert response["X-Request-ID"] == "req-stream-9"
+    body = b"".join(response.streaming_content).decode()
+    assert body.count("data:") == 3
+    streamed = [line for line in _lines(json_log) if line["event"].startswith("streamed chunk")]
+    assert len(streamed) == 3 and all(line.get("request_id") == "req-stream-9" for line in streamed), streamed
+    logging.getLogger("mnesio").info("after the stream")
+    assert "request_id" not in _lines(json_log)[-1]
