@@ -30,7 +30,7 @@ def cartridge_compile_enqueue(
     head = head_validate(log_head, scope=scope)
     if not scope_memories(scope=scope, as_of=head).exists():
         raise MnesioError(f"`scope` '{scope.name}' has no memories at log head {head}; append memories first",
-                          extra={"field": "scope", "log_head": head})
+                          extra={"field": "scope", "log_head": head}, code="nothing_to_compile")
     return head, job_dispatch(cartridge_compile_task, args=[scope.pk, head, activate], actor_id=actor_id)
 
 

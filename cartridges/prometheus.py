@@ -7,9 +7,17 @@ the window percentiles, histograms sum across processes. With ``PROMETHEUS_MULTI
 Celery prefork: many processes, one scrape), each process writes its samples there and the scrape reads them
 all back (prometheus_client's multiprocess mode); otherwise the scrape reports this process's own.
 No memory text, question or answer ever appears here: only counts, ids, sizes and timings.
+
+Operators' scrapes also get the request-latency histogram per route (``mnesio_http_request_duration_seconds``,
+observed by core.observability's middleware) and the depth of the Celery queues, ``mnesio_queue_depth{queue}``:
+the number of messages waiting in the broker for ``gpu`` (model work: compiles, evaluations, erasure rebuilds,
+queued answers) and ``default``, read at scrape time (Redis: the length of the queue's lists); 0 on the embedded
+default, where tasks run in-process and nothing ever waits. A broker that does not answer leaves the family
+without samples (and a warning in the log) rather than failing the scrape.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +27,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from core.observability import HTTP_REQUEST_DURATION
 from kvengine import ANSWER_MODES
+
+log = logging.getLogger("cartridges")
 
 # The text format scrapers and the existing dashboards read (version 0.0.4).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -135,6 +146,50 @@ class KvMetricsCollector(Collector):
         yield from (activated, serving, lag, head, tokens, size, age)
 
 
+# The queues whose depth is reported (mnesio_site/celery.py declares them).
+QUEUES = ("gpu", "default")
+BROKER_TIMEOUT_S = 2.0
+
+
+def queue_depths() -> dict[str, int] | None:
+    """Messages waiting per Celery queue: 0s when tasks run in-process, None when the broker does not answer."""
+    from celery import current_app
+    from kombu.exceptions import OperationalError
+
+    app = current_app._get_current_object()
+    if app.conf.task_always_eager or not app.conf.broker_url:
+        return {queue: 0 for queue in QUEUES}
+    depths: dict[str, int] = {}
+    conn = app.connection_for_read()
+    try:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=BROKER_TIMEOUT_S)
+        for queue in QUEUES:
+            channel = conn.channel()  # a refused passive declare may close its channel: one per queue
+            try:  # kombu's own count (Redis: every priority list of the queue)
+                depths[queue] = channel.queue_declare(queue=queue, passive=True).message_count
+            except conn.channel_errors:  # an empty queue has no list in Redis: nothing waits
+                depths[queue] = 0
+            finally:
+                channel.close()
+    except (OperationalError, *conn.connection_errors) as exc:
+        log.warning("queue depth not read: the broker does not answer (%s)", type(exc).__name__)
+        return None
+    finally:
+        conn.release()
+    return depths
+
+
+class QueueDepthCollector(Collector):
+    """``mnesio_queue_depth{queue}`` at scrape time (see the module docstring)."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("mnesio_queue_depth", "Messages waiting in the broker per Celery queue "
+                                   "(gpu: model work; 0 when tasks run in-process).", labels=["queue"])
+        for queue, depth in (queue_depths() or {}).items():
+            family.add_metric([queue], depth)
+        yield family
+
+
 def registry_for(data: dict[str, Any], *, histograms: bool = True) -> CollectorRegistry:
     """A registry for one scrape: the ``kv_metrics()`` figures plus, with ``histograms``, the latency histograms
     (every process's in multiprocess mode, this one's otherwise)."""
@@ -145,6 +200,9 @@ def registry_for(data: dict[str, Any], *, histograms: bool = True) -> CollectorR
     elif histograms:
         registry.register(ANSWER_TTFT)
         registry.register(ANSWER_TOTAL)
+        registry.register(HTTP_REQUEST_DURATION)
+    if histograms:  # the queues hold every scope's work: operators only, like the histograms
+        registry.register(QueueDepthCollector())
     return registry
 
 

@@ -14,3 +14,8 @@ class CoreConfig(AppConfig):
         from .triggers import ignore_switch_harden
 
         post_migrate.connect(ignore_switch_harden, sender=self, dispatch_uid="core-harden-pgtrigger-ignore")
+        # JSON logs with the request id, carried into Celery tasks (core.observability)
+        from .observability import celery_signals_connect, structlog_configure
+
+        structlog_configure()
+        celery_signals_connect()

@@ -52,6 +52,9 @@ app.conf.update(
     task_track_started=True,
     # A worker recycles a child after many tasks to bound memory growth from model work.
     worker_max_tasks_per_child=200,
+    # Logging is Django's LOGGING (JSON lines with the request and task ids, core/observability.py): the worker
+    # keeps it instead of installing its own plain handler on the root logger.
+    worker_hijack_root_logger=False,
 )
 
 # Periodic work (run `celery -A mnesio_site beat` next to the workers).

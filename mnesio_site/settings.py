@@ -157,6 +157,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "knox",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc assets from the package: the docs work offline
     "pgtrigger",
     "core",
     "memories",
@@ -164,6 +165,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz answer first: no https redirect, host check, session or auth for a probe (mnesio_site/health.py)
+    "mnesio_site.health.HealthMiddleware",
+    # a request id for every log line of the request (X-Request-ID in and out) and the per-route latency histogram
+    "core.observability.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # static files from STATIC_ROOT (bin/serve collects them): the production server serves the admin's CSS itself
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -325,6 +330,10 @@ MNESIO_CARTRIDGE_CACHE_SIZE = envint("MNESIO_CARTRIDGE_CACHE_SIZE", 8, minimum=0
 # Model ids an operator may switch to (cartridges.conf.allowed_models adds the configured default).
 MNESIO_KV_ALLOWED_MODELS = envlist("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-instruct", "fake-model"])
 
+# Whether /readyz waits for the active model to be loaded in this process (the web process answers questions);
+# false for a process that never answers.
+MNESIO_READYZ_MODEL = envbool("MNESIO_READYZ_MODEL", True)
+
 # ---------------------------------------------------------------------------
 # Cartridge lifecycle: the gate and serving (read at call time through cartridges.conf, so the tests'
 # ``settings`` fixture overrides them; worker processes get them through the environment)
@@ -423,9 +432,15 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     # The schema documents /api/v1/; /api/... is the same API under a deprecated alias (mnesio_site.versioning).
     "PREPROCESSING_HOOKS": ["mnesio_site.versioning.v1_endpoints_only"],
+    # The docs pages load their JavaScript and CSS from this server (drf-spectacular-sidecar), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",  # the default hook, kept
         "mnesio_site.versioning.unversioned_operation_ids",
+        # the Error component (a `code` enum from core.errors.ERROR_CODES) and the error responses of every operation
+        "core.schema.error_responses",
     ],
 }
 # API tokens (django-rest-knox): `Authorization: Token <key>`, no expiry (a client's token does not stop
@@ -440,16 +455,23 @@ REST_KNOX = {
 # Logging: no memory plaintext is ever logged (tests scan the logs for it).
 # ---------------------------------------------------------------------------
 LOG_LEVEL = envchoice("MNESIO_LOG_LEVEL", "INFO", ["DEBUG", "INFO", "WARNING", "ERROR"])
+# json: one JSON object per line with the request id (core.observability); plain: for a terminal.
+LOG_FORMAT = envchoice("MNESIO_LOG_FORMAT", "json", ["json", "plain"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "core.observability.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "mnesio": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
         "memories": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
         "cartridges": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
         "kvengine": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # a worker's own lines (received, succeeded, a lost child) in the same format (celery.py: no root hijack)
+        "celery": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
     },
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from mnesio_site.versioning import UNVERSIONED_NAMESPACE
 
@@ -20,9 +20,13 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("api/v1/", include("mnesio_site.api_urls")),
     # the deprecated alias: the same routes, namespaced so plain names reverse to /api/v1/
     path("api/", include(("mnesio_site.api_urls", "api"), namespace=UNVERSIONED_NAMESPACE)),
     path("v1/", include("cartridges.openai_urls")),  # OpenAI-compatible (cartridges.api.openai_compat)
     path("", include("cartridges.pages")),
 ]
+
+# An unmatched /api/ path answers a JSON error with a code, like every API error (core.errors).
+handler404 = "core.errors.api_not_found"

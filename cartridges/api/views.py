@@ -26,7 +26,7 @@ from core.pagination import BoundedLimitOffsetPagination
 from memories.models import Scope
 from memories.selectors import scope_get_for_staff, scope_get_for_user, user_scopes
 
-ERROR = OpenApiResponse(description='`{"message": ..., "extra": ...}` naming the field or reason')
+ERROR = OpenApiResponse(description='`{"code": ..., "message": ..., "extra": ...}` naming the field or reason')
 
 
 class VersionPagination(BoundedLimitOffsetPagination):
@@ -168,6 +168,9 @@ class AnswerRequestView(APIView):
 
 
 class EvaluationCaseListView(APIView):
+    # the schema documents the paginated body ({count, next, previous, results}) the view answers (drf-spectacular reads it)
+    pagination_class = BoundedLimitOffsetPagination
+
     @extend_schema(summary="List a scope's evaluation cases",
                    responses={200: s.EvaluationCaseSerializer(many=True), 403: ERROR, 404: ERROR})
     def get(self, request: Request, scope: str) -> Response:

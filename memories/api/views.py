@@ -125,6 +125,9 @@ class ScopeHeadView(APIView):
 
 
 class ScopeMemoriesView(APIView):
+    # the schema documents the paginated body ({count, next, previous, results}) the view answers (drf-spectacular reads it)
+    pagination_class = BoundedLimitOffsetPagination
+
     @extend_schema(
         parameters=[
             OpenApiParameter("as_of", int, description="Read as of this log head (default: the current head)."),
@@ -204,6 +207,9 @@ class MemoryDetailView(APIView):
 
 
 class ErasureRequestsView(APIView):
+    # the schema documents the paginated body ({count, next, previous, results}) the view answers (drf-spectacular reads it)
+    pagination_class = BoundedLimitOffsetPagination
+
     @extend_schema(responses=ErasureRequestSerializer(many=True), summary="List erasure requests filed through a scope")
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)

@@ -45,6 +45,7 @@ def test_a_question_past_the_window_is_a_422_asked_directly_and_through_an_answe
     )
     body = assert_error(response, 422, "question")
     assert body["extra"]["limit"] == 40
+    assert body["code"] == "context_too_long"
 
     request = answer_request_file(scope=scope_a, question=long_question, mode="text")
     answer_request_answer(answer_request=request)

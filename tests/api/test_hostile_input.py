@@ -48,7 +48,7 @@ def test_no_hostile_field_value_gets_a_500(world, operator, api_client_for):
                 response = client.post(url, data=json.dumps(body), content_type="application/json")
                 assert response.status_code < 500, (url, field, value, response.content[:300])
                 if response.status_code >= 400:
-                    assert set(response.json()) == {"message", "extra"}, (url, field, value)
+                    assert set(response.json()) == {"code", "message", "extra"}, (url, field, value)
                 checked += 1
     assert checked == len(HOSTILE) * sum(len(f) for f in ROUTES.values())
     # odd-looking but valid text is stored as text (and only that); no configuration was switched
@@ -62,7 +62,7 @@ def test_no_hostile_field_value_gets_a_500(world, operator, api_client_for):
 @pytest.mark.parametrize("raw", [b"{", b"\xff\xfe", b'{"question": "a"', b"1" * 10_000, b'{"question": "x"}' * 3])
 def test_malformed_bodies_are_400s(world, alice, api_client_for, raw):
     response = api_client_for(alice).post("/api/scopes/scope-a/ask/", data=raw, content_type="application/json")
-    assert response.status_code == 400 and set(response.json()) == {"message", "extra"}
+    assert response.status_code == 400 and set(response.json()) == {"code", "message", "extra"}
 
 
 def test_other_methods_are_405s(world, alice, api_client_for):

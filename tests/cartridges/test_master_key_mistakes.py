@@ -36,6 +36,7 @@ def _assert_503(response) -> dict:
     assert response["Content-Type"].startswith("application/json")
     body = response.json()
     assert body["extra"]["kind"] == "master_key_unavailable" and body["extra"]["variable"] == "MNESIO_MASTER_KEY"
+    assert body["code"] == "master_key_unavailable"
     assert "MNESIO_MASTER_KEY" in body["message"]
     return body
 

@@ -60,6 +60,7 @@ def all_routes() -> list[Route]:
 UNSCOPED_API = {
     "api/schema/": "any logged-in user (token or session): the OpenAPI document, no data",
     "api/docs/": "any logged-in user (token or session): the Swagger page, no data",
+    "api/redoc/": "any logged-in user (token or session): the Redoc page, no data",
     "api/scopes/": "lists only the caller's granted scopes; creating one needs staff with memories.add_scope",
     "api/kv/configuration/": "reads the global configuration (no scope data); writes need staff",
     "api/^kv/metrics/?$": "clients see only their own scopes",

@@ -116,4 +116,5 @@ def test_the_api_answers_a_dropped_connection_with_a_retryable_503(alice, scope_
     assert response["Retry-After"] == "5"
     body = response.json()
     assert "idempotency_key" in body["message"] and body["extra"]["kind"] == "database_unavailable"
+    assert body["code"] == "database_unavailable"
     assert body["extra"]["error"] in ("OperationalError", "InterfaceError")

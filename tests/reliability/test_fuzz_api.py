@@ -1,4 +1,6 @@
-"""Fuzz every operation of the OpenAPI schema (schemathesis, through Django's WSGI app): no 5xx.
+"""Fuzz every operation of the OpenAPI schema (schemathesis, through Django's WSGI app): no 5xx, and every
+response conforms to the schema (its status is declared, its content type is, and its body validates against the
+declared schema: the success serializers and the ``Error`` component with its ``code`` enum, core/schema.py).
 
 Positive cases (valid by the schema) and negative cases (invalid by the schema) for each operation, as
 alice (granted scope A, which holds memories and an active cartridge) and, for the configuration switch,
@@ -17,10 +19,14 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.checks import content_type_conformance, response_schema_conformance, status_code_conformance
+from schemathesis.core.failures import FailureGroup
 
 pytestmark = pytest.mark.django_db
 
 NUM_EXAMPLES = int(os.environ.get("MNESIO_FUZZ_EXAMPLES", "25"))
+# Checked on every response besides "no 5xx" (schemathesis's own checks, so the rules are the library's).
+CONFORMANCE_CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 @pytest.fixture
@@ -51,7 +57,7 @@ def fuzz_world(alice, operator, scope_a, fake_row, eager_tasks):
     }
 
 
-def _fuzz(operation, *, mode: GenerationMode, auth: str, failures: list, counts: dict) -> None:
+def _fuzz(operation, *, mode: GenerationMode, auth: str, failures: list, counts: dict, nonconforming: list) -> None:
     path_parameters = {"scope": "scope-a"} if "{scope}" in operation.path else None
     strategy = operation.as_strategy(generation_mode=mode, path_parameters=path_parameters)
 
@@ -71,6 +77,13 @@ def _fuzz(operation, *, mode: GenerationMode, auth: str, failures: list, counts:
                 f"{case.method} {case.formatted_path} query={case.query} body={str(case.body)[:200]!r} "
                 f"-> {response.status_code}"
             )
+        try:
+            case.validate_response(response, checks=CONFORMANCE_CHECKS)
+        except FailureGroup as group:  # one entry per failed check (a BaseExceptionGroup)
+            if len(nonconforming) < 50:
+                found = "; ".join(f"{type(e).__name__}: {str(e)[:300]}" for e in group.exceptions)
+                nonconforming.append(f"{case.method} {case.formatted_path} query={case.query} -> "
+                                     f"{response.status_code}: {found}")
 
     run()
 
@@ -84,13 +97,14 @@ def test_no_operation_of_the_schema_answers_5xx(wsgi_app, fuzz_world, record_fig
     # the configuration switch last: a switch to the real model would make later operations load it
     operations.sort(key=lambda o: o.path.startswith("/api/v1/kv/configuration"))
     failures: list[str] = []
+    nonconforming: list[str] = []
     counts: dict[int, int] = {}
     nothing_to_negate = []
     for operation in operations:
         auth = fuzz_world["operator" if operation.path.startswith("/api/v1/kv/configuration") else "alice"]
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             try:
-                _fuzz(operation, mode=mode, auth=auth, failures=failures, counts=counts)
+                _fuzz(operation, mode=mode, auth=auth, failures=failures, counts=counts, nonconforming=nonconforming)
             except Unsatisfiable:
                 # an operation without parameters or body has no invalid input to generate
                 assert mode == GenerationMode.NEGATIVE, f"{operation.method} {operation.path}"
@@ -101,7 +115,9 @@ def test_no_operation_of_the_schema_answers_5xx(wsgi_app, fuzz_world, record_fig
         max_examples_per_operation_and_mode=NUM_EXAMPLES,
         responses_by_class={f"{k}xx": v for k, v in sorted(counts.items())},
         num_5xx=len(failures),
+        num_nonconforming=len(nonconforming),
         operations_without_negative_cases=nothing_to_negate,
     )
     assert sum(counts.values()) >= len(operations) * 2
     assert not failures, "\n".join(failures)
+    assert not nonconforming, "\n".join(nonconforming)

@@ -1,0 +1,194 @@
+"""Health endpoints for load balancers and orchestrators: ``/healthz`` (liveness) and ``/readyz`` (readiness).
+
+- ``GET /healthz``: 200 ``{"status": "ok"}`` as long as the process answers; it touches nothing else (a
+  database outage must not get every web process restarted).
+- ``GET /readyz``: 200 when every dependency this process needs answers, else 503; the body lists each check
+  with ``status`` (``ok``, ``unavailable``, ``loading``, ``skipped``), its duration and, on failure, the error's
+  class and errno: never a message that could carry a URL with a password, a path with a secret, or memory text
+  (the full error goes to the server log). Checks:
+
+  * ``database``: ``SELECT 1`` on the default connection;
+  * ``broker``: a connection to the Celery broker (Redis), ``skipped`` when tasks run in-process (no broker);
+  * ``blob_storage``: writes, reads back and deletes a small probe object through the cartridge storage backend
+    (``cartridges.storage.blob_storage()``: local files or django-storages S3 alike), so a full disk, an
+    unwritable root or an unreachable bucket all show;
+  * ``model``: whether this process has the active configuration's model loaded, since the web process answers
+    questions itself (``POST .../ask/``). The first probe starts loading it in a background thread and answers
+    ``loading`` (503) until it is in memory, so a load balancer sends no question to a process that would spend
+    its first ~20 s loading; a load that failed is ``unavailable`` and is retried by the next probe. A process
+    that never answers (``MNESIO_READYZ_MODEL=false``) reports it ``skipped``.
+
+Why a middleware and not a view behind the URL resolver: it sits first in MIDDLEWARE and answers before
+SecurityMiddleware (no http->https redirect of a probe that speaks plain http to the pod), before the host
+check (probes use the pod's IP as Host), sessions, CSRF and authentication (a probe has no token). Why not
+django-health-check: its checks are per-backend plugins (a storage check per Django storage alias, a Celery
+ping that needs a running worker), its JSON has a different shape, and the model check is this project's own
+anyway; the four checks here are ~100 lines with no new dependency.
+"""
+from __future__ import annotations
+
+import errno as errno_module
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+log = logging.getLogger("mnesio")
+
+HEALTH_PATHS = ("/healthz", "/readyz")
+# A probe must answer within a load balancer's timeout (typically 5 s) even when a dependency hangs.
+BROKER_TIMEOUT_S = 2.0
+
+_model_lock = threading.Lock()
+_model_loading: dict[str, threading.Thread] = {}
+_model_errors: dict[str, str] = {}
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """What a failed check reports: the class and errno only (see the module docstring), logged in full."""
+    code = getattr(exc, "errno", None)
+    if code is None and exc.__cause__ is not None:  # an application error raised from the OSError
+        code = getattr(exc.__cause__, "errno", None)
+    out: dict[str, Any] = {"status": "unavailable", "error": type(exc).__name__}
+    if isinstance(code, int):
+        out["errno"] = errno_module.errorcode.get(code, str(code))
+    return out
+
+
+def check_database() -> dict[str, Any]:
+    """``SELECT 1`` on the default database."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return {"status": "ok"}
+
+
+def check_broker() -> dict[str, Any]:
+    """Connect to the Celery broker (skipped when tasks run in-process)."""
+    from mnesio_site.celery import app
+
+    if app.conf.task_always_eager or not app.conf.broker_url:
+        return {"status": "skipped", "detail": "no broker: tasks run in-process"}
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=BROKER_TIMEOUT_S)
+        # a TCP connection is not an answer: have the broker do something (Redis: PING)
+        client = getattr(conn.default_channel, "client", None)
+        if client is not None and hasattr(client, "ping"):
+            client.ping()
+    return {"status": "ok"}
+
+
+def check_blob_storage() -> dict[str, Any]:
+    """Write, read back and delete a probe object through the cartridge storage backend."""
+    from django.core.files.base import ContentFile
+
+    from cartridges.storage import blob_storage
+
+    storage = blob_storage()
+    name = f"readyz/probe-{uuid.uuid4().hex}"
+    payload = b"mnesio readiness probe"
+    saved = storage.save(name, ContentFile(payload))
+    try:
+        with storage.open(saved, "rb") as fh:
+            if fh.read() != payload:
+                return {"status": "unavailable", "error": "ProbeMismatch"}
+    finally:
+        storage.delete(saved)
+    return {"status": "ok"}
+
+
+def _model_load(config: Any, key: str) -> None:
+    from cartridges import engine
+
+    try:
+        engine.backend_for(config)
+        _model_errors.pop(key, None)
+    except Exception as exc:  # reported by the next probe, which also retries
+        log.warning("readyz: loading the model %s failed: %s", key, type(exc).__name__)
+        _model_errors[key] = type(exc).__name__
+    finally:
+        from django.db import connection
+
+        connection.close()  # this thread's own connection, if the load opened one
+        with _model_lock:
+            _model_loading.pop(key, None)
+
+
+def check_model() -> dict[str, Any]:
+    """Whether the active configuration's model is loaded in this process (starting its load when not)."""
+    if not getattr(settings, "MNESIO_READYZ_MODEL", True):
+        return {"status": "skipped", "detail": "this process does not answer (MNESIO_READYZ_MODEL=false)"}
+    from cartridges import engine
+    from cartridges.selectors import active_configuration
+
+    config = engine.kv_config(active_configuration())
+    key = config.key
+    if key in engine.cache_info()["backends_loaded"]:
+        return {"status": "ok", "model": key}
+    with _model_lock:
+        failed = _model_errors.pop(key, None)
+        if key not in _model_loading:
+            thread = threading.Thread(target=_model_load, args=(config, key), name=f"readyz-load-{key}", daemon=True)
+            _model_loading[key] = thread
+            thread.start()
+    if failed:
+        return {"status": "unavailable", "model": key, "error": failed, "detail": "loading again"}
+    return {"status": "loading", "model": key}
+
+
+CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
+    "database": check_database,
+    "broker": check_broker,
+    "blob_storage": check_blob_storage,
+    "model": check_model,
+}
+
+
+def readiness() -> tuple[bool, dict[str, Any]]:
+    """Run every check; (all ok, the per-check results)."""
+    results: dict[str, Any] = {}
+    for name, check in CHECKS.items():
+        started = time.perf_counter()
+        try:
+            result = check()
+        except Exception as exc:
+            log.warning("readyz: %s check failed: %s: %s", name, type(exc).__name__, exc)
+            result = _failure(exc)
+        result["duration_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        results[name] = result
+    ok = all(r["status"] in ("ok", "skipped") for r in results.values())
+    return ok, results
+
+
+def _answer(request: HttpRequest) -> HttpResponse:
+    if request.method not in ("GET", "HEAD"):
+        return JsonResponse({"code": "method_not_allowed", "message": f"`{request.path}` answers GET and HEAD only",
+                             "extra": {}}, status=405, headers={"Allow": "GET, HEAD"})
+    if request.path == "/healthz":
+        response = JsonResponse({"status": "ok"})
+    else:
+        ok, checks = readiness()
+        response = JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+    response["Cache-Control"] = "no-store"
+    # each failed check is logged once above as a warning; not again as an ERROR per probe by django.request
+    response._has_been_logged = True
+    return response
+
+
+class HealthMiddleware:
+    """Answer ``/healthz`` and ``/readyz`` before any other middleware (see the module docstring for why)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path in HEALTH_PATHS:
+            return _answer(request)
+        return self.get_response(request)
