@@ -28,7 +28,7 @@ from typing import Any
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
-from core.errors import MnesioError
+from core.errors import MnesioError, error_code
 
 from ..services import AnswerResult
 from ..services.stream import AnswerStream
@@ -48,7 +48,7 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
         if isinstance(exc, OverloadedError):
             return 429, {"message": str(exc), "extra": {"kind": "overloaded", "retry_after_s": exc.retry_after_s}}
         return (422 if isinstance(exc, ContextTooLongError) else 400), {"message": str(exc), "extra": {"kind": type(exc).__name__}}
-    return 500, {"message": "the answer failed on the server; it was logged, ask again", "extra": {"kind": "internal"}}
+    return 500, {"message": "the answer failed on the server; it was logged, ask again", "extra": {"kind": "error"}}
 
 
 class Encoder:
@@ -67,7 +67,8 @@ class Encoder:
 
     def error(self, exc: BaseException) -> bytes:
         status, body = error_body(exc)
-        body = {**body, "extra": {**body.get("extra", {}), "status": status}}
+        body = {"code": error_code(exc, status_code=status, kind=body.get("extra", {}).get("kind")), **body,
+                "extra": {**body.get("extra", {}), "status": status}}
         return sse("error", body)
 
     def end(self) -> Iterator[bytes]:

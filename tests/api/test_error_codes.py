@@ -22,6 +22,8 @@ ELSEWHERE = {
     "database_unavailable": "tests/reliability/test_database_faults.py",
     "master_key_unavailable": "tests/cartridges/test_master_key_mistakes.py",
     "context_too_long": "tests/api/test_error_statuses.py",
+    "already_erased": "tests/memories/test_forget_memory.py",
+    "worker_timeout": "tests/serving/test_async_and_backpressure.py",
 }
 # The catch-all: never produced on purpose (an error class without a code of its own and an unlisted status).
 CATCH_ALL = {"error"}

@@ -91,6 +91,15 @@ def test_a_memory_erased_with_its_subject_is_a_conflict(scope_a):
         memory_forget_file(scope=scope_a, seq=1, requested_by=None)
 
 
+def test_forgetting_an_erased_memory_over_the_api_is_a_409_with_its_code(client_a, scope_a):
+    from memories.services import subject_shred
+
+    memory_append(scope=scope_a, subject="dana", content="Dana's fact.")
+    subject_shred(subject=Subject.objects.get(external_id="dana"))
+    response = client_a.delete("/api/scopes/scope-a/memories/1/")
+    assert response.status_code == 409 and response.json()["code"] == "already_erased"
+
+
 def test_another_scopes_seq_looks_like_no_memory(client_a, charlie, api_client_for, scope_a, scope_c):
     memory_append(scope=scope_a, content="A's fact.")
     memory_append(scope=scope_c, content="C's fact.")

@@ -23,7 +23,7 @@ def test_an_async_ask_is_collected_once_by_its_asker(alice, scope_a, served, api
     response = client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "async": True}, format="json")
     assert response.status_code == 202, response.content
     location = response["Location"]
-    assert location == response.json()["location"] and location.startswith("/api/scopes/scope-a/answers/")
+    assert location == response.json()["location"] and location.startswith("/api/v1/scopes/scope-a/answers/")
     collected = client.get(location)
     assert collected.status_code == 200 and collected.json()["answer"] == KEY
     again = client.get(location)
@@ -152,8 +152,9 @@ def test_a_model_free_ask_nobody_answers_is_a_504_not_a_hung_request(alice, scop
         app.conf.task_always_eager = True
         app.conf.broker_url = before
     assert response.status_code == 504 and response.json()["extra"]["kind"] == "worker_timeout"
+    assert response.json()["code"] == "worker_timeout"
     assert response["Retry-After"] and 1 <= waited < 10
-    assert stream.status_code == 200 and "event: error" in events and '"status":504' in events
+    assert stream.status_code == 200 and "event: error" in events and '"status":504' in events and '"code":"worker_timeout"' in events
     assert not AnswerRequest.objects.exists()  # both withdrawn, with their keys
     assert answers_in_flight() == 0
 
