@@ -211,6 +211,7 @@ class _ScopeKeyCached:
     row: ScopeKey
     wrapped: bytes
     data_key: bytes
+    master_key_ids: frozenset[str]  # the master keys configured when it was read: another set reads it again
 
 
 # scope id -> its key as last read (PostgreSQL only). The INSERT checks, in the same statement and under the
@@ -418,6 +419,9 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
             head = _counter_advance(len(new_items))
             need_scope_key = any(i.subject is None for i in new_items)
             cached = _scope_keys.get(scope.pk) if connection.vendor == "postgresql" else None
+            known = frozenset(crypto.known_master_keys())
+            if cached is not None and cached.master_key_ids != known:
+                cached = None  # a process whose master key changed proves it can still open the key (or refuses)
             guard = None
             if connection.vendor == "postgresql" and not reread and (cached is not None or not need_scope_key):
                 # no re-read of the scope: the INSERT itself checks it (one round trip less)
@@ -430,7 +434,7 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
                 scope_key = None
                 if need_scope_key:
                     row, scope_key = _scope_parent_key(scope)
-                    _scope_keys[scope.pk] = _ScopeKeyCached(row, bytes(row.wrapped_key), scope_key)
+                    _scope_keys[scope.pk] = _ScopeKeyCached(row, bytes(row.wrapped_key), scope_key, known)
             subjects, keys, errors = _subjects_resolve(scope, new_items)
             if errors:
                 raise _batch_failure(errors, single=single)
