@@ -101,11 +101,12 @@ def version_erased_subjects(*, version: CartridgeVersion) -> list[str]:
     nothing reads any more): even if an erasure missed the version, it can no longer serve or pass the gate.
     """
     seqs = [entry[0] for entry in version.manifest.get("entries", [])]
-    listed = Memory.objects.filter(scope_id=version.scope_id, seq__in=seqs)
-    rows = listed.filter(subject__shredded_at__isnull=False)
-    # a forgotten memory (or one of a deleted scope) counts as well: its own key is shredded
-    forgotten = listed.filter(own_key__shredded_at__isnull=False).values_list("seq", flat=True)
-    return sorted(set(rows.values_list("subject__external_id", flat=True)) | {f"memory #{seq}" for seq in forgotten})
+    # a forgotten memory (or one of a deleted scope) counts as well: its own key is shredded (one query for both)
+    rows = Memory.objects.filter(
+        Q(subject__shredded_at__isnull=False) | Q(own_key__shredded_at__isnull=False),
+        scope_id=version.scope_id, seq__in=seqs,
+    ).values_list("seq", "subject__external_id", "subject__shredded_at")
+    return sorted({external_id if shredded_at is not None else f"memory #{seq}" for seq, external_id, shredded_at in rows})
 
 
 def active_version(*, scope, configuration: ActiveConfiguration | None = None) -> CartridgeVersion | None:

@@ -17,9 +17,11 @@ Decisions:
   retry, the rare case) fails it on the unique constraint; the whole transaction (seqs included) rolls back
   and a second attempt looks the keys up, answers the repeats and inserts the rest. A concurrent commit of
   the same key between that lookup and the insert fails it again, and a third attempt finds it.
-- Where the time goes (RELIABILITY.md, "Appends"): round trips, not crypto. The common path is 5 statements
-  per transaction, 6 with subjects, whatever the batch size (BEGIN, the counter, the scope's row and key,
-  the subjects, one INSERT of the memories and their own keys together, COMMIT). Each memory gets a random
+- Where the time goes (RELIABILITY.md, "Appends"): round trips, not crypto. The common path on PostgreSQL is
+  4 statements per transaction, 5 with subjects, whatever the batch size (BEGIN, the counter, the subjects,
+  one INSERT of the memories and their own keys together, COMMIT). The scope's row is not read again: the
+  INSERT checks in the same statement that the scope is not deleted and that its key row holds the bytes this
+  process cached (``_scope_keys``), and on a mismatch nothing is written and the append re-reads the scope. Each memory gets a random
   own key (no KDF), wrapped with one AES-GCM call by its parent key, which is unwrapped once per batch.
 """
 from __future__ import annotations
@@ -189,16 +191,38 @@ def _scope_locked_view(scope: Scope) -> Scope:
 
 
 @sensitive_variables()
-def _scope_parent_key(scope: Scope) -> bytes:
-    """The scope's data key (the parent of its memories' own keys without a subject), created on first use."""
+def _scope_parent_key(scope: Scope) -> tuple[ScopeKey, bytes]:
+    """The scope's key row and data key (the parent of its memories' own keys without a subject), created on
+    first use."""
     aad = crypto.scope_key_aad(scope.pk)
     row = getattr(scope, "key", None)  # a missing reverse one-to-one raises an AttributeError subclass
     if row is None:
         data_key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(data_key, aad=aad)
-        ScopeKey.objects.create(scope=scope, wrapped_key=wrapped, master_key_id=kid)
-        return data_key
-    return crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
+        row = ScopeKey.objects.create(scope=scope, wrapped_key=wrapped, master_key_id=kid)
+        return row, data_key
+    return row, crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
+
+
+@dataclass(frozen=True)
+class _ScopeKeyCached:
+    """A scope's key row and data key as this process last read them; valid while the row's bytes are the same."""
+
+    row: ScopeKey
+    wrapped: bytes
+    data_key: bytes
+    master_key_ids: frozenset[str]  # the master keys configured when it was read: another set reads it again
+
+
+# scope id -> its key as last read (PostgreSQL only). The INSERT checks, in the same statement and under the
+# counter lock, that the scope is not deleted and its key row still holds exactly these bytes (a re-key, a
+# re-wrap, a shred or a reused id changes them), so a stale entry is never used; it only saves the re-read.
+# Holding data keys in memory adds nothing an attacker of this process lacks: the master key is here too.
+_scope_keys: dict[int, _ScopeKeyCached] = {}
+
+
+class _ScopeChanged(Exception):
+    """The guarded INSERT found the scope deleted or its key changed: read it again (nothing was written)."""
 
 
 @sensitive_variables()
@@ -330,7 +354,7 @@ def _rows_build(scope: Scope, items: list[_Item], head: int, subjects: dict[str,
     return memories, own_keys
 
 
-def _rows_insert(memories: list[Memory], own_keys: list[MemoryKey]) -> None:
+def _rows_insert(memories: list[Memory], own_keys: list[MemoryKey], *, guard: tuple[int, bytes | None] | None = None) -> None:
     """Insert the memories and their own keys: on PostgreSQL in one statement (one round trip), else two.
 
     One array parameter per column (``unnest``), not one placeholder per value: a 500-row batch is a short
@@ -343,24 +367,38 @@ def _rows_insert(memories: list[Memory], own_keys: list[MemoryKey]) -> None:
         MemoryKey.objects.bulk_create(own_keys)
         return
     now = timezone.now()
+    where, where_params = "", []
+    if guard is not None:
+        # the scope is live (and its key the one we used) at this statement, which runs under the counter lock
+        # that a deletion, a re-key and a shred take too: nothing can change it between here and our commit
+        scope_id, wrapped = guard
+        where = " WHERE EXISTS (SELECT 1 FROM memories_scope s WHERE s.id = %s AND s.deleted_at IS NULL)"
+        where_params = [scope_id]
+        if wrapped is not None:
+            where += " AND EXISTS (SELECT 1 FROM memories_scopekey k WHERE k.scope_id = %s AND k.wrapped_key = %s)"
+            where_params += [scope_id, wrapped]
     sql = (
         f"WITH inserted_keys AS (INSERT INTO {MemoryKey._meta.db_table} (seq, wrapped_key, key_generation, created_at) "
-        "SELECT k.seq, k.wrapped_key, 1, %s FROM unnest(%s::bigint[], %s::bytea[]) AS k(seq, wrapped_key) RETURNING seq) "
+        "SELECT k.seq, k.wrapped_key, 1, %s FROM unnest(%s::bigint[], %s::bytea[]) AS k(seq, wrapped_key)"
+        f"{where} RETURNING seq) "
         f"INSERT INTO {Memory._meta.db_table} "
         "(seq, scope_id, subject_id, created_at, idempotency_key, nonce, ciphertext, metadata_box) "
         "SELECT m.seq, %s, m.subject_id, %s, m.idempotency_key, m.nonce, m.ciphertext, m.metadata_box "
         "FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
-        "AS m(seq, subject_id, idempotency_key, nonce, ciphertext, metadata_box) RETURNING id, seq"
+        f"AS m(seq, subject_id, idempotency_key, nonce, ciphertext, metadata_box){where} RETURNING id, seq"
     )
     params = [
-        now, [k.memory_id for k in own_keys], [k.wrapped_key for k in own_keys],
+        now, [k.memory_id for k in own_keys], [k.wrapped_key for k in own_keys], *where_params,
         memories[0].scope_id, now,
         [m.seq for m in memories], [m.subject_id for m in memories], [m.idempotency_key for m in memories],
         [m.nonce for m in memories], [m.ciphertext for m in memories], [m.metadata_box for m in memories],
+        *where_params,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = {seq: pk for pk, seq in cursor.fetchall()}
+    if len(ids) != len(memories):
+        raise _ScopeChanged
     for memory, own in zip(memories, own_keys, strict=True):
         memory.pk = ids[memory.seq]
         memory.created_at = own.created_at = now
@@ -368,7 +406,7 @@ def _rows_insert(memories: list[Memory], own_keys: list[MemoryKey]) -> None:
         memory._state.db = own._state.db = connection.alias
 
 
-def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: bool) -> list[AppendOutcome]:
+def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: bool, reread: bool = False) -> list[AppendOutcome]:
     """One attempt, in one transaction: (check keys,) take seqs, resolve keys, insert; all or nothing."""
     with transaction.atomic():
         existing = _existing_check(scope, items) if check_keys else {}
@@ -379,13 +417,29 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
         created: dict[int, Memory] = {}
         if new_items:
             head = _counter_advance(len(new_items))
-            scope = _scope_locked_view(scope)
+            need_scope_key = any(i.subject is None for i in new_items)
+            cached = _scope_keys.get(scope.pk) if connection.vendor == "postgresql" else None
+            known = frozenset(crypto.known_master_keys())
+            if cached is not None and cached.master_key_ids != known:
+                cached = None  # a process whose master key changed proves it can still open the key (or refuses)
+            guard = None
+            if connection.vendor == "postgresql" and not reread and (cached is not None or not need_scope_key):
+                # no re-read of the scope: the INSERT itself checks it (one round trip less)
+                guard = (scope.pk, cached.wrapped if need_scope_key else None)
+                scope_key = cached.data_key if need_scope_key else None
+                if need_scope_key:
+                    scope.key = cached.row  # what reading the results back uses
+            else:
+                scope = _scope_locked_view(scope)
+                scope_key = None
+                if need_scope_key:
+                    row, scope_key = _scope_parent_key(scope)
+                    _scope_keys[scope.pk] = _ScopeKeyCached(row, bytes(row.wrapped_key), scope_key, known)
             subjects, keys, errors = _subjects_resolve(scope, new_items)
             if errors:
                 raise _batch_failure(errors, single=single)
-            scope_key = _scope_parent_key(scope) if any(i.subject is None for i in new_items) else None
             memories, own_keys = _rows_build(scope, new_items, head, subjects, keys, scope_key)
-            _rows_insert(memories, own_keys)
+            _rows_insert(memories, own_keys, guard=guard)
             for memory, own in zip(memories, own_keys, strict=True):
                 memory.own_key = own  # cached: reading the results back needs no query per row
             created = {item.index: memory for item, memory in zip(new_items, memories, strict=True)}
@@ -403,12 +457,21 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
 def _append(*, scope: Scope, raw_items: Iterable[Mapping[str, Any]], single: bool, actor=None) -> list[AppendOutcome]:
     items = _items_validate(list(raw_items), single=single)
     keyed = any(i.idempotency_key is not None for i in items)
+    reread = False
     for attempt in range(1, _MAX_ATTEMPTS + 1):
         try:
             # the first attempt inserts without looking the keys up (one round trip less: a key seen before
             # is the rare case, a retry); the unique constraint catches a repeat, and the next attempt checks
-            outcomes = _append_once(scope, items, single=single, check_keys=attempt > 1)
+            outcomes = _append_once(scope, items, single=single, check_keys=attempt > 1 and not reread, reread=reread)
             break
+        except _ScopeChanged:
+            # deleted, re-keyed or re-wrapped since this process cached its key: nothing was written; the next
+            # attempt reads the scope again (and answers 404 if it was deleted)
+            _scope_keys.pop(scope.pk, None)
+            reread = True
+            if attempt == _MAX_ATTEMPTS:
+                raise Conflict("the scope changed during each attempt of this append; send it again",
+                               extra={"field": "scope"}) from None
         except IntegrityError:
             # a key of ours was already used (or was committed concurrently after our check): nothing of ours
             # was written (seqs included); run again, and the check finds it

@@ -304,3 +304,25 @@ def test_concurrent_forgets_of_one_memory_file_one_request(scope_a):
     assert len(results) == 4 and all(isinstance(r, int) for r in results), results
     assert len(set(results)) == 1 and ErasureRequest.objects.filter(kind="memory").count() == 1
     assert scope_memories_open(scope=scope_a)[0].erased
+
+
+def test_an_append_after_a_rekey_or_a_rotation_uses_the_scopes_current_key(scope_a, settings):
+    # this process caches the scope's key; a backfill's re-key and a rotation's re-wrap change the row under it
+    memory_append(scope=scope_a, content="cached")
+    legacy = _legacy_append(scope_a, "legacy")
+    memory_append(scope=scope_a, content="still cached")
+    memory_keys_backfill()  # re-keys the scope key: the cached data key is no longer the scope's
+    after_rekey = memory_append(scope=scope_a, content="after the re-key")
+    old = crypto.master_key()
+    settings.MNESIO_MASTER_KEY, settings.MNESIO_MASTER_KEY_OLD = os.urandom(32), old
+    master_key_rotate()
+    settings.MNESIO_MASTER_KEY_OLD = None
+    after_rotation = memory_append(scope=scope_a, content="after the rotation")
+    texts = {seq: text for seq, text, _ in _texts(scope_a)}
+    assert texts[legacy.seq] == "legacy"
+    assert texts[after_rekey.seq] == "after the re-key" and texts[after_rotation.seq] == "after the rotation"
+    scope_delete_file(scope=scope_a, requested_by=None)
+    with pytest.raises(NotFound):  # the cached key does not outlive a deletion
+        memory_append(scope=scope_a, content="too late")
+    with pytest.raises(NotFound):
+        memory_append(scope=scope_a, content="too late", subject="dana")
