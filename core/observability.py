@@ -107,7 +107,8 @@ class RequestIdMiddleware:
         finally:
             structlog.contextvars.reset_contextvars(**tokens)
         match = getattr(request, "resolver_match", None)
-        route = (match.view_name if match is not None else None) or "unmatched"
+        # the URL pattern's name without its namespace: /api/v1/ and its deprecated /api/ alias are one route
+        route = (match.url_name if match is not None else None) or "unmatched"
         HTTP_REQUEST_DURATION.labels(route=route, method=request.method or "-",
                                      status=f"{response.status_code // 100}xx").observe(time.perf_counter() - started)
         response[REQUEST_ID_HEADER] = request_id

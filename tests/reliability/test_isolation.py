@@ -81,6 +81,14 @@ def test_every_route_is_in_the_matrix():
     assert set(UNSCOPED_API) <= set(kinds), sorted(set(UNSCOPED_API) - set(kinds))
 
 
+def _fresh_answer(alice, world) -> int:
+    from cartridges.services import answer_request_answer, answer_request_file
+    from memories.models import Scope
+
+    scope_a = Scope.objects.get(name="scope-a")
+    return answer_request_answer(answer_request=answer_request_file(scope=scope_a, question="Where is the key?", actor=alice)).pk
+
+
 def test_every_scoped_endpoint_refuses_a_client_of_another_scope(world, charlie, alice, api_client_for, record_figures):
     foreign, owner = api_client_for(charlie), api_client_for(alice)
     refused, cells = 0, []
@@ -100,6 +108,8 @@ def test_every_scoped_endpoint_refuses_a_client_of_another_scope(world, charlie,
             assert unknown.status_code == 404, (method, route.route, unknown.status_code)
             assert unknown.json()["message"].replace("no-such-scope", "scope-a") == body["message"], (route.route,)
             if method == "get":  # the owner reaches the same view (the 404 is the grant, not the routing)
+                if route.name == "answer-request":  # an answer is collected once: each mount gets one of its own
+                    url = route.url(**{**_ids(route, world, "scope-a"), "pk": _fresh_answer(alice, world)})
                 assert owner.get(url).status_code == 200, (url, owner.get(url).content[:300])
     record_figures(scenario="isolation matrix", num_cells_refused=refused)
     assert refused >= 16, cells

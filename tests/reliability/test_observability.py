@@ -64,7 +64,7 @@ def test_log_lines_are_json_and_carry_the_request_id_into_an_in_process_task(
     response = client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json", HTTP_X_REQUEST_ID="req-compile-1")
     assert response.status_code == 202, response.content
     lines = _lines(json_log)
-    appended = [line for line in lines if line["event"].startswith("memory appended")]
+    appended = [line for line in lines if line["event"].startswith("memories appended")]
     assert appended and appended[0]["request_id"] == "req-append-1" and appended[0]["logger"] == "memories"
     assert {"timestamp", "level", "logger", "event"} <= set(appended[0])
     compiled = [line for line in lines if line["event"].startswith("cartridge compiled")]
