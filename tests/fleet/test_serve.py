@@ -46,6 +46,41 @@ def test_it_serves_an_authenticated_ask_over_real_http(serve, alice, scope_a, ea
     assert "4417" not in proc.output() and "locker" not in proc.output()  # the access log holds no memory text
 
 
+def test_it_streams_an_answer_as_server_sent_events_as_it_is_decoded(serve, alice, scope_a, eager_tasks):
+    """Issue 14 item 4: the production server (gunicorn + uvicorn workers) streams an answer: a real client reads
+    an event per delta, then the final event with version and timings (that deltas are sent while decoding, not
+    after, is tests/serving/test_stream.py's check on uvicorn)."""
+    import json
+
+    from knox.models import AuthToken
+
+    kv_configuration_switch(backend="fake", model="fake-model", dtype="f32", quant="none", actor=None)
+    memory_append(scope=scope_a, content="The spare key is under the blue flower pot by the back door.")
+    version = cartridge_compile(scope=scope_a)
+    cartridge_activate(version=version)
+    _, token = AuthToken.objects.create(user=alice)
+
+    proc, base = serve()
+    response = requests.post(f"{base}/api/v1/scopes/scope-a/ask/", json={"question": "Where is the spare key?", "stream": True},
+                             headers={"Authorization": f"Token {token}"}, timeout=30, stream=True)
+    assert response.status_code == 200, (response.text, proc.output()[-3000:])
+    assert response.headers["content-type"].startswith("text/event-stream") and response.headers["server"] == "uvicorn"
+    events: list[tuple[str, dict]] = []
+    event = None
+    for line in response.iter_lines(decode_unicode=True):  # chunk by chunk off the socket, not the whole body
+        if line.startswith("event: "):
+            event = line[len("event: "):]
+        elif line.startswith("data: "):
+            events.append((event, json.loads(line[len("data: "):])))
+    names = [name for name, _ in events]
+    assert names[-1] == "done" and names.count("delta") >= 3 and set(names) == {"delta", "done"}, names
+    done = events[-1][1]
+    text = "".join(data["text"] for name, data in events if name == "delta").strip()
+    assert text == done["answer"] and "blue flower pot" in text
+    assert done["version_id"] == version.pk and done["ttft_s"] >= 0 and done["total_s"] >= done["ttft_s"]
+    proc.stop()
+
+
 def test_it_refuses_a_bad_worker_count_naming_the_variable(tmp_path):
     proc = Proc([str(ROOT / "bin" / "serve")], env={**os.environ, "MNESIO_WEB_WORKERS": "two"}, log_path=tmp_path / "bad.log")
     assert proc.proc.wait(timeout=30) == 2
