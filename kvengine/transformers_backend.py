@@ -185,28 +185,22 @@ class TransformersKvBackend(KvBackend):
             return
         request = self.batcher().submit(state, suffix, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
         ids: list[int] = []
-        shown = ""
         ttft = None
-        try:
+
+        def tokens() -> Iterator[int]:
+            nonlocal ttft
             for kind, token in request.events():
                 if ttft is None:
                     ttft = time.perf_counter() - start  # the prompt's pass is done: its first token is here
                 if kind == "end":
-                    break
-                ids.append(token)
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                if text.endswith("\ufffd"):
-                    continue  # a multi-byte character split across tokens: wait for its end
-                if len(text) > len(shown) and text.startswith(shown):
-                    yield text[len(shown):]
-                    shown = text
+                    return
+                yield token
+
+        try:
+            yield from self._text_deltas(tokens(), ids)
         finally:
             request.cancel()  # frees the row now if the caller stopped reading (a no-op after "end")
-        final = self._answer(ids, "cartridge", state.num_tokens, len(suffix), ttft, time.perf_counter() - start)
-        full = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if len(full) > len(shown) and full.startswith(shown):
-            yield full[len(shown):]  # what the last tokens completed
-        yield final
+        yield self._answer(ids, "cartridge", state.num_tokens, len(suffix), ttft, time.perf_counter() - start)
 
     def batcher(self) -> Batcher:
         """The model's batcher (made on first use; its worker thread starts with the first question)."""
@@ -233,7 +227,6 @@ class TransformersKvBackend(KvBackend):
         num_cached = state.num_tokens
         self._check_room(num_cached + len(suffix), max_new_tokens, "memories plus the question and answer")
         ids: list[int] = []
-        shown = ""
         with state.lock, torch.inference_mode():
             state.ensure_capacity(num_cached + len(suffix) + max_new_tokens)
             cache = CartridgeCache(state)
@@ -241,21 +234,26 @@ class TransformersKvBackend(KvBackend):
                 tokens = self._greedy_tokens(suffix, cache, max_new_tokens, stop_at_eos=stop_at_eos)
                 _first = next(tokens)  # the prompt's pass: first-token log-probs
                 ttft = time.perf_counter() - start
-                for token in tokens:
-                    ids.append(token)
-                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                    if text.endswith("\ufffd"):
-                        continue  # a multi-byte character split across tokens: wait for its end
-                    if len(text) > len(shown) and text.startswith(shown):
-                        yield text[len(shown):]
-                        shown = text
+                yield from self._text_deltas(tokens, ids)
             finally:
                 cache.crop_back()  # the scratch tail is free for the next question (answer() relies on it)
-        final = self._answer(ids, "cartridge", num_cached, len(suffix), ttft, time.perf_counter() - start)
+        yield self._answer(ids, "cartridge", num_cached, len(suffix), ttft, time.perf_counter() - start)
+
+    def _text_deltas(self, tokens: Iterator[int], ids: list[int]) -> Iterator[str]:
+        """Decode ``tokens`` as they come, appending each to ``ids``: yield the text each one adds (a token that
+        ends inside a UTF-8 character waits for the next), then what the last tokens completed."""
+        shown = ""
+        for token in tokens:
+            ids.append(token)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue  # a multi-byte character split across tokens: wait for its end
+            if len(text) > len(shown) and text.startswith(shown):
+                yield text[len(shown):]
+                shown = text
         full = self.tokenizer.decode(ids, skip_special_tokens=True)
         if len(full) > len(shown) and full.startswith(shown):
-            yield full[len(shown):]  # what the last tokens completed
-        yield final
+            yield full[len(shown):]
 
     def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """Re-read the whole prompt (memories + question) for this one question: the baseline."""
