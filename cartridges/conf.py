@@ -62,6 +62,16 @@ def gate_min_fidelity() -> float:
     return _float("MNESIO_GATE_MIN_FIDELITY", maximum=1.0)
 
 
+def gate_max_mean_kl() -> float:
+    """Most mean KL(f32 || variant) per answer position a quantized or bf16 variant may have (gate check 7)."""
+    return _float("MNESIO_GATE_MAX_MEAN_KL")
+
+
+def gate_min_top1_per_position() -> float:
+    """Least top-1 agreement with f32 per answer position a quantized or bf16 variant must reach (gate check 7)."""
+    return _float("MNESIO_GATE_MIN_TOP1_PER_POSITION", maximum=1.0)
+
+
 def gate_accuracy_tolerance() -> float:
     """How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed)."""
     return _float("MNESIO_GATE_ACCURACY_TOLERANCE", maximum=1.0)

@@ -17,6 +17,17 @@ rounding (at most a few 1e-7 on unit-scale inputs; bitwise equal for many shapes
 test_attention.py). The cartridge and re-reading paths never ran bitwise-identical kernels anyway (a
 prefill from scratch takes sdpa's causal path without a mask); their token-for-token parity is what the
 real-model tests and kveval check.
+
+Single-token decoding is packed too (``q_len == 1``, with or without a mask): transformers sends it to sdpa's
+``enable_gqa`` when there is no mask, and on this CPU (torch 2.13) that path's bf16 kernel is 3-7x slower
+than f32 (profiled at 8k cached tokens: ``_scaled_dot_product_flash_attention_for_cpu`` 22.5 ms per layer
+in bf16 against 6.6 ms in f32, 84% of a bf16 decode step), while the same kernel on packed queries
+``[1, kv_heads, groups, d]`` runs bf16 as fast as f32. That made bf16 decoding at 8k 2x slower than f32.
+A prefill from scratch (no mask, many tokens) still goes to transformers: it needs sdpa's causal path.
+
+Mixed dtypes (bf16r, precision.py): queries and keys come out of an f32 rope, values out of a bf16 matmul,
+and the cache may hold bf16 keys; the query and keys are cast to the values' dtype, so attention runs in
+the KV dtype (bf16) and the stored KV stays bf16.
 Everything else is delegated to transformers' sdpa unchanged.
 """
 from __future__ import annotations
@@ -30,15 +41,15 @@ ATTN_IMPLEMENTATION = "mnesio_sdpa"
 
 
 def packs(module: torch.nn.Module, query: torch.Tensor, attention_mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
-    """Whether this call is a multi-token GQA query under a shared boolean mask (the repeat_kv case)."""
+    """Whether this call is a GQA query under a shared boolean mask (the repeat_kv case) or one unmasked token."""
     groups = getattr(module, "num_key_value_groups", 1)
+    if attention_mask is None:
+        shared_mask = query.shape[2] == 1  # one token on top of a cache sees every position: no mask needed
+    else:
+        shared_mask = attention_mask.dtype == torch.bool and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
     return (
         groups > 1
-        and query.shape[2] > 1
-        and attention_mask is not None
-        and attention_mask.dtype == torch.bool
-        and attention_mask.dim() == 4
-        and attention_mask.shape[1] == 1
+        and shared_mask
         and not dropout
         and kwargs.get("position_bias") is None
         and kwargs.get("softcap") is None
@@ -57,10 +68,12 @@ def packed_gqa_sdpa(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, with multi-token GQA queries packed instead of repeat_kv (module docstring).
+    """transformers' sdpa attention, with GQA queries packed instead of repeat_kv or enable_gqa (module docstring).
 
     A pass run by kvengine.batching carries ``mnesio_cascade``: its attention is the batcher's cascade attention.
     """
+    if query.dtype != value.dtype or key.dtype != value.dtype:  # bf16r: attention in the KV dtype
+        query, key = query.to(value.dtype), key.to(value.dtype)
     cascade = kwargs.pop("mnesio_cascade", None)
     if cascade is not None:
         return cascade.attend(module, query, key, value, scaling), None
@@ -69,7 +82,9 @@ def packed_gqa_sdpa(
     groups = module.num_key_value_groups
     batch, heads, q_len, dim = query.shape  # heads = kv_heads * groups, query head h uses kv head h // groups
     packed = query.reshape(batch, heads // groups, groups * q_len, dim)  # row r * q_len + i: group r, token i
-    mask = attention_mask.expand(attention_mask.shape[0], 1, q_len, key.shape[2]).repeat(1, 1, groups, 1)
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask.expand(attention_mask.shape[0], 1, q_len, key.shape[2]).repeat(1, 1, groups, 1)
     out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
     out = out.reshape(out.shape[0], heads, q_len, value.shape[-1]).transpose(1, 2).contiguous()  # [b, q, heads, d]
     return out, None

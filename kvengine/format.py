@@ -25,7 +25,7 @@ from typing import Any
 from .base import BackendDescription, CartridgeHeader, canonical_json
 from .errors import CorruptCartridgeError, IncompatibleCartridgeError
 
-FORMAT_VERSION = 2  # 2: q8/q4 keep their first positions exact ("exact" parts, quant.quantize_kv)
+FORMAT_VERSION = 3  # 2: q8/q4 keep their first positions exact ("exact" parts); 3: rotated q8/q4, q4 in 32-value groups (quant.py)
 # Bytes per element of every safetensors dtype the engines write.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
 # A header larger than this is not one we wrote: refuse before parsing (guards against garbage lengths).

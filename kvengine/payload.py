@@ -105,6 +105,7 @@ def build_payload(
     A quantized payload serves the dequantized values, exactly what loads() will serve from the file.
     Call under torch.inference_mode().
     """
+    keys, values = [k.to(dtype) for k in keys], [v.to(dtype) for v in values]  # bf16r's prefill keeps f32 keys
     stored = None
     if quant != "none":
         stored = quantize_layers(keys, values, quant)

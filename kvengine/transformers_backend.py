@@ -38,8 +38,7 @@ from .kvcache import CartridgeCache
 from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
 from .payload import KvPayload, build_payload, load_payload
-
-TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+from .precision import TORCH_DTYPES, cast_model, load_dtype
 DEFAULT_FIDELITY_TOKENS = 16  # fidelity()'s answer length when the caller gives none
 
 
@@ -67,8 +66,8 @@ class TransformersKvBackend(KvBackend):
         quant = check_choice("quant", quant, QUANTS)
         self.dtype, self.quant, self.device = dtype, quant, device
         self.torch_dtype = TORCH_DTYPES[dtype]
-        loaded = load_model(model, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(), dtype=self.torch_dtype, device=device)
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        loaded = load_model(model, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(), dtype=load_dtype(dtype), device=device)
+        self.model, self.tokenizer = cast_model(loaded.model, dtype), loaded.tokenizer
         self.source = loaded.source
         self.max_context_tokens = max_context(self.model.config)
         self.layout = PromptLayout(self.tokenizer)
@@ -99,7 +98,7 @@ class TransformersKvBackend(KvBackend):
         if dtype != self.dtype:
             if self.dtype != "f32":
                 raise ConfigError(f"a {self.dtype} backend cannot make a {dtype} variant without losing precision; load the model again")
-            other.model = copy.deepcopy(self.model).to(dtype=other.torch_dtype).eval()
+            other.model = cast_model(copy.deepcopy(self.model), dtype).eval()
             other._batching = {"lock": threading.Lock(), "batcher": None}  # another model: its own batcher
         other._description = dataclasses.replace(self._description, dtype=dtype, quant=quant)
         return other
@@ -310,6 +309,26 @@ class TransformersKvBackend(KvBackend):
             top1 += int(logp_text.argmax() == logp_cartridge.argmax())
             same += int(ids_text == ids_cartridge)
         return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)
+
+    def answer_logprobs(self, cartridge: Cartridge, question: str, token_ids: Sequence[int]) -> torch.Tensor:
+        """Teacher forcing: the next-token log-probs [len(token_ids) + 1, vocab] (float32) at each answer position.
+
+        ``token_ids`` (a reference answer) are fed after the question on top of the cartridge in one pass;
+        row i is the distribution for answer token i, the last row the one after the answer (precision.py).
+        """
+        check_compatible(cartridge.header, self._description)
+        state = self._payload(cartridge).state
+        ids = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question))) + [int(t) for t in token_ids]
+        self._check_room(state.num_tokens + len(ids), 1, "memories plus the question and answer")
+        with state.lock, torch.inference_mode():
+            state.ensure_capacity(state.num_tokens + len(ids))
+            cache = CartridgeCache(state)
+            try:
+                input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
+                logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=len(token_ids) + 1).logits[0]
+            finally:
+                cache.crop_back()
+            return torch.log_softmax(logits.float(), dim=-1).cpu()  # (len(token_ids) + 1, vocab)
 
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format (deterministic bytes)."""

@@ -320,7 +320,7 @@ if MNESIO_KV_BACKEND == "fake" and not MNESIO_ALLOW_FAKE_BACKEND:
         "'transformers' unless `MNESIO_ALLOW_FAKE_BACKEND=true`"
     )
 MNESIO_KV_MODEL = env("MNESIO_KV_MODEL", "smollm2-135m-instruct")
-MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16"])
+MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16", "bf16r"])
 MNESIO_KV_QUANT = envchoice("MNESIO_KV_QUANT", "none", ["none", "q8", "q4"])
 MNESIO_KV_DEVICE = env("MNESIO_KV_DEVICE", "auto")
 # Converted model weights and other engine caches.
@@ -340,6 +340,11 @@ MNESIO_READYZ_MODEL = envbool("MNESIO_READYZ_MODEL", True)
 # ---------------------------------------------------------------------------
 # Least top-1 next-token agreement with text re-reading on the probes (f32 agrees fully; q4 may not).
 MNESIO_GATE_MIN_FIDELITY = envfloat("MNESIO_GATE_MIN_FIDELITY", 0.95, maximum=1.0)
+# Quantized / bf16 variants (gate check 7): teacher-forced divergence from an f32 cartridge on the probes.
+# kveval at 1k tokens measured mean KL ~1e-5 (q8), ~1.5e-3 (q4, format 3), ~3e-4 (bf16r), ~1.5e-3 (bf16):
+# 0.02 is issue 16's q4 bar, and a broken quantizer lands at 1-10 nats.
+MNESIO_GATE_MAX_MEAN_KL = envfloat("MNESIO_GATE_MAX_MEAN_KL", 0.02)
+MNESIO_GATE_MIN_TOP1_PER_POSITION = envfloat("MNESIO_GATE_MIN_TOP1_PER_POSITION", 0.9, maximum=1.0)
 # How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed).
 MNESIO_GATE_ACCURACY_TOLERANCE = envfloat("MNESIO_GATE_ACCURACY_TOLERANCE", 0.0, maximum=1.0)
 # Whether the cartridge must also match the top-k text retrieval baseline (off: it is recorded only).

@@ -17,6 +17,13 @@ because they need a loadable cartridge and the version's texts):
    required too when ``MNESIO_GATE_REQUIRE_RETRIEVAL`` is on. With no cases the accuracy check has
    nothing to compare and passes (recorded as ``num_cases: 0``). Cases erased with a subject they concern
    are skipped and counted (``num_cases_erased``).
+7. divergence (issue 16), for a quantized or non-f32 configuration: the same probes are answered from an f32
+   cartridge of the same memories (the reference), and their answers teacher-forced through the version's
+   cartridge; the mean KL(f32 || variant) of the next-token distributions over every answer position must be
+   at most ``MNESIO_GATE_MAX_MEAN_KL`` and the top-1 agreement per position at least
+   ``MNESIO_GATE_MIN_TOP1_PER_POSITION`` (kvengine.divergence: the measure kveval and bench/kv_speed.py
+   report). It catches a variant whose arithmetic or storage is broken even when its own cartridge and its
+   own re-reading agree with each other (checks 5-6 compare a variant with itself).
 Figures hold numbers only, never memory or question text.
 """
 from __future__ import annotations
@@ -26,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import MnesioError
-from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvError
+from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvConfig, KvError
+from kvengine.divergence import AnswerDivergence, DivergenceSummary
 from kvengine.format import read_header
 from kvengine.retrieval import bm25_top_k  # one BM25 and one answer normalization, shared with kveval
 from kvengine.text import answer_correct
@@ -151,6 +159,7 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
             f"fidelity {fid.top1_agreement:.3f} (top-1 agreement with text re-reading on {fid.num_probes} probes) "
             f"is below the threshold {threshold}"
         )
+    _divergence_check(version=version, backend=backend, cartridge=cartridge, texts=texts, probes=probes, result=result)
     tolerance = conf.gate_accuracy_tolerance()
     k = conf.gate_retrieval_top_k()
     max_new = conf.gate_max_new_tokens()
@@ -188,6 +197,49 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
                 f"task accuracy {accuracy['cartridge']:.3f} on {n} cases is below the top-{k} retrieval baseline's "
                 f"{accuracy['retrieval']:.3f} minus the tolerance {tolerance}"
             )
+
+
+def _divergence_check(*, version: CartridgeVersion, backend, cartridge, texts: list[str], probes: list[str], result: GateResult) -> None:
+    """Check 7 (module docstring): the variant's teacher-forced divergence from an f32 cartridge on the probes."""
+    config = backend.describe().config
+    if (config.dtype, config.quant) == ("f32", "none"):
+        return  # the reference itself
+    if not hasattr(backend, "answer_logprobs"):
+        result.figures["divergence"] = "skipped: the backend has no next-token distributions"
+        return
+    started = time.perf_counter()
+    reference = engine.backend_for(KvConfig(backend=config.backend, model=config.model, dtype="f32", quant="none"))
+    max_new = conf.gate_fidelity_max_new_tokens()
+    answers = []
+    try:
+        reference_cartridge = reference.compile(texts)
+        for probe in probes:
+            ref_answer = reference.answer(reference_cartridge, probe, max_new_tokens=max_new)
+            ref_logp = reference.answer_logprobs(reference_cartridge, probe, ref_answer.token_ids)
+            var_logp = backend.answer_logprobs(cartridge, probe, ref_answer.token_ids)
+            var_answer = backend.answer(cartridge, probe, max_new_tokens=max_new)
+            answers.append(AnswerDivergence.of(ref_logp, var_logp, identical=var_answer.token_ids == ref_answer.token_ids))
+    except KvError as exc:
+        result.fail(f"the divergence check failed: {exc}")
+        return
+    summary = DivergenceSummary.of(answers)
+    max_mean_kl, min_top1 = conf.gate_max_mean_kl(), conf.gate_min_top1_per_position()
+    result.figures["divergence"] = {
+        **summary.as_dict(),
+        "reference": "f32 cartridge, teacher-forced",
+        "max_mean_kl": max_mean_kl,
+        "min_top1_per_position": min_top1,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if summary.mean_kl is not None and summary.mean_kl > max_mean_kl:
+        result.fail(
+            f"mean KL divergence {summary.mean_kl:.4g} from f32 over {summary.num_positions} answer positions of "
+            f"{summary.num_questions} probes is above the threshold {max_mean_kl}"
+        )
+    if summary.top1_per_position is not None and summary.top1_per_position < min_top1:
+        result.fail(
+            f"top-1 agreement with f32 per answer position {summary.top1_per_position:.3f} is below the threshold {min_top1}"
+        )
 
 
 def cartridge_evaluate(*, version: CartridgeVersion, actor=None) -> CartridgeEvaluation:

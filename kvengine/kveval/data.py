@@ -1,6 +1,7 @@
 """SQuAD v1.1 dev: fetch it (from the bigbench==1.0.0 source archive), load it, and pack scopes by token budget."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -158,3 +159,49 @@ def sample_questions(scopes: Sequence[Scope], num_questions: int, *, seed: int) 
             if pool and len(picked) < num_questions:
                 picked.append((scope, pool.pop()))
     return picked
+
+
+def build_packed_scopes(articles: Sequence[Article], budget: int, count_tokens: Callable[[Sequence[str]], int], *,
+                        num_scopes: int, min_fill: float = 0.7) -> list[Scope]:
+    """``num_scopes`` scopes for ``budget``, each from its own articles, several packed into one when one is short.
+
+    Articles are taken in file order, each used by one scope at most: a scope takes the next article's
+    paragraphs in order while they fit, then (if it is not yet ``min_fill`` full) the next article's, and
+    so on. So every budget really is filled and a run's scopes span many articles (issue 13: q8 measured on
+    one article's scopes had looked better than it is). A question's ``paragraph_index`` is renumbered to
+    the scope's paragraph list; the scope's ``article`` names its articles joined by " + ".
+    """
+    scopes: list[Scope] = []
+    pending = list(articles)
+    while pending and len(scopes) < num_scopes:
+        chosen: list[str] = []
+        titles: list[str] = []
+        questions: list[Question] = []
+        num_tokens = 0
+        while pending and num_tokens < min_fill * budget:
+            article = pending.pop(0)
+            offset = len(chosen)
+            taken = 0
+            for paragraph in article.paragraphs:
+                n = count_tokens([*chosen, paragraph])
+                if n > budget:
+                    break
+                chosen.append(paragraph)
+                num_tokens = n
+                taken += 1
+            if not taken:
+                continue  # its first paragraph does not fit what is left: try the next article
+            titles.append(article.title)
+            questions += [dataclasses.replace(q, paragraph_index=q.paragraph_index + offset)
+                          for q in article.questions if q.paragraph_index < taken]
+        if chosen and num_tokens >= min_fill * budget and questions:
+            scopes.append(Scope(article=" + ".join(titles), budget=budget, paragraphs=tuple(chosen),
+                                num_tokens=num_tokens, questions=tuple(questions)))
+    if not scopes:
+        raise ValueError(f"the articles cannot fill a {budget}-token scope; lower `--budgets`")
+    return scopes
+
+
+def scope_articles(scopes: Sequence[Scope]) -> list[str]:
+    """The distinct articles the scopes were packed from."""
+    return sorted({title for s in scopes for title in s.article.split(" + ")})

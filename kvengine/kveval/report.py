@@ -52,6 +52,10 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def _kl(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2e}"
+
+
 def _mib(num_bytes: float) -> str:
     return f"{num_bytes / (1 << 20):.1f} MiB"
 
@@ -78,8 +82,8 @@ def variants_table(results: dict[str, Any]) -> str:
     main = results["config"]["dtype"]
     lines = [
         "| budget | cartridge | size (all scopes) | bytes/token | size vs " + main + " | identical answers | "
-        "first token same | token agreement | F1 % |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "first token same | token agreement | F1 % | mean KL | p95 KL | first-token KL | top-1 per position |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for b in results["budgets"]:
         total = {}
@@ -91,15 +95,18 @@ def variants_table(results: dict[str, Any]) -> str:
         for label, size in sorted(total.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
             a = b["agreement"].get(label)
             if label == main:
-                agree = ("(reference)", "", "", _fmt(b["summary"]["cartridge"]["f1"]))
+                agree = ("(reference)", "", "", _fmt(b["summary"]["cartridge"]["f1"]), "", "", "", "")
             elif a and a["num_questions"]:
-                agree = (f"{100 * a['identical']:.0f}% ({a['num_questions']})", f"{100 * a['first_token']:.0f}%",
-                         f"{100 * a['token_agreement']:.1f}%", _fmt(a["f1"]))
+                d = a.get("divergence") or {}
+                agree = (f"{100 * a['identical']:.1f}% ({a['num_questions']})", f"{100 * a['first_token']:.1f}%",
+                         f"{100 * a['token_agreement']:.1f}%", _fmt(a["f1"]), _kl(d.get("mean_kl")), _kl(d.get("p95_kl")),
+                         _kl(d.get("first_token_mean_kl")),
+                         "n/a" if d.get("top1_per_position") is None else f"{100 * d['top1_per_position']:.2f}%")
             else:
-                agree = ("n/a", "n/a", "n/a", "n/a")
+                agree = ("n/a",) * 8
             lines.append(
                 f"| {b['budget']} | {label} | {_mib(size)} | {_fmt(b['bytes_per_token'].get(label), 0)} | "
-                f"{_fmt(b['size_ratio'].get(label), 3)} | {agree[0]} | {agree[1]} | {agree[2]} | {agree[3]} |"
+                f"{_fmt(b['size_ratio'].get(label), 3)} | " + " | ".join(agree) + " |"
             )
     return "\n".join(lines)
 
@@ -116,6 +123,17 @@ def checks_section(results: dict[str, Any]) -> str:
         verdict = "yes" if c["q8_within_tolerance"] else "NO"
         lines.append(f"- q8 cartridge answers identical to the f32 cartridge's: {100 * c['q8_identical']:.1f}% "
                      f"(tolerance >= {100 * c['q8_min_agreement']:.0f}%): **{verdict}**.")
+    for label, d in sorted(c.get("divergence", {}).items()):
+        lines.append(f"- {label} vs the main cartridge, teacher-forced over {d['num_questions']} questions "
+                     f"({d['num_positions']} positions): mean KL {_kl(d['mean_kl'])}, p95 {_kl(d['p95_kl'])}, first-token "
+                     f"{_kl(d['first_token_mean_kl'])}, top-1 per position {100 * d['top1_per_position']:.2f}%, "
+                     f"whole answers identical {100 * d['identical']:.1f}%.")
+    for label, t in sorted(c.get("divergence_targets", {}).items()):
+        verdict = "yes" if t["all_met"] else "NO"
+        lines.append(f"- {label} targets {t['targets']}: **{verdict}** ({t['met']}).")
+    if c.get("bf16_over_bf16r_mean_kl") is not None:
+        verdict = "yes" if c["bf16r_at_least_5x_lower_kl"] else "NO"
+        lines.append(f"- bf16r mean KL {c['bf16_over_bf16r_mean_kl']:.1f}x lower than bf16 (target >= 5x): **{verdict}**.")
     for row in c["cartridge_f1_vs_retrieval"]:
         parts = []
         for mode in ("bm25", "dense"):

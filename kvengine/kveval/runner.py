@@ -17,9 +17,10 @@ from typing import Any
 
 from kvengine import DTYPES, QUANTS, KvBackend, make_backend
 from kvengine.errors import ConfigError
+from kvengine.divergence import AnswerDivergence, DivergenceSummary
 from kvengine.retrieval import Bm25
 
-from .data import Article, Question, Scope, build_scopes, sample_questions
+from .data import Article, Question, Scope, build_packed_scopes, build_scopes, sample_questions, scope_articles
 from .metrics import squad_scores
 from .retrieval import DenseEncoder, DenseIndex
 
@@ -27,6 +28,13 @@ from .retrieval import DenseEncoder, DenseIndex
 MODES = ("cartridge", "text", "bm25", "dense", "closed_book")
 # q8's agreement floor with the f32 cartridge, set by the kvengine issue (#3): >= 98% identical answers.
 Q8_MIN_AGREEMENT = 0.98
+# Issue 16 / issue 13 targets on the divergence measure (kvengine.divergence), checked in the report:
+# label -> (max mean KL over all positions, max mean first-token KL, min identical answers, min top-1 per position)
+DIVERGENCE_TARGETS: dict[str, dict[str, float]] = {
+    "q8": {"max_first_token_mean_kl": 1e-3, "min_identical": 0.98},
+    "q4": {"max_mean_kl": 0.02, "min_identical": 0.85},
+    "bf16r": {"min_top1_per_position": 0.99, "min_identical": 0.90},
+}
 # Asked after every question, in every mode alike: SQuAD answers are short spans, and F1 punishes the
 # small model's habit of answering in a full sentence.
 # Tokens kept free for the question turn when a budget nears the context window (SQuAD questions + the
@@ -44,7 +52,7 @@ class EvalConfig:
     dtype: str = "f32"  # the main precision: all four modes use it
     device: str = "cpu"
     quants: tuple[str, ...] = ("q8", "q4")  # extra cartridges compared with the main one, token for token
-    compare_dtypes: tuple[str, ...] = ("bf16",)  # extra precisions compared the same way
+    compare_dtypes: tuple[str, ...] = ("bf16", "bf16r")  # extra precisions compared the same way
     budgets: tuple[int, ...] = (1024, 2048, 4096, 8192)
     questions: tuple[int, ...] = (12, 8, 6, 6)  # per budget: 8k re-reads cost 20-50 s each on 2 shared cores
     articles: tuple[int, ...] = (2, 1, 1, 1)  # scopes (articles) per budget; an 8k compile per variant is ~40 s
@@ -56,6 +64,9 @@ class EvalConfig:
     seed: int = 0
     question_template: str = DEFAULT_QUESTION_TEMPLATE
     modes: tuple[str, ...] = MODES
+    # pack several articles into a scope when one is too short, each article used once per budget, so a
+    # budget's scopes span as many articles as scopes (issue 13); False: one article per scope, short ones skipped
+    pack_articles: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -129,6 +140,11 @@ class BackendPool:
                 self._backends[key] = self.factory(self.config.backend, **options)
             self.load_s[f"{dtype}/{quant}"] = round(time.perf_counter() - start, 3)
         return self._backends[key]
+
+
+@dataclass(frozen=True)
+class _Titled:
+    article: str
 
 
 def _median_p95(values: Sequence[float]) -> dict[str, float | None]:
@@ -282,8 +298,16 @@ def run_eval(config: EvalConfig, articles: Sequence[Article], *, pool: BackendPo
         num_questions = config.questions_for(budget_index)
         if budget > room:
             log(f"budget {budget}: packing to {room} tokens so the question and the answer fit the context window")
-        scopes = build_scopes(articles, min(budget, room), main.count_tokens,
-                              num_articles=config.articles_for(budget_index))
+        scopes = None
+        if config.pack_articles:
+            try:
+                scopes = build_packed_scopes(articles, min(budget, room), main.count_tokens,
+                                             num_scopes=config.articles_for(budget_index))
+            except ValueError:
+                scopes = None  # paragraphs too long to pack for this budget: one article per scope, as before
+        if scopes is None:
+            scopes = build_scopes(articles, min(budget, room), main.count_tokens,
+                                  num_articles=config.articles_for(budget_index))
         picked = sample_questions(scopes, num_questions, seed=config.seed + budget)
         log(f"budget {budget}: {len(scopes)} scope(s) "
             f"({', '.join(f'{s.article} {s.num_tokens} tok/{len(s.paragraphs)} para' for s in scopes)}), "
@@ -324,6 +348,7 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
             dense = DenseIndex(encoder, texts)
             dense_index_s = round(time.perf_counter() - start, 3)
         main_answers: dict[str, tuple[int, ...]] = {}
+        main_logprobs: dict[str, Any] = {}  # qid -> the main cartridge's teacher-forced log-probs (precision.py)
         for question in questions:
             prompt = config.question_template.format(question=question.question)
             base = {"qid": question.qid, "article": scope.article, "question": question.question,
@@ -334,6 +359,8 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
                 if mode == "cartridge":
                     answer = main.answer(cartridge, prompt, max_new_tokens=config.max_new_tokens)
                     main_answers[question.qid] = answer.token_ids
+                    if config.variants() and hasattr(main, "answer_logprobs"):
+                        main_logprobs[question.qid] = main.answer_logprobs(cartridge, prompt, answer.token_ids)
                 elif mode == "text":
                     answer = main.answer_from_text(texts, prompt, max_new_tokens=config.max_new_tokens)
                 elif mode == "closed_book":
@@ -360,13 +387,21 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
         for label, dtype, quant in config.variants():
             backend = pool.get(dtype, quant)
             start = time.perf_counter()
-            variant = backend.compile(texts, labels={"eval": "kveval", "article": scope.article})
+            if quant != "none" and dtype == config.dtype and hasattr(backend, "convert"):
+                variant = backend.convert(cartridge)  # the same bytes as compile() (tested), without a second prefill
+            else:
+                variant = backend.compile(texts, labels={"eval": "kveval", "article": scope.article})
             compile_times[label] = round(time.perf_counter() - start, 3)
             sizes[label] = len(backend.dumps(variant))
             for question in questions:
                 prompt = config.question_template.format(question=question.question)
                 answer = backend.answer(variant, prompt, max_new_tokens=config.max_new_tokens)
                 reference = main_answers[question.qid]
+                divergence = None
+                if question.qid in main_logprobs and hasattr(backend, "answer_logprobs"):
+                    forced = backend.answer_logprobs(variant, prompt, reference)
+                    divergence = AnswerDivergence.of(main_logprobs[question.qid], forced,
+                                                     identical=tuple(answer.token_ids) == tuple(reference))
                 agreement_rows[label].append({
                     "qid": question.qid,
                     "identical": tuple(answer.token_ids) == tuple(reference),
@@ -374,6 +409,9 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
                     "token_agreement": token_agreement(reference, answer.token_ids),
                     "f1": squad_scores(answer.text, question.answers)[1],
                     "ttft_s": answer.ttft_s,
+                    # per position of the teacher-forced f32 answer: KL(main || variant) in nats, top-1 agreement
+                    "kl": [round(k, 8) for k in divergence.kls] if divergence else None,
+                    "top1": divergence.top1 if divergence else None,
                 })
         scope_rows.append({"article": scope.article, "num_paragraphs": len(scope.paragraphs),
                            "num_tokens": scope.num_tokens, "num_questions": len(questions),
@@ -381,6 +419,22 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
     bar.close()
     return summarize_budget(config, budget, scope_rows, records, agreement_rows,
                             load={"before": load_before, "after": _load()})
+
+
+def divergence_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The divergence measure (precision.DivergenceSummary) over agreement rows that carry it."""
+    answers = [AnswerDivergence(kls=r["kl"], top1=r["top1"], identical=r["identical"]) for r in rows if r.get("kl") is not None]
+    return DivergenceSummary.of(answers).as_dict() if answers else None
+
+
+def pooled_divergence(budgets: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per variant label, the divergence measure over every budget's questions together."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for b in budgets:
+        for label, label_rows in b.get("agreement_records", {}).items():
+            rows.setdefault(label, []).extend(label_rows)
+    pooled = {label: divergence_summary(r) for label, r in rows.items()}
+    return {label: d for label, d in pooled.items() if d}
 
 
 def summarize_budget(config: EvalConfig, budget: int, scope_rows: list[dict[str, Any]],
@@ -405,6 +459,7 @@ def summarize_budget(config: EvalConfig, budget: int, scope_rows: list[dict[str,
             "token_agreement": sum(r["token_agreement"] for r in rows) / n if n else None,
             "f1": 100.0 * sum(r["f1"] for r in rows) / n if n else None,
             "ttft_s": _median_p95([r["ttft_s"] for r in rows]),
+            "divergence": divergence_summary(rows),
         }
     total_tokens = sum(s["num_tokens"] for s in scope_rows)
     sizes: dict[str, float] = {}
@@ -416,6 +471,7 @@ def summarize_budget(config: EvalConfig, budget: int, scope_rows: list[dict[str,
         ttft_ratio = summary["text"]["ttft_s"]["median"] / summary["cartridge"]["ttft_s"]["median"]
     return {
         "budget": budget,
+        "num_articles": len(scope_articles([_Titled(s["article"]) for s in scope_rows])),
         "scopes": scope_rows,
         "summary": summary,
         "parity": parity,
@@ -445,6 +501,24 @@ def checks(budgets: Sequence[dict[str, Any]]) -> dict[str, Any]:
         identical = sum(a["identical"] * a["num_questions"] for a in q8) / num
         out["q8_identical"] = identical
         out["q8_within_tolerance"] = identical >= Q8_MIN_AGREEMENT
+    out["divergence"] = pooled_divergence(budgets)
+    out["divergence_targets"] = {}
+    for label, targets in DIVERGENCE_TARGETS.items():
+        d = out["divergence"].get(label)
+        if not d:
+            continue
+        met = {}
+        for name, bound in targets.items():
+            kind, _, key = name.partition("_")
+            value = d.get(key)
+            met[name] = None if value is None else (value <= bound if kind == "max" else value >= bound)
+        out["divergence_targets"][label] = {"targets": targets, "met": met, "all_met": all(v is True for v in met.values())}
+    if "bf16" in out["divergence"] and "bf16r" in out["divergence"]:
+        ratio = None
+        if out["divergence"]["bf16r"]["mean_kl"]:
+            ratio = out["divergence"]["bf16"]["mean_kl"] / out["divergence"]["bf16r"]["mean_kl"]
+        out["bf16_over_bf16r_mean_kl"] = ratio
+        out["bf16r_at_least_5x_lower_kl"] = None if ratio is None else ratio >= 5.0
     for b in budgets:
         s = b["summary"]
         row = {"budget": b["budget"], "cartridge_f1": s["cartridge"]["f1"]}

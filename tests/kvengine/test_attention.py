@@ -39,8 +39,9 @@ def test_packed_gqa_equals_transformers_repeat_kv_path_to_float_rounding(q_len, 
 
 def test_packing_leaves_every_other_call_to_transformers_sdpa(monkeypatch):
     module, query, key, value, mask = _gqa_call(5, 10)
-    assert not packs(module, query[:, :, :1], mask[:, :, :1], 0.0, {})  # one token: transformers handles it
-    assert not packs(module, query, None, 0.0, {})  # no mask: a prefill from scratch, sdpa's own GQA
+    assert packs(module, query[:, :, :1], mask[:, :, :1], 0.0, {})  # one token: packed too (bf16 speed, module docstring)
+    assert packs(module, query[:, :, :1], None, 0.0, {})  # one unmasked token on top of a cache
+    assert not packs(module, query, None, 0.0, {})  # no mask, many tokens: a prefill from scratch, sdpa's causal GQA
     assert not packs(types.SimpleNamespace(num_key_value_groups=1), query, mask, 0.0, {})  # not GQA
     assert not packs(module, query, mask.float(), 0.0, {})  # additive float mask
     assert not packs(module, query, mask, 0.1, {})  # dropout
@@ -58,8 +59,27 @@ def test_packing_leaves_every_other_call_to_transformers_sdpa(monkeypatch):
     assert delegated == [None]  # the masked multi-token call did not
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_single_token_decoding_is_packed_and_equals_sdpa_gqa(dtype):
+    """Decoding one token (no mask) is packed: the same attention as sdpa's enable_gqa path, to rounding."""
+    module, query, key, value, _ = _gqa_call(1, 3000)
+    query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.125, enable_gqa=True).transpose(1, 2)
+    got, _ = packed_gqa_sdpa(module, query, key, value, None, scaling=0.125)
+    tol = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=tol)
+
+
+def test_mixed_dtypes_run_attention_in_the_value_dtype():
+    """bf16r: f32 queries and keys (out of an f32 rope) over bf16 values attend in bf16."""
+    module, query, key, value, mask = _gqa_call(4, 50)
+    got, _ = packed_gqa_sdpa(module, query, key, value.to(torch.bfloat16), mask, scaling=0.125)
+    expected, _ = packed_gqa_sdpa(module, query.bfloat16(), key.bfloat16(), value.bfloat16(), mask, scaling=0.125)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
 @pytest.mark.model
-def test_a_real_cartridge_question_takes_the_packed_path_and_decoding_does_not(real_backend, monkeypatch):
+def test_a_real_cartridge_question_and_its_decoding_take_the_packed_path(real_backend, monkeypatch):
     import kvengine.attention as attention
 
     assert real_backend.model.config._attn_implementation == ATTN_IMPLEMENTATION
@@ -72,4 +92,4 @@ def test_a_real_cartridge_question_takes_the_packed_path_and_decoding_does_not(r
     layers = real_backend.model.config.num_hidden_layers
     suffix = answer.num_prompt_tokens
     assert decisions[:layers] == [(suffix, True)] * layers  # the question: every layer packed
-    assert decisions[layers:] and all(d == (1, False) for d in decisions[layers:])  # decoding: transformers' path
+    assert decisions[layers:] and all(d == (1, True) for d in decisions[layers:])  # decoding: packed too (bf16 speed)

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from kvengine.quant import GROUP_SIZE, dequantize, expand, quantize
+from kvengine import quant as quant_module
+from kvengine.quant import GROUP_SIZE, dequantize, expand, hadamard, quantize
 
 F16_TINY = 2.0**-24  # float16's smallest subnormal step: rounding a parameter can add at most one
 
@@ -16,19 +17,29 @@ F16_TINY = 2.0**-24  # float16's smallest subnormal step: rounding a parameter c
 def _kv(head_dim: int):
     """Strategy: [1, heads, tokens, head_dim] float32 arrays with KV-like magnitudes (tokens cross a 64 group)."""
     shape = st.tuples(st.just(1), st.integers(1, 2), st.sampled_from([1, 5, 64, 70]), st.just(head_dim))
-    values = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32)
+    # rotated by H (format 3), a value can grow sqrt(head_dim) = 8x: float16 parameters then still hold them
+    values = st.floats(-5e3, 5e3, allow_nan=False, allow_infinity=False, width=32)
     return shape.flatmap(lambda s: arrays(np.float32, s, elements=values))
 
 
 def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
-    x = torch.from_numpy(a)
-    parts = quantize(x, quant, axis=axis)
+    original = torch.from_numpy(a)
+    parts = quantize(original, quant, axis=axis)
     back = dequantize(parts, quant, torch.float32, axis=axis)
-    assert back.shape == x.shape and parts["q"].dtype == torch.uint8
-    assert parts["q"].shape[-1] == (x.shape[-1] // 2 if quant == "q4" else x.shape[-1])
-    scale, zero = expand(parts["scale"], axis, x.shape), expand(parts["zero"], axis, x.shape)
+    assert back.shape == original.shape and parts["q"].dtype == torch.uint8
+    assert parts["q"].shape[-1] == (original.shape[-1] // 2 if quant == "q4" else original.shape[-1])
+    rot = hadamard(original.shape[-1]) if quant_module.ROTATE[(quant, axis)] else None
+    # the grid bounds hold in the rotated space (format 3); H is orthonormal, so the L2 error carries over
+    x = original @ rot if rot is not None else original
+    if rot is not None:
+        back_rot = back.double() @ rot.double()
+        err, err_rot = (back.double() - original.double()).norm(), (back_rot - x.double()).norm()
+        slack = 1e-5 * original.abs().amax().double() * original.numel() ** 0.5  # float32 rounding of two rotations
+        assert abs(err - err_rot) <= 1e-3 * err_rot + slack, (err, err_rot, slack)
+        back = back_rot.float()
+    scale, zero = expand(parts["scale"], axis, x.shape, quant), expand(parts["zero"], axis, x.shape, quant)
     levels = 255 if quant == "q8" else 15
-    tol = 1e-6 * x.abs().amax()  # float32 rounding of (max - zero) / levels
+    tol = 1e-6 * x.abs().amax() * (x.shape[-1] if rot is not None else 1)  # float32 rounding (and of the rotations)
     assert torch.all(zero <= x) and torch.all(x <= zero + scale * levels + tol)  # every value is inside its grid
     # and the grid is tight: one float16 rounding of the zero point and of the step at most
     assert torch.all(scale <= (x.abs().amax() * 2 + x.abs().amax() * 2**-10) / levels * (1 + 2**-10) + F16_TINY)
@@ -50,12 +61,15 @@ def test_q4_round_trip_stays_within_half_a_step(a, axis):
 def test_q8_error_is_small_against_the_group_range():
     torch.manual_seed(0)
     x = torch.randn(1, 3, 100, 64)
+    h = hadamard(64)
     for axis in ("token", "channel"):
-        err = (dequantize(quantize(x, "q8", axis=axis), "q8", torch.float32, axis=axis) - x).abs().max()
-        assert err <= (x.max() - x.min()) / 255 / 2 * 1.01
+        back = dequantize(quantize(x, "q8", axis=axis), "q8", torch.float32, axis=axis)
+        err = (back @ h - x @ h).abs().max()  # the grid is in the rotated space (format 3)
+        assert err <= ((x @ h).max() - (x @ h).min()) / 255 / 2 * 1.01
 
 
-def test_it_keeps_zeros_and_constant_groups_exact():
+def test_it_keeps_zeros_and_constant_groups_exact(monkeypatch):
+    monkeypatch.setattr(quant_module, "ROTATE", {key: False for key in quant_module.ROTATE})  # exact in unrotated groups
     x = torch.zeros(1, 2, 3, 64)
     x[0, 1] = 0.5
     for quant in ("q8", "q4"):
@@ -63,12 +77,35 @@ def test_it_keeps_zeros_and_constant_groups_exact():
             assert torch.equal(dequantize(quantize(x, quant, axis=axis), quant, torch.float32, axis=axis), x)
 
 
-@pytest.mark.parametrize(("quant", "limit"), [("q8", 0.27), ("q4", 0.15)])
+def test_rotation_is_orthonormal_and_quantization_inverts_it():
+    h = hadamard(64)
+    assert torch.allclose(h @ h.T, torch.eye(64), atol=1e-6) and hadamard(48) is None
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 100, 64)
+    x[..., 5] *= 30  # an outlier channel, as keys have: rotation spreads it, so q4's error shrinks
+    errors = {}
+    for rotate in (False, True):
+        quant_module.ROTATE[("q4", "token")] = rotate
+        try:
+            errors[rotate] = (dequantize(quantize(x, "q4", axis="token"), "q4", torch.float32, axis="token") - x).norm()
+        finally:
+            quant_module.ROTATE[("q4", "token")] = True
+    assert errors[True] < 0.5 * errors[False]
+
+
+@pytest.mark.parametrize(("quant", "limit"), [("q8", 0.27), ("q4", 0.16)])
 @pytest.mark.parametrize("num_tokens", [1000, 2000, 8000])
 def test_stored_parts_are_a_fraction_of_float32(quant, limit, num_tokens):
     x = torch.randn(1, 3, num_tokens, 64)
     stored = sum(t.numel() * t.element_size() for axis in ("token", "channel") for t in quantize(x, quant, axis=axis).values())
     assert stored / (2 * x.numel() * 4) <= limit
+
+
+def test_it_refuses_values_beyond_the_float16_parameters_range():
+    x = torch.full((1, 1, 4, 64), 2e4)
+    x[..., 1] = -2e4
+    with pytest.raises(ValueError, match="float16"):
+        quantize(x, "q8", axis="token")
 
 
 def test_it_refuses_an_unknown_quant_or_axis():
@@ -93,8 +130,9 @@ def test_cartridge_quantization_keeps_the_leading_sink_positions_exact(num_token
         back = dequantize_kv(parts, quant, torch.float32, axis=axis)
         assert back.shape == x.shape
         assert torch.equal(back[:, :, :exact], x[:, :, :exact])
-        rest = x[:, :, exact:]
+        rest = x[:, :, exact:] @ hadamard(64)  # the grid is in the rotated space (format 3)
         if rest.numel():  # the rest is quantized on its own range, within half a step
-            scale = expand(parts["scale"], axis, rest.shape)
-            assert torch.all((back[:, :, exact:] - rest).abs() <= scale / 2 * (1 + 1e-5) + 1e-6 * rest.abs().amax())
+            scale = expand(parts["scale"], axis, rest.shape, quant)
+            back_rest = back[:, :, exact:] @ hadamard(64)
+            assert torch.all((back_rest - rest).abs() <= scale / 2 * (1 + 1e-5) + 1e-5 * rest.abs().amax())
             assert scale.max() <= (rest.max() - rest.min()) / (255 if quant == "q8" else 15) * 1.01

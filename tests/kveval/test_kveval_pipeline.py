@@ -58,9 +58,9 @@ def test_it_reports_parity_variants_and_sizes(fake_results):
     assert checks["parity_questions"] == 10
     assert checks["q8_within_tolerance"] is True
     for budget in fake_results["budgets"]:
-        assert set(budget["agreement"]) == {"q8", "q4", "bf16"}
+        assert set(budget["agreement"]) == {"q8", "q4", "bf16", "bf16r"}
         for scope in budget["scopes"]:
-            assert set(scope["size_bytes"]) == {"f32", "q8", "q4", "bf16"}
+            assert set(scope["size_bytes"]) == {"f32", "q8", "q4", "bf16", "bf16r"}
             assert all(size > 0 for size in scope["size_bytes"].values())
         assert budget["size_ratio"]["f32"] == 1.0
 

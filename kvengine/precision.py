@@ -1,0 +1,83 @@
+"""Precision: bf16 with an f32 residual stream ("bf16r"), and the torch dtype of each engine dtype.
+
+bf16 with an f32 residual stream ("bf16r")
+------------------------------------------
+Today's bf16 holds the hidden state between blocks in bf16: every residual add rounds the stream to
+8 mantissa bits, 60 times over SmolLM2's 30 layers, and those errors compound. bf16r keeps in float32 the
+stream (embedding output, every residual add), every RMSNorm and its weight, the rotary embedding of
+queries and keys (q_proj/k_proj outputs are cast up before rope) and the SwiGLU product (gate_proj/up_proj
+outputs), and casts to bf16 only at the inputs of the matmuls: q/k/v/o and the MLP projections run in bf16
+(oneDNN accumulates in f32). The KV state is bf16 (the same 0.5x cartridge size: payload.build_payload
+casts the prefill's f32 keys), and attention runs in bf16 (attention.py casts the query and keys to the
+values' dtype). The LM head (tied to the embedding on SmolLM2) runs in f32 over the f32 final norm.
+
+Chosen by measurement (kvengine.divergence, teacher-forced mean KL to f32 per answer position, SQuAD
+scopes of 2 articles at 1k tokens, 8 answers, ~225 positions): bf16 1.5e-3; stream/norms/head in f32
+but rope in bf16 5.2e-4; + rope in f32 3.1e-4; + SwiGLU product in f32 3.0e-4. For scale: f32 with only
+its KV rounded to bf16 gives 1.3e-5, f32 KV and attention with bf16 matmuls 2.2e-4 (so the bf16 weights
+and matmul inputs are most of what is left). Upcasting the bf16 KV to run attention in f32 was not taken:
+the upcast alone cost 11.5 ms per layer at 8k tokens (more than the whole f32 attention, 4.2 ms).
+
+This is done with forward hooks on the standard modules (nn.Linear by name), so it works for Llama-style
+models (Llama, Qwen2, Mistral: q_proj/k_proj/gate_proj/up_proj) with no copy of their forward code; it
+needs kvengine's attention (models.load_model always loads it) for the mixed query/value dtypes.
+"""
+from __future__ import annotations
+
+import torch
+
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "bf16r": torch.bfloat16, "f16": torch.float16}
+RESIDUAL_F32_DTYPES = frozenset({"bf16r"})  # dtypes whose hidden stream stays float32 (module docstring)
+F32_OUTPUTS = ("q_proj", "k_proj", "gate_proj", "up_proj")  # outputs kept f32: rope, the SwiGLU product (Llama, Qwen2, Mistral names)
+
+
+# -- bf16 with an f32 residual stream ---------------------------------------------------------------
+def _cast_input(dtype: torch.dtype):
+    def hook(module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and args[0].dtype != dtype:
+            return (args[0].to(dtype), *args[1:])
+        return None
+
+    return hook
+
+
+def _cast_output(dtype: torch.dtype):
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor):
+            return output.to(dtype) if output.is_floating_point() else output
+        if isinstance(output, tuple):
+            return tuple(o.to(dtype) if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in output)
+        return output
+
+    return hook
+
+
+def residual_f32(model: torch.nn.Module, *, matmul_dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """Make a float32 ``model`` a bf16r model in place (module docstring) and return it.
+
+    Linear layers (except the LM head) get ``matmul_dtype`` weights and cast their input to it; norms and
+    the embedding stay float32; the rotary tables are cast to ``matmul_dtype`` so the KV state is in it.
+    """
+    if next(model.parameters()).dtype != torch.float32:
+        raise ValueError("residual_f32() needs a float32 model (it keeps the norms and the stream in float32)")
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module is not head:
+            module.to(matmul_dtype)
+            module.register_forward_pre_hook(_cast_input(matmul_dtype))
+            if name.endswith(F32_OUTPUTS):
+                module.register_forward_hook(_cast_output(torch.float32))
+    return model
+
+
+# -- loading --------------------------------------------------------------------------------------------
+def load_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype a model is loaded in for the engine dtype ``dtype`` (bf16r starts from float32)."""
+    return torch.float32 if dtype in RESIDUAL_F32_DTYPES else TORCH_DTYPES[dtype]
+
+
+def cast_model(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """``model`` (float32, or already in ``dtype``) made ready to serve in the engine dtype ``dtype``."""
+    if dtype in RESIDUAL_F32_DTYPES:
+        return residual_f32(model)
+    return model.to(dtype=TORCH_DTYPES[dtype])
