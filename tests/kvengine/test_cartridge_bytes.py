@@ -7,15 +7,23 @@ erasure relies on (a rebuilt blob is byte-identical to one compiled from a log t
 bump LAYOUT_VERSION or FORMAT_VERSION on purpose instead of updating these values.
 
 FORMAT_VERSION 3 (issue 16: rotated q8/q4, q4 in 32-value groups) changed every header, so every digest:
-recomputed on 2026-11-30 with 1 torch thread, in a virtualenv reinstalled from requirements.txt (the tiny
-pins of format 2 did not reproduce in that environment either, before any change: the tiny random models
-depend on the installed versions).
+recomputed on 2026-11-30 in a virtualenv installed from requirements.txt; they hold with 1 and 2 torch threads.
+
+The bytes are those of one machine kind: the format-2 pins, computed on the previous session's machine (an AMD
+EPYC of family 26, Zen 5, per BENCHMARKS.md), did not reproduce on this one (family 25 model 17, Zen 4) with the
+same pinned packages, before any code change: the float kernels (MKL, oneDNN) take other code paths on another
+microarchitecture. So the pins are keyed by the CPU and torch version (``machine()``); on a machine without pins
+the tests skip and say how to record them (``MNESIO_PRINT_CARTRIDGE_DIGESTS=1``, at a commit known to be good).
+Within one machine, byte-identity of a rebuild is what erasure relies on, and other tests check it directly.
 """
 from __future__ import annotations
 
 import hashlib
+import os
+import platform
 
 import pytest
+import torch
 
 from kvengine import make_backend
 
@@ -45,6 +53,34 @@ SMOLLM2 = {
 }
 
 
+def machine() -> str:
+    """The CPU (vendor, family, model) and torch version the digests depend on."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    cpu = " ".join(fields.get(key, "?") for key in ("vendor_id", "cpu family", "model")) if fields else platform.processor()
+    return f"{cpu} torch {torch.__version__}"
+
+
+# machine() -> the pins computed there
+PINNED = {"AuthenticAMD 25 17 torch 2.13.0+cpu": {"tiny": TINY, "smollm2": SMOLLM2}}
+
+
+def _pins(kind: str, computed: dict[str, str] | None = None) -> dict[str, str]:
+    here = machine()
+    if os.environ.get("MNESIO_PRINT_CARTRIDGE_DIGESTS") == "1" and computed is not None:
+        print(f"cartridge digests on {here!r} ({kind}): {computed}")
+    if here not in PINNED:
+        pytest.skip(f"no cartridge digests pinned for this machine ({here!r}); run this test with -s and "
+                    "MNESIO_PRINT_CARTRIDGE_DIGESTS=1 at a commit known to be good and add them to PINNED")
+    return PINNED[here][kind]
+
+
 def _digest(backend) -> str:
     return hashlib.sha256(backend.dumps(backend.compile(MEMORIES, log_head=3, labels={"scope": "pin"}))).hexdigest()
 
@@ -54,13 +90,19 @@ def test_tiny_model_cartridges_keep_their_bytes(arch, tiny_model_dir, tmp_path, 
     # the header names the model as given: load it by a fixed relative name, not the session's temp path
     (tmp_path / f"tiny-{arch}").symlink_to(tiny_model_dir(arch), target_is_directory=True)
     monkeypatch.chdir(tmp_path)
+    computed = {}
     for dtype in ("f32", "bf16"):
         backend = make_backend("transformers", model=f"tiny-{arch}", dtype=dtype, device="cpu")
         for quant in ("none", "q8", "q4"):
-            assert _digest(backend.variant(quant=quant)) == TINY[f"{arch}:{dtype}:{quant}"], f"{arch} {dtype} {quant}"
+            computed[f"{arch}:{dtype}:{quant}"] = _digest(backend.variant(quant=quant))
+    pins = _pins("tiny", computed)
+    for name, digest in computed.items():
+        assert digest == pins[name], name
 
 
 @pytest.mark.model
 def test_default_model_cartridges_keep_their_bytes(real_backend):
-    for quant, expected in SMOLLM2.items():
-        assert _digest(real_backend.variant(quant=quant)) == expected, quant
+    computed = {quant: _digest(real_backend.variant(quant=quant)) for quant in ("none", "q8", "q4")}
+    pins = _pins("smollm2", computed)
+    for quant, digest in computed.items():
+        assert digest == pins[quant], quant
