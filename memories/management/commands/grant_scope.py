@@ -24,5 +24,9 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"`username` {username!r} does not exist")
+        self.act(scope_row, user)
+
+    def act(self, scope_row: Scope, user) -> None:
+        """What the command does to the grant (revoke_scope overrides it)."""
         scope_grant(scope=scope_row, user=user)
-        self.stdout.write(f"granted {scope_row.name} to {username}")
+        self.stdout.write(f"granted {scope_row.name} to {user.username}")
