@@ -44,13 +44,16 @@ class Bm25:
         self.num_documents = len(documents)
         self.k1 = k1  # the usual default: term frequency saturates after a few repeats
         self.b = b  # the usual default: half-way between no and full length normalization
-        self._index = bm25s.BM25(k1=k1, b=b)
-        self._index.index([bm25_tokenize(document) for document in documents], show_progress=False)
+        corpus = [bm25_tokenize(document) for document in documents]
+        self._index = None  # no document has a word (bm25s cannot index an empty vocabulary): nothing matches
+        if any(corpus):
+            self._index = bm25s.BM25(k1=k1, b=b)
+            self._index.index(corpus, show_progress=False)
 
     def scores(self, query: str) -> list[float]:
         """BM25 score of every document for ``query``, in document order (0 for a query of no known words)."""
         tokens = bm25_tokenize(query)
-        if not tokens:  # bm25s wants at least one token
+        if not tokens or self._index is None:  # bm25s wants at least one token and one indexed word
             return [0.0] * self.num_documents
         return [float(score) for score in self._index.get_scores(tokens)]
 

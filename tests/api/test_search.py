@@ -214,3 +214,11 @@ def test_a_search_is_a_fixed_number_of_queries(alice, scope_a, append, api_clien
     with django_assert_num_queries(3):
         response = _search(client, query="garden fact", top_k=5)
     assert response.status_code == 200 and len(response.json()["results"]) == 5
+
+
+def test_a_scope_whose_memories_hold_no_word_finds_nothing_instead_of_failing(alice, scope_a, append, api_client_for):
+    append(scope_a, "...")
+    append(scope_a, "!?")
+    response = _search(api_client_for(alice), query="6", subject=None)
+    assert response.status_code == 200, response.content
+    assert response.json()["results"] == []
