@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import permissions, renderers, status
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import permissions, renderers, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -130,8 +130,18 @@ class AskView(APIView):
         summary="Ask a scope a question (mode=cartridge by default; mode=text re-reads the memories); "
                 "stream=true answers text/event-stream, async=true answers 202 with a Location to collect",
         request=s.AskSerializer,
-        responses={200: s.AnswerSerializer, 202: s.AnswerAcceptedSerializer, 400: ERROR, 403: ERROR, 404: ERROR,
-                   409: ERROR, 429: ERROR, 504: ERROR},
+        responses={
+            (200, "application/json"): s.AnswerSerializer,
+            (200, "text/event-stream"): OpenApiResponse(
+                inline_serializer("AnswerStreamEvent", fields={
+                    "event": serializers.CharField(help_text="`delta`, `done` or `error`"),
+                    "data": serializers.CharField(help_text="one line of JSON: `{text}`, the answer, or the error"),
+                }),
+                description="with stream=true: `event: delta` `{text}` per token, then `event: done` (the JSON answer "
+                "above) or `event: error` `{code, message, extra}`",
+            ),
+            202: s.AnswerAcceptedSerializer, 400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 429: ERROR, 504: ERROR,
+        },
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
