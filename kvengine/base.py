@@ -9,9 +9,12 @@ import abc
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import DTYPES, QUANTS, KvConfig
+
+if TYPE_CHECKING:
+    from .blocks import BlockLookup, CartridgeParts
 
 __all__ = [  # DTYPES and QUANTS live in config.py; they are re-exported here for older imports
     "COMPAT_KEY_FIELDS", "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader",
@@ -77,6 +80,10 @@ class CartridgeHeader:
     payload_sha256: str
     # Free-form, caller-provided, non-secret labels (e.g. {"scope": "agent-7"}); never memory text.
     labels: dict[str, str] = field(default_factory=dict)
+    # Blocks (format 4, kvengine/blocks.py): tokens per full block, and the cartridge's full blocks in order as
+    # canonical JSON ``[[block_id, first_position, num_tokens, part_sha256], ...]``; the tail follows them.
+    block_size: int = 0
+    blocks: str = "[]"
 
     def compat_key(self) -> dict[str, str]:
         """The fields this cartridge was compiled under; served only by a backend whose compat_key is equal."""
@@ -88,10 +95,15 @@ class CartridgeHeader:
 
 @dataclass
 class Cartridge:
-    """A compiled cartridge in memory: its header plus the backend's payload (opaque to callers)."""
+    """A compiled cartridge in memory: its header plus the backend's payload (opaque to callers).
+
+    ``stats`` says how compile() got there (never stored): ``blocks_reused`` and ``blocks_computed`` (full
+    blocks taken from the ``blocks`` lookup or prefilled), ``tail_tokens`` and ``compute_s``.
+    """
 
     header: CartridgeHeader
     payload: Any  # backend-specific (e.g. a tuple of per-layer (k, v) tensors)
+    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,9 +167,13 @@ class KvBackend(abc.ABC):
         """Count the memory tokens ``texts`` would take in a cartridge (prompt scaffolding included)."""
 
     @abc.abstractmethod
-    def compile(self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None) -> Cartridge:
+    def compile(
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+    ) -> Cartridge:
         """Compile ``texts`` (in order) into a cartridge; deterministic for equal inputs.
 
+        ``blocks`` looks up stored block parts by id (blocks.py): the longest run from block 0 found there is
+        reused, the rest computed; the result is byte-identical to a compile without it.
         Raises EmptyInputError for no texts and ContextTooLongError past the context window.
         """
 
@@ -198,6 +214,14 @@ class KvBackend(abc.ABC):
     @abc.abstractmethod
     def loads(self, data: bytes) -> Cartridge:
         """Deserialize and verify (sha256, compatibility with describe()); raise on any mismatch."""
+
+    @abc.abstractmethod
+    def dump_parts(self, cartridge: Cartridge) -> CartridgeParts:
+        """Serialize by parts (blocks.py): a part per full block and the tail part; deterministic bytes."""
+
+    @abc.abstractmethod
+    def load_parts(self, tail: bytes | memoryview, blocks: BlockLookup) -> Cartridge:
+        """Load a cartridge stored by parts: the tail part, each block part found by id in ``blocks``; all verified."""
 
     def variant(self, *, dtype: str | None = None, quant: str | None = None) -> KvBackend | None:
         """A backend for the same model in another ``dtype`` and/or ``quant`` (None: keep this one's).

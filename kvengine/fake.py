@@ -22,12 +22,29 @@ from collections.abc import Iterator, Sequence
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend, canonical_json
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
-from .format import FORMAT_VERSION, RawTensor, check_compatible, read_cartridge, tensors_sha256, write_cartridge
+from .blocks import BlockLookup, CartridgeParts, block_id, key_digest, parts_write
+from .format import (
+    FORMAT_VERSION,
+    BlockRef,
+    RawTensor,
+    blocks_to_json,
+    check_compatible,
+    header_blocks,
+    join_tensors,
+    merkle_sha256,
+    read_block_part,
+    read_cartridge,
+    read_tail_part,
+    split_tensors,
+    tensor_digest,
+    write_cartridge,
+)
 
 UNKNOWN = "I don't know"
 TEMPLATE = "fake-template-v1: system=<memories, one per line> user=<question>"
 # Prompt scaffolding tokens a real chat template adds around the memories (keeps token counts realistic).
 SCAFFOLD_TOKENS = 4
+FAKE_BLOCK_MEMORIES = 4  # memories per block (the fake's positions count memories)
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _STOPWORDS = frozenset(
     "a an and are as at be by did do does for from has have how i in is it its of on or the to was were what "
@@ -97,20 +114,51 @@ class FakeKvBackend(KvBackend):
         """Count word/punctuation tokens of the memories plus fixed scaffolding."""
         return SCAFFOLD_TOKENS + sum(len(_tokens(t)) + 1 for t in texts)
 
-    def compile(self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None) -> Cartridge:
-        """Compile memories into a cartridge holding their UTF-8 bytes and boundaries."""
+    def compile(
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+    ) -> Cartridge:
+        """Compile memories into a cartridge holding their UTF-8 bytes, in blocks of FAKE_BLOCK_MEMORIES memories.
+
+        The fake's positions count memories, not tokens: block i holds memories [4i, 4i + 4), chained by their
+        UTF-8 bytes; the tail holds the rest (at least one memory). ``blocks`` is used like the real backend
+        uses it: the longest run of stored blocks from block 0 is reused (verified), the rest rebuilt.
+        """
+        started = time.perf_counter()
         texts = self._check_texts(texts)
         labels = _check_labels(labels)
-        tensors = _encode(texts)
+        compat = self._description.compat_key()
+        size = FAKE_BLOCK_MEMORIES
+        num_blocks = (len(texts) - 1) // size
+        key = key_digest(compat)
+        refs, parent, reused = [], "", 0
+        for index in range(num_blocks):
+            chunk = texts[index * size : (index + 1) * size]
+            parent = block_id(parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()))
+            tensors = _encode(chunk)
+            data = blocks(parent) if blocks is not None and reused == index else None
+            if data is not None:
+                ref, stored = read_block_part(data, block_id=parent, first_position=index * size, num_tokens=size, compat_key=compat)
+                if _decode(stored) != chunk:
+                    raise CorruptCartridgeError(f"block {parent[:12]} does not hold the memories its id names")
+                reused += 1
+            else:
+                ref = BlockRef(parent, index * size, size, tensor_digest(tensors))
+            refs.append(ref)
+        tail = _encode(texts[num_blocks * size :])
         header = CartridgeHeader(
             format_version=FORMAT_VERSION,
-            **self._description.compat_key(),
+            **compat,
             num_tokens=self.count_tokens(texts),
             log_head=int(log_head),
-            payload_sha256=tensors_sha256(tensors),
+            payload_sha256=merkle_sha256([ref.sha256 for ref in refs], tail),
             labels=labels,
+            block_size=size,
+            blocks=blocks_to_json(refs),
         )
-        return Cartridge(header=header, payload=tuple(texts))
+        elapsed = round(time.perf_counter() - started, 4)
+        stats = {"blocks_reused": reused, "blocks_computed": num_blocks - reused, "tail_tokens": len(texts) - num_blocks * size,
+                 "computed_tokens": len(texts) - reused * size, "compute_s": elapsed, "total_s": elapsed}
+        return Cartridge(header=header, payload=tuple(texts), stats=stats)
 
     def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:
         """Answer from the cartridge's compiled memories only."""
@@ -164,23 +212,42 @@ class FakeKvBackend(KvBackend):
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format."""
         check_compatible(cartridge.header, self._description)
-        return write_cartridge(cartridge.header, _encode(cartridge.payload))
+        blocks, tail = self._parts(cartridge)
+        return write_cartridge(cartridge.header, join_tensors(blocks, tail))
+
+    def dump_parts(self, cartridge: Cartridge) -> CartridgeParts:
+        """Serialize by parts: one part per block of memories and the tail part."""
+        check_compatible(cartridge.header, self._description)
+        blocks, tail = self._parts(cartridge)
+        return parts_write(cartridge.header, header_blocks(cartridge.header), blocks, tail)
 
     def loads(self, data: bytes) -> Cartridge:
         """Deserialize, verify sha256 and the compatibility key."""
         header, tensors = read_cartridge(data)
         check_compatible(header, self._description)
-        try:
-            raw = bytes(tensors["memories_utf8"].data)
-            ends = tensors["memory_ends"]
-            bounds = struct.unpack(f"<{ends.shape[0]}q", bytes(ends.data))
-            texts, begin = [], 0
-            for end in bounds:
-                texts.append(raw[begin:end].decode("utf-8"))
-                begin = end
-        except (KeyError, UnicodeDecodeError, struct.error):
-            raise CorruptCartridgeError("fake cartridge payload lacks its memory tensors or is not UTF-8") from None
-        return Cartridge(header=header, payload=tuple(texts))
+        blocks, tail = split_tensors(tensors, len(header_blocks(header)))
+        return Cartridge(header=header, payload=tuple(text for part in [*blocks, tail] for text in _decode(part)))
+
+    def load_parts(self, tail: bytes | memoryview, blocks: BlockLookup) -> Cartridge:
+        """Load a cartridge stored by parts (every part verified)."""
+        header, refs, tail_tensors = read_tail_part(tail)
+        check_compatible(header, self._description)
+        compat = self._description.compat_key()
+        texts: list[str] = []
+        for ref in refs:
+            data = blocks(ref.block_id)
+            if data is None:
+                raise CorruptCartridgeError(f"block {ref.block_id[:12]} of the cartridge is not stored; it cannot be loaded")
+            _, tensors = read_block_part(
+                data, block_id=ref.block_id, first_position=ref.first_position, num_tokens=ref.num_tokens, compat_key=compat, sha256=ref.sha256
+            )
+            texts.extend(_decode(tensors))
+        return Cartridge(header=header, payload=tuple([*texts, *_decode(tail_tensors)]))
+
+    def _parts(self, cartridge: Cartridge) -> tuple[list[dict[str, RawTensor]], dict[str, RawTensor]]:
+        texts, size = list(cartridge.payload), cartridge.header.block_size
+        num_blocks = len(header_blocks(cartridge.header))
+        return [_encode(texts[i * size : (i + 1) * size]) for i in range(num_blocks)], _encode(texts[num_blocks * size :])
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check_texts(self, texts: Sequence[str]) -> list[str]:
@@ -226,6 +293,21 @@ def _encode(texts: Sequence[str]) -> dict[str, RawTensor]:
         "memories_utf8": RawTensor("U8", (total,), b"".join(parts)),
         "memory_ends": RawTensor("I64", (len(ends),), b"".join(e.to_bytes(8, "little") for e in ends)),
     }
+
+
+def _decode(tensors: dict[str, RawTensor]) -> list[str]:
+    """Invert _encode(); CorruptCartridgeError when the tensors are missing or not UTF-8."""
+    try:
+        raw = bytes(tensors["memories_utf8"].data)
+        ends = tensors["memory_ends"]
+        bounds = struct.unpack(f"<{ends.shape[0]}q", bytes(ends.data))
+        texts, begin = [], 0
+        for end in bounds:
+            texts.append(raw[begin:end].decode("utf-8"))
+            begin = end
+    except (KeyError, UnicodeDecodeError, struct.error):
+        raise CorruptCartridgeError("fake cartridge payload lacks its memory tensors or is not UTF-8") from None
+    return texts
 
 
 def _scores(texts: Sequence[str], question: str) -> list[int]:

@@ -80,6 +80,14 @@ class PromptLayout:
             return self._chat([{"role": "system", "content": system}], generation_prompt=False) + self.turn_split()[0]
         return system + "\n"
 
+    def closing_text(self) -> str:
+        """The prefix text after the last memory: the end of the system turn and the user-turn opener (the tail's end)."""
+        if self.template:
+            system = self._chat([{"role": "system", "content": _SENTINEL}], generation_prompt=False)
+            _, found, after = system.partition(_SENTINEL)
+            return (after if found else "") + self.turn_split()[0]
+        return "\n"
+
     def suffix_text(self, question: str) -> str:
         """The prompt text after the cartridge prefix: the question, the end of the user turn and the generation prompt."""
         if self.template:

@@ -1,12 +1,15 @@
 """A transformers cartridge's tensors: the servable KV state in memory and the tensors stored in its file.
 
-Stored tensors, per layer ``i`` (zero-padded to three digits), each ``[1, num_kv_heads, num_tokens, head_dim]``
-in the cartridge's dtype:
+Stored tensors of each part (a full block or the tail, blocks.py; the whole file prefixes them with
+``blocks.NNNNN.`` or ``tail.``), per layer ``i`` (zero-padded to three digits), each
+``[1, num_kv_heads, part_tokens, head_dim]`` in the cartridge's dtype:
 
-- quant "none": ``layers.{i}.k`` and ``layers.{i}.v``;
-- q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``layers.{i}.{kv}.exact`` (the leading positions,
+- quant "none": ``k`` and ``v``;
+- q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``{kv}.exact`` (the leading positions,
   unquantized), ``.q`` (codes, two per byte for q4), ``.scale`` and ``.zero`` (float16). Keys are quantized
   per channel (their outliers sit in fixed channels), values per token (see quant.py).
+Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]``, so a part's header names 2 or 8
+tensors, not 60 or 240 (a 256-token block's header would otherwise be ~20 KB).
 
 A quantized cartridge serves its dequantized state, so compile() and loads() give the same answers. The names,
 dtypes and shapes here are the file format (format.py writes them): changing them changes cartridge bytes.
@@ -20,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from .errors import CorruptCartridgeError
-from .format import RawTensor, tensors_sha256
+from .format import RawTensor, join_tensors
 from .kvcache import KvState
-from .quant import dequantize_kv, quantize_kv
+from .quant import EXACT_PREFIX_TOKENS, dequantize_kv, quantize_kv
 
 # torch dtype <-> safetensors dtype name, for every dtype a cartridge stores
 ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
@@ -33,17 +36,31 @@ QUANT_AXIS = {"k": "channel", "v": "token"}  # keys per channel, values per toke
 
 @dataclass
 class KvPayload:
-    """A transformers cartridge in memory: the servable KV state and (if quantized) its stored form."""
+    """A transformers cartridge in memory: the servable KV state, its parts' token bounds and stored forms.
+
+    ``bounds`` are the first positions of each full block and of the tail, then the token count. ``stored``
+    holds each part's quantized tensors (blocks in order, the tail last) when quantized; None when not, the
+    parts' tensors then being slices of the state.
+    """
 
     state: KvState
-    stored: dict[str, RawTensor] | None  # quantized parts as written to disk; None when quant == "none"
+    bounds: list[int]
+    stored: list[dict[str, RawTensor]] | None
 
-    def tensors(self) -> dict[str, RawTensor]:
-        """The tensors the cartridge file holds (the quantized parts, or the state's cartridge region)."""
+    def part_tensors(self) -> list[dict[str, RawTensor]]:
+        """The stored tensors of every part: each full block, then the tail."""
         if self.stored is not None:
             return self.stored
-        keys, values = zip(*(self.state.prefix(layer) for layer in range(self.state.num_layers)), strict=True)
-        return raw_layers(keys, values)
+        parts = []
+        for begin, end in zip(self.bounds, self.bounds[1:], strict=False):
+            keys, values = zip(*(self.state.prefix(layer) for layer in range(self.state.num_layers)), strict=True)
+            parts.append(raw_layers([k[:, :, begin:end] for k in keys], [v[:, :, begin:end] for v in values]))
+        return parts
+
+    def tensors(self) -> dict[str, RawTensor]:
+        """The tensors the whole cartridge file holds (format.join_tensors of the parts)."""
+        parts = self.part_tensors()
+        return join_tensors(parts[:-1], parts[-1])
 
 
 def to_raw(tensor: torch.Tensor) -> RawTensor:
@@ -62,26 +79,24 @@ def from_raw(raw: RawTensor) -> torch.Tensor:
 
 
 def raw_layers(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> dict[str, RawTensor]:
-    """Unquantized per-layer keys and values ``[1, num_kv_heads, num_tokens, head_dim]`` as stored tensors."""
-    raw = {}
-    for layer, (key, value) in enumerate(zip(keys, values, strict=True)):
-        raw[f"layers.{layer:03d}.k"] = to_raw(key)
-        raw[f"layers.{layer:03d}.v"] = to_raw(value)
-    return raw
+    """Unquantized per-layer keys and values ``[1, num_kv_heads, num_tokens, head_dim]`` as the stored "k" and "v"
+    ``[num_layers, 1, num_kv_heads, num_tokens, head_dim]`` (one tensor per kind: a part's header stays small)."""
+    return {"k": to_raw(torch.stack(list(keys))), "v": to_raw(torch.stack(list(values)))}
 
 
-def quantized_names(num_layers: int) -> list[str]:
-    """The stored tensor names of a quantized cartridge with ``num_layers`` layers."""
-    return [f"layers.{layer:03d}.{kv}.{part}" for layer in range(num_layers) for kv in "kv" for part in QUANT_PARTS]
+def quantized_names(num_layers: int | None = None) -> list[str]:
+    """The stored tensor names of a quantized part (every layer stacked in each)."""
+    return [f"{kv}.{part}" for kv in "kv" for part in QUANT_PARTS]
 
 
-def quantize_layers(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], quant: str) -> dict[str, RawTensor]:
-    """Quantize per-layer keys and values into their stored parts."""
+def quantize_layers(
+    keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], quant: str, *, exact: int = EXACT_PREFIX_TOKENS
+) -> dict[str, RawTensor]:
+    """Quantize per-layer keys and values, stacked, into their stored parts (the first ``exact`` positions kept)."""
     stored = {}
-    for layer, (key, value) in enumerate(zip(keys, values, strict=True)):
-        for kv, tensor in (("k", key), ("v", value)):
-            for part, part_tensor in quantize_kv(tensor, quant, axis=QUANT_AXIS[kv]).items():
-                stored[f"layers.{layer:03d}.{kv}.{part}"] = to_raw(part_tensor)
+    for kv, tensors in (("k", keys), ("v", values)):
+        for part, part_tensor in quantize_kv(torch.stack(list(tensors)), quant, axis=QUANT_AXIS[kv], exact=exact).items():
+            stored[f"{kv}.{part}"] = to_raw(part_tensor)
     return stored
 
 
@@ -89,52 +104,62 @@ def dequantize_layers(
     stored: Mapping[str, RawTensor], num_layers: int, quant: str, dtype: torch.dtype, device: str
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Invert quantize_layers(): per-layer keys and values in ``dtype`` on ``device``; KeyError if a part is missing."""
-    keys, values = [], []
-    for layer in range(num_layers):
-        for kv, out in (("k", keys), ("v", values)):
-            parts = {part: from_raw(stored[f"layers.{layer:03d}.{kv}.{part}"]).to(device) for part in QUANT_PARTS}
-            out.append(dequantize_kv(parts, quant, dtype, axis=QUANT_AXIS[kv]))
+    out = []
+    for kv in "kv":
+        parts = {part: from_raw(stored[f"{kv}.{part}"]).to(device) for part in QUANT_PARTS}
+        stacked = dequantize_kv(parts, quant, dtype, axis=QUANT_AXIS[kv])
+        if stacked.shape[0] != num_layers:
+            raise CorruptCartridgeError(f"cartridge part holds {stacked.shape[0]} layers but the model has {num_layers}")
+        out.append(list(stacked.unbind(0)))
+    return out[0], out[1]
+
+
+def part_store(
+    keys: list[torch.Tensor], values: list[torch.Tensor], *, quant: str, dtype: torch.dtype, device: str, first_position: int
+) -> tuple[dict[str, RawTensor] | None, list[torch.Tensor], list[torch.Tensor]]:
+    """One part's freshly computed KV: its stored tensors (None when unquantized) and what it serves.
+
+    The served keys and values are what the next block attends to and what loads() gives back: the
+    dequantized values when quantized, else the KV cast to ``dtype`` (bf16r's prefill keeps f32 keys). The
+    cartridge's first EXACT_PREFIX_TOKENS positions stay exact (quant.py). Call under torch.inference_mode().
+    """
+    keys, values = [k.to(dtype) for k in keys], [v.to(dtype) for v in values]
+    if quant == "none":
+        return None, keys, values
+    exact = max(0, EXACT_PREFIX_TOKENS - first_position)
+    stored = quantize_layers(keys, values, quant, exact=exact)
+    keys, values = dequantize_layers(stored, len(keys), quant, dtype, device)
+    return stored, keys, values
+
+
+def part_serve(
+    tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, dtype: torch.dtype, device: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The served keys and values of one stored part; CorruptCartridgeError if its tensors do not fit."""
+    try:
+        if quant == "none":
+            keys, values = (list(from_raw(tensors[kv]).to(device).unbind(0)) for kv in "kv")
+            if len(keys) != num_layers or len(values) != num_layers:
+                raise CorruptCartridgeError(f"cartridge part holds {len(keys)} layers but the model has {num_layers}")
+        else:
+            keys, values = dequantize_layers(tensors, num_layers, quant, dtype, device)
+    except KeyError as exc:
+        raise CorruptCartridgeError(f"cartridge lacks the tensor {exc.args[0]!r}; the file is incomplete") from None
+    if any(tensor.shape[-2] != num_tokens or tensor.dtype != dtype for tensor in keys + values):
+        raise CorruptCartridgeError("cartridge tensors do not match the header's token counts and dtype")
+    expected = quantized_names() if quant != "none" else ["k", "v"]
+    if sorted(tensors) != sorted(expected):
+        raise CorruptCartridgeError("cartridge part holds tensors the format does not name")
     return keys, values
 
 
-def build_payload(
-    keys: list[torch.Tensor], values: list[torch.Tensor], *, quant: str, dtype: torch.dtype, device: str
-) -> tuple[KvPayload, str]:
-    """The payload for freshly computed KV (quantized if ``quant`` says so) and its file's payload sha256.
-
-    A quantized payload serves the dequantized values, exactly what loads() will serve from the file.
-    Call under torch.inference_mode().
-    """
-    keys, values = [k.to(dtype) for k in keys], [v.to(dtype) for v in values]  # bf16r's prefill keeps f32 keys
-    stored = None
-    if quant != "none":
-        stored = quantize_layers(keys, values, quant)
-        keys, values = dequantize_layers(stored, len(keys), quant, dtype, device)
-    sha = tensors_sha256(stored if stored is not None else raw_layers(keys, values))
-    return KvPayload(state=KvState(keys, values), stored=stored), sha
-
-
-def load_payload(
-    tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, dtype: torch.dtype, device: str
+def payload_of(
+    parts: Sequence[tuple[list[torch.Tensor], list[torch.Tensor]]], stored: list[dict[str, RawTensor]] | None, bounds: list[int]
 ) -> KvPayload:
-    """The payload of a verified cartridge file's ``tensors``; CorruptCartridgeError if they do not fit the header.
-
-    Call under torch.inference_mode(). The stored parts of a quantized cartridge are copied out of the
-    file's buffer, so the payload does not keep the whole file alive.
-    """
-    try:
-        if quant == "none":
-            keys = [from_raw(tensors[f"layers.{layer:03d}.k"]).to(device) for layer in range(num_layers)]
-            values = [from_raw(tensors[f"layers.{layer:03d}.v"]).to(device) for layer in range(num_layers)]
-            stored = None
-        else:
-            stored = {name: tensors[name] for name in quantized_names(num_layers)}
-            keys, values = dequantize_layers(stored, num_layers, quant, dtype, device)
-        if any(tensor.shape[-2] != num_tokens or tensor.dtype != dtype for tensor in keys + values):
-            raise CorruptCartridgeError("cartridge tensors do not match the header's num_tokens and dtype")
-        state = KvState(keys, values)
-    except KeyError as exc:
-        raise CorruptCartridgeError(f"cartridge lacks the tensor {exc.args[0]!r}; the file is incomplete") from None
-    if stored is not None:
-        stored = {name: RawTensor(raw.dtype, raw.shape, bytes(raw.data)) for name, raw in stored.items()}  # own the bytes
-    return KvPayload(state=state, stored=stored)
+    """A payload from each part's served keys and values (in order), concatenated into one KvState."""
+    num_layers = len(parts[0][0])
+    keys = [torch.cat([p[0][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][0][layer] for layer in range(num_layers)]
+    values = [torch.cat([p[1][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][1][layer] for layer in range(num_layers)]
+    if stored is not None:  # own the bytes: the payload must not keep a whole file's buffer alive
+        stored = [{name: RawTensor(raw.dtype, raw.shape, bytes(raw.data)) for name, raw in part.items()} for part in stored]
+    return KvPayload(state=KvState(keys, values), bounds=list(bounds), stored=stored)

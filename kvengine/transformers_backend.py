@@ -28,16 +28,32 @@ from pathlib import Path
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .config import DTYPES, QUANTS, check_choice
-from .errors import ConfigError, ContextTooLongError, EmptyInputError, IncompatibleCartridgeError
-from .format import FORMAT_VERSION, check_compatible, read_cartridge, write_cartridge
+from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError, IncompatibleCartridgeError
+from .blocks import BLOCK_SIZE, BlockLookup, CartridgeParts, chain, key_digest, num_full_blocks, parts_write
+from .format import (
+    FORMAT_VERSION,
+    BlockRef,
+    RawTensor,
+    blocks_to_json,
+    check_compatible,
+    header_blocks,
+    merkle_sha256,
+    read_block_part,
+    read_cartridge,
+    read_tail_part,
+    split_tensors,
+    tensor_digest,
+    write_cartridge,
+)
 from .kvcache import CartridgeCache
 from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
-from .payload import KvPayload, build_payload, load_payload
+from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
 DEFAULT_FIDELITY_TOKENS = 16  # fidelity()'s answer length when the caller gives none
 
@@ -55,6 +71,7 @@ class TransformersKvBackend(KvBackend):
         *,
         max_batch: int = DEFAULT_MAX_BATCH,  # questions decoded together (batching.Batcher)
         max_waiting: int = DEFAULT_MAX_WAITING,  # questions waiting for a batch row before OverloadedError
+        block_size: int = BLOCK_SIZE,  # tokens per full block (blocks.py); in the header and in every block id
     ):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,6 +92,9 @@ class TransformersKvBackend(KvBackend):
         if max_batch < 1 or max_waiting < 0:
             raise ConfigError(f"`max_batch` has to be >= 1 and `max_waiting` >= 0 but got {max_batch} and {max_waiting}")
         self.max_batch, self.max_waiting = max_batch, max_waiting
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"`block_size` has to be a positive number of tokens but got {block_size!r}")
+        self.block_size = block_size
         self._batching: dict = {"lock": threading.Lock(), "batcher": None}  # shared by variants with the same model
         self._description = BackendDescription(
             backend="transformers",
@@ -113,8 +133,16 @@ class TransformersKvBackend(KvBackend):
         layout = self.layout
         return len(layout.encode(layout.prefix_text(layout.clean_memories(texts))))
 
-    def compile(self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None) -> Cartridge:
-        """Prefill the memories' prompt prefix once and keep its KV state (quantized if configured)."""
+    def compile(
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+    ) -> Cartridge:
+        """Prefill the memories' prompt prefix block by block on top of each other and keep the KV state.
+
+        ``blocks`` looks up stored block parts by id: the longest run of them from block 0 is reused (verified:
+        id, position, compatibility key, digest) and only the rest is prefilled. The result is byte-identical
+        to a compile without ``blocks`` (blocks.py says why); ``Cartridge.stats`` says what was reused.
+        """
+        started = time.perf_counter()
         layout = self.layout
         memories = layout.clean_memories(texts)
         labels = dict(labels or {})
@@ -124,39 +152,64 @@ class TransformersKvBackend(KvBackend):
         if len(ids) >= self.max_context_tokens:
             raise ContextTooLongError(num_tokens=len(ids), limit=self.max_context_tokens)
         layout.check_split(memories, ids)
+        size = self.block_size
+        num_blocks = num_full_blocks(len(ids), len(layout.encode(layout.closing_text())), size)
+        compat = self._description.compat_key()
+        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(compat))
+        num_layers = self.model.config.get_text_config().num_hidden_layers
+        refs: list[BlockRef] = []
+        served: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        stored: list[dict[str, RawTensor] | None] = []
         with torch.inference_mode():
-            input_ids = torch.tensor([ids], device=self.device)  # (1, num_tokens)
-            cache = DynamicCache(config=self.model.config)
-            self.model.base_model(input_ids=input_ids, cache=cache, use_cache=True)  # no LM head: the prefill needs only KV
-            keys = [layer.keys for layer in cache.layers]  # each [1, num_kv_heads, num_tokens, head_dim]
-            values = [layer.values for layer in cache.layers]
+            for block_id_, first in links if blocks is not None else ():
+                data = blocks(block_id_)
+                if data is None:
+                    break
+                ref, tensors = read_block_part(data, block_id=block_id_, first_position=first, num_tokens=size, compat_key=compat)
+                keys, values = part_serve(tensors, num_layers=num_layers, num_tokens=size, quant=self.quant, dtype=self.torch_dtype, device=self.device)
+                refs.append(ref)
+                served.append((keys, values))
+                stored.append(dict(tensors) if self.quant != "none" else None)
+            num_reused = len(refs)
+            compute_started = time.perf_counter()
+            cache = _BlockCache(self.model.config, served)
+            bounds = [first for _, first in links] + [num_blocks * size, len(ids)]
+            for index in range(num_reused, num_blocks + 1):  # the last one is the tail
+                begin, end = bounds[index], bounds[index + 1]
+                keys, values = self._prefill_part(ids[begin:end], cache)
+                part_stored, keys, values = part_store(keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device, first_position=begin)
+                cache.commit(keys, values)
+                served.append((keys, values))
+                stored.append(part_stored)
+                if index < num_blocks:
+                    tensors = part_stored if part_stored is not None else raw_layers(keys, values)
+                    refs.append(BlockRef(links[index][0], begin, size, tensor_digest(tensors)))
             del cache
-            payload, sha = build_payload(keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device)
+            compute_s = time.perf_counter() - compute_started
+            payload = payload_of(served, stored if self.quant != "none" else None, bounds)  # type: ignore[arg-type]
         header = CartridgeHeader(
             format_version=FORMAT_VERSION,
-            **self._description.compat_key(),
+            **compat,
             num_tokens=len(ids),
             log_head=int(log_head),
-            payload_sha256=sha,
+            payload_sha256="",
             labels=labels,
+            block_size=size,
+            blocks=blocks_to_json(refs),
         )
-        return Cartridge(header=header, payload=payload)
+        tail = payload.part_tensors()[-1]
+        header = dataclasses.replace(header, payload_sha256=merkle_sha256([ref.sha256 for ref in refs], tail))
+        stats = {
+            "blocks_reused": num_reused, "blocks_computed": num_blocks - num_reused, "tail_tokens": len(ids) - num_blocks * size,
+            "computed_tokens": len(ids) - num_reused * size, "compute_s": round(compute_s, 4), "total_s": round(time.perf_counter() - started, 4),
+        }
+        return Cartridge(header=header, payload=payload, stats=stats)
 
-    def convert(self, cartridge: Cartridge) -> Cartridge:
-        """Quantize an unquantized cartridge of the same model and dtype to this backend's quant.
-
-        Gives the same bytes as compile() with this backend (compile quantizes the same prefill), without
-        running the prefill again: a quant switch needs no model pass.
-        """
-        header = cartridge.header
-        check_compatible(dataclasses.replace(header, quant=self.quant), self._description)
-        if header.quant != "none":
-            raise IncompatibleCartridgeError(f"only unquantized cartridges can be converted but this one is {header.quant!r}")
-        state = self._payload(cartridge).state
-        keys, values = map(list, zip(*(state.prefix(layer) for layer in range(state.num_layers)), strict=True))
-        with torch.inference_mode():
-            payload, sha = build_payload(keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device)
-        return Cartridge(header=dataclasses.replace(header, quant=self.quant, payload_sha256=sha), payload=payload)
+    def _prefill_part(self, ids: list[int], cache: _BlockCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Prefill ``ids`` on top of ``cache`` (no LM head: only KV is needed); return each layer's new keys and values."""
+        input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
+        self.model.base_model(input_ids=input_ids, cache=cache, use_cache=True)
+        return cache.take_new()
 
     def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """Feed only the question suffix on top of the cartridge, decode greedily, crop back.
@@ -335,15 +388,46 @@ class TransformersKvBackend(KvBackend):
         check_compatible(cartridge.header, self._description)
         return write_cartridge(cartridge.header, self._payload(cartridge).tensors())
 
+    def dump_parts(self, cartridge: Cartridge) -> CartridgeParts:
+        """Serialize by parts: one part per full block and the tail part (blocks.py); deterministic bytes."""
+        check_compatible(cartridge.header, self._description)
+        parts = self._payload(cartridge).part_tensors()
+        return parts_write(cartridge.header, header_blocks(cartridge.header), parts[:-1], parts[-1])
+
     def loads(self, data: bytes) -> Cartridge:
         """Verify (structure, sha256, compatibility) and load into servable KV buffers, dequantizing."""
         header, tensors = read_cartridge(data)
         check_compatible(header, self._description)
-        num_layers = self.model.config.get_text_config().num_hidden_layers
-        with torch.inference_mode():
-            payload = load_payload(
-                tensors, num_layers=num_layers, num_tokens=header.num_tokens, quant=self.quant, dtype=self.torch_dtype, device=self.device
+        refs = header_blocks(header)
+        blocks, tail = split_tensors(tensors, len(refs))
+        return self._load(header, refs, blocks, tail)
+
+    def load_parts(self, tail: bytes | memoryview, blocks: BlockLookup) -> Cartridge:
+        """Load a cartridge stored by parts: its tail part, and each block part from ``blocks`` (all verified)."""
+        header, refs, tail_tensors = read_tail_part(tail)
+        check_compatible(header, self._description)
+        compat = self._description.compat_key()
+        block_tensors = []
+        for ref in refs:
+            data = blocks(ref.block_id)
+            if data is None:
+                raise CorruptCartridgeError(f"block {ref.block_id[:12]} of the cartridge is not stored; it cannot be loaded")
+            _, tensors = read_block_part(
+                data, block_id=ref.block_id, first_position=ref.first_position, num_tokens=ref.num_tokens, compat_key=compat, sha256=ref.sha256
             )
+            block_tensors.append(tensors)
+        return self._load(header, refs, block_tensors, tail_tensors)
+
+    def _load(self, header: CartridgeHeader, refs: list[BlockRef], blocks: list, tail: dict) -> Cartridge:
+        num_layers = self.model.config.get_text_config().num_hidden_layers
+        bounds = [ref.first_position for ref in refs] + [len(refs) * header.block_size, header.num_tokens]
+        served = []
+        with torch.inference_mode():
+            for index, tensors in enumerate([*blocks, tail]):
+                num = bounds[index + 1] - bounds[index]
+                served.append(part_serve(tensors, num_layers=num_layers, num_tokens=num, quant=self.quant, dtype=self.torch_dtype, device=self.device))
+            stored = [dict(tensors) for tensors in [*blocks, tail]] if self.quant != "none" else None
+            payload = payload_of(served, stored, bounds)
         return Cartridge(header=header, payload=payload)
 
     # -- decoding ---------------------------------------------------------------------------------
@@ -399,3 +483,56 @@ class TransformersKvBackend(KvBackend):
         if not isinstance(cartridge.payload, KvPayload):
             raise ConfigError("`cartridge` was not made by a TransformersKvBackend (compile() or loads())")
         return cartridge.payload
+
+
+class _BlockLayer(DynamicLayer):
+    """A cache layer holding the served KV of the blocks computed so far (contiguous, exactly as long as they are).
+
+    update() hands attention the concatenation of what is held and the part being prefilled, and keeps the new
+    states aside; commit() appends what the part serves (quantized and cast as stored), so the next part
+    attends to exactly what a reused block would give it (blocks.py).
+    """
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None):
+        super().__init__()
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
+        if keys is not None:
+            self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new = (key_states, value_states)
+        if not self.is_initialized:
+            return key_states, value_states
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    def commit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if not self.is_initialized:
+            self.keys, self.values, self.device, self.is_initialized = keys.contiguous(), values.contiguous(), keys.device, True
+        else:
+            self.keys, self.values = torch.cat([self.keys, keys], dim=-2), torch.cat([self.values, values], dim=-2)
+        self.new = None
+
+
+class _BlockCache(DynamicCache):
+    """The cache compile() prefills each part on top of (see _BlockLayer)."""
+
+    def __init__(self, config, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]]):
+        num_layers = config.get_text_config().num_hidden_layers
+        layers = []
+        for layer in range(num_layers):
+            if parts:
+                keys = torch.cat([p[0][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][0][layer].contiguous()
+                values = torch.cat([p[1][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][1][layer].contiguous()
+                layers.append(_BlockLayer(keys, values))
+            else:
+                layers.append(_BlockLayer(None, None))
+        Cache.__init__(self, layers=layers)
+
+    def take_new(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        keys = [layer.new[0] for layer in self.layers]
+        values = [layer.new[1] for layer in self.layers]
+        return keys, values
+
+    def commit(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        for layer, k, v in zip(self.layers, keys, values, strict=True):
+            layer.commit(k, v)

@@ -18,7 +18,7 @@ from kvengine.format import (
     check_compatible,
     read_cartridge,
     read_header,
-    tensors_sha256,
+    merkle_sha256,
     write_cartridge,
 )
 
@@ -36,7 +36,7 @@ def _header(**over) -> CartridgeHeader:
 def _tensors() -> dict[str, RawTensor]:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     b = np.array([1, -2, 3], dtype=np.int8)
-    return {"layer.0.k": RawTensor("F32", a.shape, a.tobytes()), "scales": RawTensor("I8", b.shape, b.tobytes())}
+    return {"tail.layer.0.k": RawTensor("F32", a.shape, a.tobytes()), "tail.scales": RawTensor("I8", b.shape, b.tobytes())}
 
 
 def test_it_writes_identical_bytes_for_identical_input():
@@ -46,7 +46,7 @@ def test_it_writes_identical_bytes_for_identical_input():
 def test_it_stores_every_header_field_and_the_payload_sha256():
     data = write_cartridge(_header(), _tensors())
     header = read_header(data)
-    assert header.payload_sha256 == tensors_sha256(_tensors())
+    assert header.payload_sha256 == merkle_sha256([], {name[len("tail."):]: t for name, t in _tensors().items()})
     assert dataclasses.replace(header, payload_sha256="") == _header()
     (n,) = struct.unpack("<Q", data[:8])
     meta = json.loads(data[8 : 8 + n])["__metadata__"]
@@ -57,10 +57,10 @@ def test_it_stores_every_header_field_and_the_payload_sha256():
 def test_it_is_readable_by_the_safetensors_library():
     data = write_cartridge(_header(), _tensors())
     loaded = st_load(data)
-    assert np.array_equal(loaded["layer.0.k"], np.arange(12, dtype=np.float32).reshape(3, 4))
-    assert loaded["scales"].tolist() == [1, -2, 3]
+    assert np.array_equal(loaded["tail.layer.0.k"], np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert loaded["tail.scales"].tolist() == [1, -2, 3]
     header, tensors = read_cartridge(data)
-    assert tensors["layer.0.k"].shape == (3, 4) and bytes(tensors["scales"].data) == np.array([1, -2, 3], np.int8).tobytes()
+    assert tensors["tail.layer.0.k"].shape == (3, 4) and bytes(tensors["tail.scales"].data) == np.array([1, -2, 3], np.int8).tobytes()
 
 
 @pytest.mark.parametrize("cut", [0, 5, 8, 40, -1, -13])

@@ -141,10 +141,22 @@ def test_it_refuses_unknown_options(tiny_model_dir):
         make_backend("transformers", model=tiny_model_dir("gpt2"), quant="q2", device="cpu")
 
 
-def test_converting_to_q8_or_q4_gives_the_bytes_compile_gives(tiny):
-    cartridge = tiny.compile(MEMORIES, log_head=2)
-    for quant in ("q8", "q4"):
-        backend = tiny.variant(quant=quant)
-        assert backend.dumps(backend.convert(cartridge)) == backend.dumps(backend.compile(MEMORIES, log_head=2))
-    with pytest.raises(IncompatibleCartridgeError, match="dtype"):
-        tiny.variant(dtype="bf16", quant="q8").convert(cartridge)
+def test_an_incremental_compile_is_byte_identical_to_one_from_scratch_in_every_dtype_and_quant(tiny_model_dir):
+    """Blocks of 16 tokens, so these few memories cross many block boundaries (blocks.py)."""
+    more = [f"Note {i}: the meeting on day {i} moved to room {i * 3}." for i in range(12)]
+    for dtype in ("f32", "bf16", "bf16r"):
+        base = make_backend("transformers", model=tiny_model_dir("qwen2"), dtype=dtype, device="cpu", block_size=16)
+        for quant in ("none", "q8", "q4"):
+            backend = base.variant(quant=quant)
+            stored: dict[str, bytes] = {}
+            for size in (3, 4, 7, 12):  # append memories one batch at a time, each compile reusing the stored blocks
+                incremental = backend.compile(more[:size], blocks=stored.get)
+                scratch = backend.compile(more[:size])
+                parts, scratch_parts = backend.dump_parts(incremental), backend.dump_parts(scratch)
+                assert parts == scratch_parts and backend.dumps(incremental) == backend.dumps(scratch), (dtype, quant, size)
+                assert incremental.stats["blocks_computed"] + incremental.stats["blocks_reused"] == len(parts.blocks)
+                if size > 3:
+                    assert incremental.stats["blocks_reused"] > 0, (dtype, quant, size)
+                stored.update({ref.block_id: data for ref, data in parts.blocks})
+                loaded = backend.load_parts(parts.tail, stored.get)
+                assert backend.dumps(loaded) == backend.dumps(scratch)

@@ -1,0 +1,107 @@
+"""Block cartridges (format 4): KV state cut into fixed-size blocks that versions share, computed one on top of the other.
+
+Why: the log is append-only and attention is causal, so the KV state of everything before a new memory does
+not change when it is appended. A cartridge that is a chain of blocks lets a new version reuse its parent's
+blocks and compute only what changed, and lets every version store only the blocks no earlier version stored.
+
+Decisions
+---------
+- **Blocks over token ids.** A cartridge's prefix tokens (the chat template's system turn with the memories)
+  are cut into full blocks of ``block_size`` tokens (BLOCK_SIZE, 256, for the transformers backend; it is in
+  the header and in every block id, so a change makes new ids). What follows the last full block is the
+  **tail**: the last partial block, the template's closing of the system turn and the user-turn opener. The
+  tail is recomputed by every version; it is never shared.
+- **A block is computed on top of the blocks before it, always.** Block i's KV is the prefill of block i's
+  tokens with blocks 0..i-1 in the cache, in a full compile and an incremental one alike, so its bytes depend
+  only on the compatibility key and the token ids up to its end. The cache the next block attends to holds
+  exactly what is served (a quantized block's dequantized values, a bf16 block's bf16 values), so a block
+  loaded from storage and the block just computed are the same input to the next one. The attention over the
+  cache runs on contiguous tensors whose shape depends only on the token count (never on a buffer's spare
+  capacity), so the arithmetic does not depend on which compile computes a block.
+- **Chain ids.** ``block_id = sha256(parent id, compatibility key digest, block size, first position, token
+  ids)``: equal ids mean equal token ids from position 0 to the block's end under the same model, weights,
+  tokenizer, template, rope, dtype and quant, hence (above) equal bytes. Block 0's parent is "".
+- **Positions and rope.** Every block records its first position (part metadata and the header), and its
+  part carries the rope configuration with the rest of the compatibility key: a block is only reused at the
+  position it was computed at today; a later step may re-rotate keys to place blocks elsewhere.
+- **Quantization per block.** q8/q4 quantize each block (and the tail) on its own: key groups along tokens
+  never straddle a block boundary (BLOCK_SIZE is a multiple of every group length), and the first
+  EXACT_PREFIX_TOKENS positions of the cartridge (block 0, or the tail when there is no full block) stay exact.
+- **Tokenization.** Blocks are keyed by token ids, not by memories, so a tokenizer that merged a memory with
+  the next one across the boundary would only make the block that holds the merge a new block (recomputed,
+  never wrong). The question split is checked as before (layout.check_split).
+- **Digests.** A block's part file carries its id, position and compatibility key and the digest of its
+  tensors (``part_sha256``). The header lists the blocks with those digests, and its ``payload_sha256`` is a
+  Merkle digest over them and the tail's tensors (format.merkle_sha256), so the version's tail part (header +
+  tail tensors) commits to every byte of every block: ``CartridgeParts.digest`` is the version digest.
+
+Stored forms (both deterministic): the whole cartridge file (``KvBackend.dumps``/``loads``: every block's
+tensors under ``blocks.NNNNN.`` and the tail's under ``tail.``), or parts (``dump_parts``/``load_parts``: a
+tail part plus one part per block, what the Django side stores, each block once per scope).
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .base import CartridgeHeader, canonical_json
+from .format import FORMAT_VERSION, BlockRef, write_block_part, write_tail_part
+
+BLOCK_SIZE = 256  # tokens per full block (transformers backend); a multiple of every quantization group length
+# A lookup of stored block parts by block id (None: not stored). compile() reuses the longest run of
+# blocks from block 0 that it finds; load_parts() needs every one.
+BlockLookup = Callable[[str], "bytes | memoryview | None"]
+
+
+def key_digest(compat_key: dict[str, str]) -> str:
+    """The digest of a compatibility key and the file format version (a block id's and a version's key)."""
+    return hashlib.sha256(canonical_json({**compat_key, "format_version": FORMAT_VERSION}).encode()).hexdigest()
+
+
+def block_id(*, parent: str, key: str, block_size: int, first_position: int, token_ids: Sequence[int]) -> str:
+    """The chain id of a block (module docstring)."""
+    h = hashlib.sha256()
+    h.update(canonical_json({"parent": parent, "key": key, "block_size": block_size, "first": first_position}).encode())
+    h.update(b"\n")
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return h.hexdigest()
+
+
+def chain(token_ids: Sequence[int], *, num_blocks: int, block_size: int, key: str) -> list[tuple[str, int]]:
+    """(block id, first position) of the first ``num_blocks`` full blocks of ``token_ids``."""
+    out, parent = [], ""
+    for index in range(num_blocks):
+        first = index * block_size
+        parent = block_id(parent=parent, key=key, block_size=block_size, first_position=first, token_ids=token_ids[first : first + block_size])
+        out.append((parent, first))
+    return out
+
+
+def num_full_blocks(num_tokens: int, num_closing: int, block_size: int) -> int:
+    """Full blocks in a prefix of ``num_tokens`` whose last ``num_closing`` tokens are the template's closing."""
+    return max(0, num_tokens - num_closing) // block_size
+
+
+@dataclass(frozen=True)
+class CartridgeParts:
+    """A cartridge as stored by parts: the tail part (header + tail tensors) and each block's part, in order."""
+
+    tail: bytes
+    blocks: tuple[tuple[BlockRef, bytes], ...]
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the tail part: the version digest (it commits to every block through the header)."""
+        return hashlib.sha256(self.tail).hexdigest()
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.tail) + sum(len(data) for _, data in self.blocks)
+
+
+def parts_write(header: CartridgeHeader, refs: Sequence[BlockRef], block_tensors: Sequence[dict], tail_tensors: dict) -> CartridgeParts:
+    """Serialize a cartridge's parts (block parts in order, then the tail part)."""
+    blocks = tuple((ref, write_block_part(header, ref, tensors)) for ref, tensors in zip(refs, block_tensors, strict=True))
+    return CartridgeParts(tail=write_tail_part(header, tail_tensors), blocks=blocks)
