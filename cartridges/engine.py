@@ -22,7 +22,7 @@ from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeErro
 
 from . import conf
 from .models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
-from .storage import BlobTampered, BlobUnavailable, blob_read
+from .storage import BlobTampered, BlobUnavailable, version_parts_read
 
 log = logging.getLogger("cartridges")
 
@@ -76,7 +76,7 @@ def register_backend(config: Any, backend: KvBackend) -> None:
 def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge, KvBackend]:
     """Return the loaded cartridge of ``version`` and the backend serving it (LRU-cached).
 
-    A miss reads the blob (stored digest, GCM tag and file sha256 checked by storage.blob_read) and has
+    A miss reads the version's parts (stored digest, GCM tag and sha256 of each checked by storage.version_parts_read) and has
     the backend verify the payload sha256 and compatibility key (kvengine loads), so a tampered or
     foreign blob is refused at load, with a warning and a failed evaluation row (stage "load").
     """
@@ -90,7 +90,11 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
             return cartridge, backend
         _stats["misses"] += 1
         try:
-            cartridge = backend.loads(blob_read(version=version))
+            tail, blocks = version_parts_read(version=version)
+            if not version.block_size and not blocks:
+                cartridge = backend.loads(tail)  # a version stored whole (before format 4)
+            else:
+                cartridge = backend.load_parts(tail, blocks.get)
         except (BlobUnavailable, BlobTampered, CorruptCartridgeError, IncompatibleCartridgeError) as exc:
             _load_refusal_record(version=version, config_key=key[1].key, exc=exc)
             raise

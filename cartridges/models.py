@@ -73,7 +73,8 @@ class CartridgeVersion(AppendOnlyModel):
     log_head = models.PositiveBigIntegerField()
     num_tokens = models.PositiveIntegerField()
     num_memories = models.PositiveIntegerField()
-    # sha256 of the cartridge file itself (deterministic: the replay identity) and of the stored ciphertext.
+    # the version digest (format 4: sha256 of its tail part, which commits to every block; before: of the whole
+    # file; deterministic: the replay identity) and the sha256 of the stored ciphertext of its own blob.
     sha256 = models.CharField(max_length=64)
     payload_sha256 = models.CharField(max_length=64)
     size_bytes = models.PositiveBigIntegerField()
@@ -84,6 +85,10 @@ class CartridgeVersion(AppendOnlyModel):
     manifest = models.JSONField()
     manifest_digest = models.CharField(max_length=64)
     supersedes = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="superseded_by")
+    # Format 4 (kvengine/blocks.py): tokens per block, and per manifest entry the first token position its memory
+    # can influence (erasure keeps the blocks before the first position an erased memory reaches).
+    block_size = models.PositiveIntegerField(default=0)
+    entry_positions = models.JSONField(default=list)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -126,6 +131,74 @@ class CartridgeVersionSubject(AppendOnlyModel):
     class Meta:
         triggers = append_only_triggers("cartridgeversionsubject_")
         constraints = [models.UniqueConstraint(fields=["version", "subject"], name="cartridge_version_subject_unique")]
+
+
+class CartridgeBlock(AppendOnlyModel):
+    """One stored block of a scope's cartridges (kvengine/blocks.py): content-addressed by its chain id.
+
+    Its bytes are a blob like a version's (sealed under a key of its own, wrapped by the master key: the
+    CartridgeBlob row of the same storage_name); the block is live while that key row exists. Versions that
+    share a block reference this one row (CartridgeVersionBlock), so each block is stored once per scope.
+    Blocks are per scope, never shared across scopes: a tenant cannot learn another scope's content by reuse.
+    """
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="+")
+    block_id = models.CharField(max_length=64, help_text="chain id: sha256 over parent id, key, position and token ids")
+    first_position = models.PositiveIntegerField()
+    num_tokens = models.PositiveIntegerField()
+    part_sha256 = models.CharField(max_length=64, help_text="digest of the block part (tensor index and data)")
+    sha256 = models.CharField(max_length=64, help_text="sha256 of the block part file")
+    size_bytes = models.PositiveBigIntegerField()
+    stored_sha256 = models.CharField(max_length=64)
+    stored_size_bytes = models.PositiveBigIntegerField()
+    storage_name = models.CharField(max_length=300, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        triggers = append_only_triggers("cartridgeblock_")
+        indexes = [models.Index(fields=["scope", "block_id"], name="cartridges_block_lookup")]
+
+    def __str__(self) -> str:
+        return f"block {self.block_id[:12]} of scope {self.scope_id} at {self.first_position}"
+
+
+class CartridgeVersionBlock(AppendOnlyModel):
+    """Version ``version``'s block number ``index`` is ``block`` (protected, append-only: a version's blocks never change)."""
+
+    version = models.ForeignKey("CartridgeVersion", on_delete=models.PROTECT, related_name="block_links")
+    index = models.PositiveIntegerField()
+    block = models.ForeignKey(CartridgeBlock, on_delete=models.PROTECT, related_name="version_links")
+
+    class Meta:
+        triggers = append_only_triggers("cartridgeversionblock_")
+        constraints = [models.UniqueConstraint(fields=["version", "index"], name="cartridge_version_block_unique")]
+
+
+class CartridgeBlockDestruction(AppendOnlyModel):
+    """A block's blob and key were destroyed: by an erasure (its chain held an erased memory) or a prune."""
+
+    block = models.OneToOneField(CartridgeBlock, on_delete=models.PROTECT, related_name="destruction")
+    erasure_request = models.ForeignKey(
+        "memories.ErasureRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="block_destructions"
+    )
+    reason = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        triggers = append_only_triggers("cartridgeblockdestruction_")
+
+
+class CartridgePrune(AppendOnlyModel):
+    """A version was pruned by retention: its tail and the blocks no kept version uses are destroyed; the row stays."""
+
+    version = models.OneToOneField("CartridgeVersion", on_delete=models.PROTECT, related_name="prune")
+    keep_previous_versions = models.PositiveIntegerField()
+    num_blocks_destroyed = models.PositiveIntegerField()
+    bytes_freed = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        triggers = append_only_triggers("cartridgeprune_")
 
 
 class CartridgeBlob(models.Model):

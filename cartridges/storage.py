@@ -1,6 +1,13 @@
 """Cartridge blobs at rest: through Django's storage API (STORAGES["cartridges"]), each one encrypted
 with a blob key of its own (AES-256-GCM), the blob key wrapped by the master key (memories.crypto).
 
+Format 4 (kvengine/blocks.py) stores a version by parts: the version's own blob is its tail part (the header,
+which lists every block with its digest, and the tail's tensors); each block is a blob of its own, stored once per
+scope (CartridgeBlock) and referenced by every version that uses it (CartridgeVersionBlock). A version is
+readable while its tail key and every one of its blocks' keys exist. Decrypted, verified block parts are kept in
+a per-process LRU (MNESIO_BLOCK_CACHE_BYTES) keyed by storage name; a read still checks in the database that the
+block's key exists, so a destroyed block is never served from the cache.
+
 Stored layout: ``MAGIC | nonce (12) | ciphertext+tag``; the associated data binds the ciphertext to its
 storage name, so a blob copied under another name fails to open. Destroying a blob deletes the file AND
 its wrapped key (the CartridgeBlob row): a copy of the ciphertext left in a backup can never be opened.
@@ -10,7 +17,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,9 +29,12 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
+from kvengine import CorruptCartridgeError
 from memories import crypto
 
-from .models import CartridgeBlob, CartridgeVersion
+from kvengine.format import header_blocks, join_tensors, read_block_part, read_tail_part, write_cartridge
+
+from .models import CartridgeBlob, CartridgeBlock, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
 
 log = logging.getLogger("cartridges")
 
@@ -77,9 +89,11 @@ def _key_aad(name: str) -> bytes:
 
 
 @sensitive_variables()
-def blob_reserve(*, scope) -> tuple[CartridgeBlob, bytes]:
-    """Record a fresh blob key under a new storage name before anything is written (see CartridgeBlob)."""
-    name = f"scope-{scope.pk}/{uuid.uuid4().hex}.kvc"
+def blob_reserve(*, scope, suffix: str = "kvc") -> tuple[CartridgeBlob, bytes]:
+    """Record a fresh blob key under a new storage name before anything is written (see CartridgeBlob).
+
+    ``suffix``: "kvc" for a version's own blob, "kvb" for a block's."""
+    name = f"scope-{scope.pk}/{uuid.uuid4().hex}.{suffix}"
     key = crypto.new_data_key()
     wrapped, wrapped_by = crypto.wrap(key, aad=_key_aad(name))
     row = CartridgeBlob.objects.create(storage_name=name, scope=scope, wrapped_key=wrapped, wrapped_by=wrapped_by)
@@ -110,48 +124,155 @@ def blob_write(*, blob: CartridgeBlob, key: bytes, data: bytes) -> StoredBlob:
 
 @sensitive_variables()
 def blob_read(*, version: CartridgeVersion) -> bytes:
-    """Return the cartridge file of ``version`` after checking stored digest, GCM tag and file sha256."""
+    """Return the whole cartridge file of ``version`` (format 4: assembled from its parts), every digest checked."""
+    tail, blocks = version_parts_read(version=version)
+    if not version.block_size and not blocks:
+        return tail  # a version stored whole (before format 4)
+    try:
+        header, refs, tail_tensors = read_tail_part(tail)
+        compat = header.compat_key()
+        parts = [
+            read_block_part(blocks[ref.block_id], block_id=ref.block_id, first_position=ref.first_position, num_tokens=ref.num_tokens,
+                            compat_key=compat, sha256=ref.sha256)[1]
+            for ref in refs
+        ]
+    except (CorruptCartridgeError, KeyError) as exc:
+        raise BlobTampered(f"the parts of cartridge version {version.pk} do not fit together: {exc}", extra={"version": version.pk}) from None
+    return write_cartridge(header, join_tensors(parts, tail_tensors))
+
+
+def version_parts_read(*, version: CartridgeVersion) -> tuple[bytes, dict[str, bytes]]:
+    """The tail part of ``version`` and its blocks' parts by block id, each one's stored digest, GCM tag and sha256
+    checked (block parts from this process's cache when it holds them)."""
+    tail = _tail_read(version=version)
+    links = list(CartridgeVersionBlock.objects.filter(version=version).select_related("block").order_by("index"))
+    keys = {row.storage_name: row for row in CartridgeBlob.objects.filter(storage_name__in=[link.block.storage_name for link in links])}
+    blocks = {}
+    for link in links:
+        key_row = keys.get(link.block.storage_name)
+        if key_row is None:
+            raise BlobUnavailable(
+                f"block {link.index} of cartridge version {version.pk} is destroyed{_pruned(version)}; the version cannot be served or opened",
+                extra={"version": version.pk, "block": link.index},
+            )
+        blocks[link.block.block_id] = block_read(block=link.block, key_row=key_row)
+    return tail, blocks
+
+
+def _pruned(version: CartridgeVersion) -> str:
+    prune = CartridgePrune.objects.filter(version=version).first()
+    return f" (pruned by retention, keep_previous_versions={prune.keep_previous_versions})" if prune else ""
+
+
+_block_cache: OrderedDict[str, bytes] = OrderedDict()
+_block_cache_lock = threading.Lock()
+_block_cache_bytes = [0]
+
+
+def _block_cache_limit() -> int:
+    from django.conf import settings
+
+    return int(getattr(settings, "MNESIO_BLOCK_CACHE_BYTES", 1 << 30))
+
+
+def block_read(*, block: CartridgeBlock, key_row: CartridgeBlob) -> bytes:
+    """A live block's verified part bytes (``key_row`` is its key, fetched by the caller: the block is live)."""
+    with _block_cache_lock:
+        data = _block_cache.get(block.storage_name)
+        if data is not None:
+            _block_cache.move_to_end(block.storage_name)
+            return data
+    data = _blob_open(
+        name=block.storage_name, key_row=key_row, stored_sha256=block.stored_sha256, sha256=block.sha256, what=f"block {block.block_id[:12]}"
+    )
+    limit = _block_cache_limit()
+    if len(data) <= limit:
+        with _block_cache_lock:
+            if block.storage_name not in _block_cache:
+                _block_cache[block.storage_name] = data
+                _block_cache_bytes[0] += len(data)
+            while _block_cache_bytes[0] > limit and _block_cache:
+                _, dropped = _block_cache.popitem(last=False)
+                _block_cache_bytes[0] -= len(dropped)
+    return data
+
+
+def block_cache_drop(storage_names: list[str] | None = None) -> None:
+    """Drop blocks from this process's cache (all when None)."""
+    with _block_cache_lock:
+        for name in list(_block_cache) if storage_names is None else storage_names:
+            data = _block_cache.pop(name, None)
+            if data is not None:
+                _block_cache_bytes[0] -= len(data)
+
+
+def scope_blocks_live(*, scope) -> dict[str, tuple[CartridgeBlock, CartridgeBlob]]:
+    """The scope's live blocks by block id (the oldest row when a race stored one twice), with their key rows."""
+    rows = list(CartridgeBlock.objects.filter(scope=scope).order_by("id"))
+    keys = {row.storage_name: row for row in CartridgeBlob.objects.filter(scope=scope, storage_name__in=[b.storage_name for b in rows])}
+    live: dict[str, tuple[CartridgeBlock, CartridgeBlob]] = {}
+    for row in rows:
+        if row.storage_name in keys and row.block_id not in live:
+            live[row.block_id] = (row, keys[row.storage_name])
+    return live
+
+
+def scope_block_lookup(*, scope):
+    """A kvengine BlockLookup over the scope's live blocks (compile() reuses what it finds)."""
+    live = scope_blocks_live(scope=scope)
+
+    def lookup(block_id: str) -> bytes | None:
+        found = live.get(block_id)
+        if found is None:
+            return None
+        try:
+            return block_read(block=found[0], key_row=found[1])
+        except (BlobUnavailable, BlobTampered):
+            log.warning("stored block %s of scope %s is unreadable; computing it again", block_id[:12], scope.pk)
+            return None
+
+    return lookup
+
+
+def _tail_read(*, version: CartridgeVersion) -> bytes:
     try:
         blob = CartridgeBlob.objects.get(storage_name=version.storage_name)
     except CartridgeBlob.DoesNotExist:
         raise BlobUnavailable(
-            f"the blob key of cartridge version {version.pk} is destroyed; the version cannot be served or opened",
+            f"the blob key of cartridge version {version.pk} is destroyed{_pruned(version)}; the version cannot be served or opened",
             extra={"version": version.pk},
         ) from None
+    return _blob_open(name=version.storage_name, key_row=blob, stored_sha256=version.stored_sha256, sha256=version.sha256, what=f"cartridge version {version.pk}", version=version)
+
+
+@sensitive_variables()
+def _blob_open(*, name: str, key_row: CartridgeBlob, stored_sha256: str, sha256: str, what: str, version: CartridgeVersion | None = None) -> bytes:
+    """Read a stored blob and check its stored sha256, GCM tag and plaintext sha256."""
+    blob = key_row
+    ident = {"version": version.pk} if version is not None else {"blob": name}
     storage = blob_storage()
     try:
-        with storage.open(version.storage_name, "rb") as fh:
+        with storage.open(name, "rb") as fh:
             stored = fh.read()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise BlobUnavailable(
-            f"the blob of cartridge version {version.pk} is missing from storage; rebuild it with "
-            f"`manage.py cartridge_rebuild {version.pk}`",
-            extra={"version": version.pk},
-        ) from None
+        rebuild = f"; rebuild it with `manage.py cartridge_rebuild {version.pk}`" if version is not None else "; recompile the scope"
+        raise BlobUnavailable(f"the blob of {what} is missing from storage{rebuild}", extra=ident) from None
     except OSError as exc:
         # the storage itself failed (an S3 outage, a permission): the blob may be fine, so retry, not rebuild
-        raise _unavailable(exc, doing=f"reading the blob of cartridge version {version.pk}") from exc
-    if hashlib.sha256(stored).hexdigest() != version.stored_sha256:
-        raise BlobTampered(
-            f"the stored blob of cartridge version {version.pk} does not match its recorded sha256; refusing it",
-            extra={"version": version.pk, "check": "stored_sha256"},
-        )
+        raise _unavailable(exc, doing=f"reading the blob of {what}") from exc
+    if hashlib.sha256(stored).hexdigest() != stored_sha256:
+        raise BlobTampered(f"the stored blob of {what} does not match its recorded sha256; refusing it", extra={**ident, "check": "stored_sha256"})
     if not stored.startswith(MAGIC) or len(stored) < len(MAGIC) + crypto.NONCE_BYTES + 16:
-        raise BlobTampered(f"the stored blob of cartridge version {version.pk} is not a mnesio blob", extra={"version": version.pk})
+        raise BlobTampered(f"the stored blob of {what} is not a mnesio blob", extra=ident)
     body = stored[len(MAGIC) :]
     try:
-        key = crypto.unwrap(bytes(blob.wrapped_key), wrapped_by=blob.wrapped_by, aad=_key_aad(version.storage_name))
-        data = crypto.open_box(key, body, aad=_blob_aad(version.storage_name))
+        key = crypto.unwrap(bytes(blob.wrapped_key), wrapped_by=blob.wrapped_by, aad=_key_aad(name))
+        data = crypto.open_box(key, body, aad=_blob_aad(name))
     except crypto.InvalidTag:
-        raise BlobTampered(
-            f"the blob of cartridge version {version.pk} fails authentication; refusing it",
-            extra={"version": version.pk, "check": "aes-gcm tag"},
-        ) from None
-    if hashlib.sha256(data).hexdigest() != version.sha256:
-        raise BlobTampered(
-            f"the cartridge file of version {version.pk} does not match its recorded sha256; refusing it",
-            extra={"version": version.pk, "check": "sha256"},
-        )
+        raise BlobTampered(f"the blob of {what} fails authentication; refusing it", extra={**ident, "check": "aes-gcm tag"}) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        label = f"the cartridge file of version {version.pk}" if version is not None else f"the part of {what}"
+        raise BlobTampered(f"{label} does not match its recorded sha256; refusing it", extra={**ident, "check": "sha256"})
     return data
 
 
@@ -167,6 +288,7 @@ def blob_destroy(*, storage_name: str) -> bool:
         # never report a blob destroyed that is still stored: the caller (an erasure) fails and is retried
         raise _unavailable(exc, doing=f"deleting blob {storage_name}") from exc
     deleted, _ = CartridgeBlob.objects.filter(storage_name=storage_name).delete()
+    block_cache_drop([storage_name])
     return existed or bool(deleted)
 
 
@@ -207,8 +329,12 @@ def blobs_sweep(*, older_than_s: int) -> list[str]:
     """
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     claimed = CartridgeVersion.objects.values("storage_name")
+    claimed_by_blocks = CartridgeBlock.objects.values("storage_name")
     dead = list(
-        CartridgeBlob.objects.filter(created_at__lte=cutoff).exclude(storage_name__in=claimed).values_list("storage_name", flat=True)
+        CartridgeBlob.objects.filter(created_at__lte=cutoff)
+        .exclude(storage_name__in=claimed)
+        .exclude(storage_name__in=claimed_by_blocks)
+        .values_list("storage_name", flat=True)
     )
     for name in dead:
         blob_destroy(storage_name=name)

@@ -98,7 +98,8 @@ class Cartridge:
     """A compiled cartridge in memory: its header plus the backend's payload (opaque to callers).
 
     ``stats`` says how compile() got there (never stored): ``blocks_reused`` and ``blocks_computed`` (full
-    blocks taken from the ``blocks`` lookup or prefilled), ``tail_tokens`` and ``compute_s``.
+    blocks taken from the ``blocks`` lookup or prefilled), ``tail_tokens``, ``compute_s``, and
+    ``memory_positions``: per text given, the first position it can influence (erasure keeps the blocks before).
     """
 
     header: CartridgeHeader

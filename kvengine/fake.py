@@ -157,7 +157,8 @@ class FakeKvBackend(KvBackend):
         )
         elapsed = round(time.perf_counter() - started, 4)
         stats = {"blocks_reused": reused, "blocks_computed": num_blocks - reused, "tail_tokens": len(texts) - num_blocks * size,
-                 "computed_tokens": len(texts) - reused * size, "compute_s": elapsed, "total_s": elapsed}
+                 "computed_tokens": len(texts) - reused * size, "compute_s": elapsed, "total_s": elapsed,
+                 "memory_positions": list(range(len(texts)))}
         return Cartridge(header=header, payload=tuple(texts), stats=stats)
 
     def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:

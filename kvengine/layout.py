@@ -65,6 +65,29 @@ class PromptLayout:
             raise EmptyInputError("`texts` has to hold at least one non-empty memory but got none")
         return cleaned
 
+    def memory_positions(self, texts: Sequence[str], prefix: str, ids: list[int]) -> list[int]:
+        """For each of ``texts`` (as given, before cleaning), the first token position its text can influence.
+
+        That is the token holding the separator before the memory (so a merge of the separator with the
+        memory's first characters is counted in), found through the tokenizer's character offsets in the
+        prefix text. A text dropped by cleaning takes the position of the memory after it (it adds no token).
+        Erasure uses it to keep the blocks before the first one a memory reaches (blocks.py).
+        """
+        cleaned = [self.clean(text) if isinstance(text, str) else "" for text in texts]
+        body = SYSTEM_PREAMBLE + "\n".join(text for text in cleaned if text)
+        start = prefix.find(body)
+        offsets = self.tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True).get("offset_mapping")
+        if start < 0 or not offsets or len(offsets) != len(ids):
+            return [0] * len(texts)  # cannot place them: every block counts as reached (erasure recomputes all)
+        ends = [end for _, end in offsets]
+        positions, char = [], start + len(SYSTEM_PREAMBLE)
+        for text in cleaned:
+            anchor = max(char - 1, 0)  # the separator before the memory (the preamble's newline for the first)
+            positions.append(next((i for i, end in enumerate(ends) if end > anchor), len(ids)))
+            if text:
+                char += len(text) + 1
+        return positions
+
     def clean_question(self, question: str) -> str:
         """The question as it goes into the prompt (cleaned); refuse an empty one."""
         cleaned = self.clean(question) if isinstance(question, str) else ""

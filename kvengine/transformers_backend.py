@@ -202,6 +202,7 @@ class TransformersKvBackend(KvBackend):
         stats = {
             "blocks_reused": num_reused, "blocks_computed": num_blocks - num_reused, "tail_tokens": len(ids) - num_blocks * size,
             "computed_tokens": len(ids) - num_reused * size, "compute_s": round(compute_s, 4), "total_s": round(time.perf_counter() - started, 4),
+            "memory_positions": layout.memory_positions(texts, layout.prefix_text(memories), ids),
         }
         return Cartridge(header=header, payload=payload, stats=stats)
 

@@ -22,21 +22,23 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, MnesioError
 from kvengine import ContextTooLongError, EmptyInputError
 from kvengine.base import canonical_json
-from kvengine.format import FORMAT_VERSION, read_header
+from kvengine.blocks import CartridgeParts
+from kvengine.format import FORMAT_VERSION, read_tail_part
 from memories.models import Subject
 from memories.selectors import log_head as current_log_head
 from memories.selectors import memory_keys_forgotten_lock, scope_head, scope_memories_open
 
 from .. import conf, engine
-from ..models import CartridgeVersion, CartridgeVersionSubject
+from ..models import CartridgeBlob, CartridgeBlock, CartridgeVersion, CartridgeVersionBlock, CartridgeVersionSubject
 from ..selectors import ActiveConfiguration, active_configuration, active_version
-from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep
+from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep, scope_block_lookup, scope_blocks_live
 from .errors import ContextTooLong, NothingToCompile
 
 log = logging.getLogger("cartridges")
@@ -121,7 +123,18 @@ def key_digest(compat_key: dict[str, str]) -> str:
 
 
 def compile_bytes(*, backend, data: CompileInput) -> bytes:
-    """Run the backend over the texts and return the cartridge file (deterministic for equal inputs)."""
+    """Run the backend over the texts and return the whole cartridge file (deterministic for equal inputs)."""
+    return backend.dumps(compile_cartridge(backend=backend, data=data))
+
+
+def compile_parts(*, backend, data: CompileInput, scope=None) -> tuple[Any, CartridgeParts]:
+    """Compile (reusing the scope's stored blocks when ``scope`` is given) and serialize by parts."""
+    cartridge = compile_cartridge(backend=backend, data=data, blocks=scope_block_lookup(scope=scope) if scope is not None else None)
+    return cartridge, backend.dump_parts(cartridge)
+
+
+def compile_cartridge(*, backend, data: CompileInput, blocks=None):
+    """Run the backend over the texts (reusing ``blocks``, a kvengine BlockLookup) and return the Cartridge."""
     limit = backend.describe().max_context_tokens
     num_tokens = backend.count_tokens(data.texts)
     if num_tokens > limit:
@@ -131,12 +144,11 @@ def compile_bytes(*, backend, data: CompileInput) -> bytes:
             extra={"field": "scope", "num_tokens": num_tokens, "limit": limit},
         )
     try:
-        cartridge = backend.compile(data.texts, log_head=data.head)
+        return backend.compile(data.texts, log_head=data.head, blocks=blocks)
     except ContextTooLongError as exc:
         raise ContextTooLong(str(exc), extra={"field": "scope", "num_tokens": exc.num_tokens, "limit": exc.limit}) from None
     except EmptyInputError as exc:
         raise NothingToCompile(str(exc), extra={"field": "scope"}) from None
-    return backend.dumps(cartridge)
 
 
 def _existing(*, scope, digest: str, head: int, manifest_digest: str) -> CartridgeVersion | None:
@@ -167,21 +179,22 @@ def cartridge_compile(*, scope, log_head: int | None = None, actor=None) -> Cart
             if pause:
                 time.sleep(pause)  # fault injection (tests kill the worker or erase here); 0 in production
         started = time.perf_counter()
-        blob = compile_bytes(backend=backend, data=data)
+        cartridge, parts = compile_parts(backend=backend, data=data, scope=scope)
         compile_s = time.perf_counter() - started
-        header = read_header(blob)  # verifies structure and payload sha256 before anything is stored
+        header, _, _ = read_tail_part(parts.tail)  # verifies the tail's structure and digest before anything is stored
         supersedes = active_version(scope=scope, configuration=config)
         try:
             version = _version_store(
-                scope=scope, config=config, header=header, blob=blob, data=data, digest=digest,
-                supersedes=supersedes, actor=actor,
+                scope=scope, config=config, header=header, parts=parts, data=data, digest=digest,
+                supersedes=supersedes, actor=actor, positions=list(cartridge.stats.get("memory_positions") or []),
             )
         except SubjectErasedDuringCompile:
             log.info("compile scope=%s attempt=%s lost a race with an erasure; reading the log again", scope.pk, attempt)
             continue
         log.info(
-            "cartridge compiled version=%s scope=%s head=%s num_memories=%s num_tokens=%s compile_s=%.3f",
-            version.pk, scope.pk, head, len(data.texts), header.num_tokens, compile_s,
+            "cartridge compiled version=%s scope=%s head=%s num_memories=%s num_tokens=%s blocks_reused=%s blocks_computed=%s compile_s=%.3f",
+            version.pk, scope.pk, head, len(data.texts), header.num_tokens, cartridge.stats.get("blocks_reused"),
+            cartridge.stats.get("blocks_computed"), compile_s,
         )
         return version
     raise Conflict(
@@ -213,14 +226,49 @@ def manifest_memory_keys_lock(seqs: tuple[int, ...]) -> None:
         raise SubjectErasedDuringCompile
 
 
-def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, digest: str, supersedes, actor) -> CartridgeVersion:
-    """Write the encrypted blob and its version row: both or neither."""
-    blob_row, key = blob_reserve(scope=scope)
+class BlockGoneDuringCompile(SubjectErasedDuringCompile):
+    """A block the compile reused was destroyed (erasure or prune) before the version was stored: compile again."""
+
+
+def _version_store(
+    *, scope, config, header, parts: CartridgeParts, data: CompileInput, digest: str, supersedes, actor, positions: list[int]
+) -> CartridgeVersion:
+    """Write the tail blob, every block the scope does not store yet, and the version's rows: all or none.
+
+    Blobs are written before the transaction (their key rows are committed first as intents: a kill -9 in
+    between leaves key rows that cartridge_blobs_sweep removes); the version row, the new block rows and the
+    version's block links commit together, after locking the key rows of the reused blocks (a block destroyed
+    meanwhile makes the compile run again) and the manifest's subjects and memory keys (an erasure meanwhile
+    makes it read the log again).
+    """
+    written: list[str] = []
     try:
-        stored = blob_write(blob=blob_row, key=key, data=blob)
+        tail_row, key = blob_reserve(scope=scope)
+        written.append(tail_row.storage_name)
+        stored = blob_write(blob=tail_row, key=key, data=parts.tail)
+        live = scope_blocks_live(scope=scope)
+        links: list[CartridgeBlock] = []  # per block index: a reused row (saved) or a new one (unsaved)
+        for ref, block_data in parts.blocks:
+            found = live.get(ref.block_id)
+            if found is not None and found[0].part_sha256 == ref.sha256:
+                links.append(found[0])
+                continue
+            row, block_key = blob_reserve(scope=scope, suffix="kvb")
+            written.append(row.storage_name)
+            block_stored = blob_write(blob=row, key=block_key, data=block_data)
+            links.append(CartridgeBlock(
+                scope=scope, block_id=ref.block_id, first_position=ref.first_position, num_tokens=ref.num_tokens,
+                part_sha256=ref.sha256, sha256=_sha256(block_data), size_bytes=len(block_data),
+                stored_sha256=block_stored.stored_sha256, stored_size_bytes=block_stored.stored_size_bytes,
+                storage_name=block_stored.name,
+            ))
         with transaction.atomic():
             manifest_subjects_lock(data.subject_ids)
             manifest_memory_keys_lock(data.seqs)
+            reused = sorted({row.storage_name for row in links if row.pk is not None})
+            alive = set(CartridgeBlob.objects.select_for_update().filter(storage_name__in=reused).values_list("storage_name", flat=True))
+            if len(alive) != len(reused):
+                raise BlockGoneDuringCompile
             version = CartridgeVersion.objects.create(
                 scope=scope,
                 configuration=config.row,
@@ -231,9 +279,9 @@ def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, di
                 log_head=header.log_head,
                 num_tokens=header.num_tokens,
                 num_memories=len(data.texts),
-                sha256=_sha256(blob),
+                sha256=parts.digest,
                 payload_sha256=header.payload_sha256,
-                size_bytes=len(blob),
+                size_bytes=parts.size_bytes,
                 stored_sha256=stored.stored_sha256,
                 stored_size_bytes=stored.stored_size_bytes,
                 storage_name=stored.name,
@@ -241,19 +289,29 @@ def _version_store(*, scope, config, header, blob: bytes, data: CompileInput, di
                 manifest_digest=data.manifest_digest,
                 supersedes=supersedes,
                 created_by=actor,
+                block_size=header.block_size,
+                entry_positions=positions if len(positions) == len(data.texts) else [],
+            )
+            for row in links:
+                if row.pk is None:
+                    row.save()
+            CartridgeVersionBlock.objects.bulk_create(
+                [CartridgeVersionBlock(version=version, index=index, block=row) for index, row in enumerate(links)]
             )
             CartridgeVersionSubject.objects.bulk_create(
                 [CartridgeVersionSubject(version=version, subject=s) for s in data.subjects]
             )
     except IntegrityError:
-        # a concurrent compile of the same content won the unique constraint: keep its row, drop our blob
-        blob_destroy(storage_name=blob_row.storage_name)
+        # a concurrent compile of the same content won the unique constraint: keep its row, drop our blobs
+        for name in written:
+            blob_destroy(storage_name=name)
         found = _existing(scope=scope, digest=digest, head=data.head, manifest_digest=data.manifest_digest)
         if found is None:
             raise
         return found
     except BaseException:
-        blob_destroy(storage_name=blob_row.storage_name)
+        for name in written:
+            blob_destroy(storage_name=name)
         raise
     return version
 
@@ -296,5 +354,5 @@ def cartridge_rebuild(*, version: CartridgeVersion) -> RebuildResult:
             f"{version.pk} (other weights, tokenizer or template); it cannot reproduce it",
             extra={"version": version.pk},
         )
-    blob = compile_bytes(backend=backend, data=data)
-    return RebuildResult(version_id=version.pk, expected_sha256=version.sha256, rebuilt_sha256=_sha256(blob), size_bytes=len(blob))
+    _, parts = compile_parts(backend=backend, data=data)  # from scratch: no stored block is reused
+    return RebuildResult(version_id=version.pk, expected_sha256=version.sha256, rebuilt_sha256=parts.digest, size_bytes=parts.size_bytes)

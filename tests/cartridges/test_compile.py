@@ -8,7 +8,8 @@ import pytest
 from cartridges import engine
 from cartridges.models import CartridgeBlob, CartridgeVersion
 from cartridges.services import ContextTooLong, NothingToCompile, cartridge_compile, cartridge_rebuild
-from cartridges.storage import blob_read
+from cartridges.storage import blob_read, version_parts_read
+from kvengine.format import read_header
 from core.errors import MnesioError
 from kvengine.fake import FakeKvBackend
 
@@ -32,7 +33,10 @@ def test_it_compiles_a_scope_into_a_version_with_an_encrypted_blob(scope_a, appe
     assert hashlib.sha256(stored).hexdigest() == version.stored_sha256
     data = blob_read(version=version)
     assert b"flowerpot" in data  # the fake keeps its texts in the payload: decryption gives the cartridge back
-    assert hashlib.sha256(data).hexdigest() == version.sha256 and len(data) == version.size_bytes
+    tail, blocks = version_parts_read(version=version)
+    assert hashlib.sha256(tail).hexdigest() == version.sha256  # the version digest: its tail part, which lists every block
+    assert len(tail) + sum(len(part) for part in blocks.values()) == version.size_bytes
+    assert read_header(data).payload_sha256 == version.payload_sha256
     assert CartridgeBlob.objects.filter(storage_name=version.storage_name).count() == 1
 
 

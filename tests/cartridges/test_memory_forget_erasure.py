@@ -83,16 +83,16 @@ def test_forgetting_a_memory_while_a_compile_runs_keeps_it_out_of_the_stored_ver
     scope_a, fake_engine, blob_root, monkeypatch
 ):
     seq = _log_with_secret(scope_a)
-    real_compile_bytes = compile_module.compile_bytes
+    real_compile_parts = compile_module.compile_parts
     calls = []
 
-    def forget_while_the_model_runs(*, backend, data):
+    def forget_while_the_model_runs(*, backend, data, scope=None):
         calls.append([entry[0] for entry in data.manifest["entries"]])
         if len(calls) == 1:  # the first attempt read the log before the forget: the store must refuse it
             _forget(scope_a, seq)
-        return real_compile_bytes(backend=backend, data=data)
+        return real_compile_parts(backend=backend, data=data, scope=scope)
 
-    monkeypatch.setattr(compile_module, "compile_bytes", forget_while_the_model_runs)
+    monkeypatch.setattr(compile_module, "compile_parts", forget_while_the_model_runs)
     version = cartridge_compile(scope=scope_a)
     assert seq in calls[0] and seq not in calls[1]  # read again after losing the race
     assert seq not in [entry[0] for entry in version.manifest["entries"]]

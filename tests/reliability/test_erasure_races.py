@@ -78,18 +78,18 @@ def test_an_erasure_while_the_model_runs_keeps_the_subject_out_of_the_stored_ver
 ):
     _log(scope_a)
     computing, go = threading.Event(), threading.Event()
-    real = compile_module.compile_bytes
+    real = compile_module.compile_parts
     compiled_subjects: list[list[str]] = []
 
-    def held_compile(*, backend, data):
-        blob = real(backend=backend, data=data)
+    def held_compile(*, backend, data, scope=None):
+        blob = real(backend=backend, data=data, scope=scope)
         compiled_subjects.append(data.subjects)
         if len(compiled_subjects) == 1:  # the first attempt read bob's memory: hold it until the erasure is done
             computing.set()
             assert go.wait(WAIT_S)
         return blob
 
-    monkeypatch.setattr(compile_module, "compile_bytes", held_compile)
+    monkeypatch.setattr(compile_module, "compile_parts", held_compile)
     thread, out = _in_thread(lambda: cartridge_compile(scope=scope_a))
     assert computing.wait(WAIT_S)
     request = erasure_request_file(subject="bob", requested_by=None, reason="asked", scope=scope_a)
