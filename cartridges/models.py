@@ -363,8 +363,7 @@ class ScopeSettings(LifecycleRecord):
 
     Append-only like KvConfiguration: a change is a new row naming who made it, so the history of who set
     what is kept without an audit table. The defaults are today's behaviour: manual refresh, every previous
-    version kept. Nothing in the engine reads these yet (block cartridges, a later issue, will); they are
-    stored, validated and served so clients and operators can set them now.
+    version kept. ``keep_previous_versions`` is applied after every activation (services/retention.py).
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="settings_changes")

@@ -8,7 +8,9 @@ Decisions:
   evaluation (stage "activation") so every reason is on record.
 - A failed gate raises GateFailed (409) and writes no activation: the previous version keeps serving.
 - Activating the version that already serves returns its activation (idempotent, no new row).
-- Rollback activates the newest earlier activated version that is not destroyed, through the gate again.
+- Rollback activates the newest earlier activated version that is not destroyed, through the gate again; a
+  pruned one (services/retention.py) is refused, naming the retention setting.
+- After an activation, retention prunes the versions beyond ``keep_previous_versions``.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from django.db import transaction
 from core.errors import Conflict
 from memories.models import Scope
 
-from ..models import CartridgeActivation, CartridgeEvaluation, CartridgeVersion
+from ..models import CartridgeActivation, CartridgeEvaluation, CartridgePrune, CartridgeVersion
 from ..selectors import (
     active_configuration,
     active_version,
@@ -29,6 +31,7 @@ from ..selectors import (
 )
 from .errors import GateFailed
 from .gate import cartridge_evaluate, cartridge_is_committable, evaluation_record
+from .retention import versions_prune
 
 log = logging.getLogger("cartridges")
 
@@ -67,6 +70,7 @@ def cartridge_activate(*, version: CartridgeVersion, actor=None, kind: str = "ac
             version=version, scope_id=version.scope_id, evaluation=evaluation, kind=kind, actor=actor
         )
     log.info("cartridge activated version=%s scope=%s kind=%s", version.pk, version.scope_id, kind)
+    versions_prune(scope=version.scope)  # retention (services/retention.py): after the new version serves
     return activation
 
 
@@ -93,6 +97,13 @@ def cartridge_rollback(*, scope, actor=None) -> CartridgeActivation:
         seen.add(version.pk)
         if hasattr(version, "destruction"):
             continue
+        prune = CartridgePrune.objects.filter(version=version).first()
+        if prune is not None:
+            raise Conflict(
+                f"`scope` '{scope.name}''s previous version {version.pk} was pruned by retention "
+                f"(keep_previous_versions={prune.keep_previous_versions}); it cannot be restored, compile the scope instead",
+                extra={"field": "scope", "version": version.pk, "kind": "version_pruned"},
+            )
         return cartridge_activate(version=version, actor=actor, kind="rollback")
     raise Conflict(
         f"`scope` '{scope.name}' has no earlier cartridge version that still exists to roll back to",

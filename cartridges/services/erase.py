@@ -3,7 +3,10 @@
 After memories shreds a subject's key (or one memory's own key, or every key of a deleted scope) it calls
 ``cartridge_views_rebuild(erasure_request)``:
 1. destroy the blob and blob key of every version whose manifest lists an erased memory
-   (memories.selectors.erasure_request_memories)
+   (memories.selectors.erasure_request_memories), and every block of it from the first block an erased
+   memory reaches (the version's ``entry_positions``; the blocks before hold none of its tokens and stay,
+   shared by versions that never held it); then any other version that shares a destroyed block is destroyed
+   the same way (the same tokens from another memory)
    (found from the manifests and the log rows, never from an index that could be truncated; the row
    stays, with a CartridgeDestruction naming the erasure request);
 2. for every scope whose serving version was destroyed, compile at the current log head (the erased
@@ -30,7 +33,14 @@ from memories.models import ErasureKind, ErasureRequest, Memory, Subject
 from memories.selectors import erasure_request_memories, erasure_request_subjects
 
 from .. import engine
-from ..models import CartridgeActivation, CartridgeDestruction, CartridgeVersion
+from ..models import (
+    CartridgeActivation,
+    CartridgeBlock,
+    CartridgeBlockDestruction,
+    CartridgeDestruction,
+    CartridgeVersion,
+    CartridgeVersionBlock,
+)
 from ..storage import blob_destroy
 from .activate import cartridge_activate
 from .compile import cartridge_compile
@@ -41,12 +51,31 @@ log = logging.getLogger("cartridges")
 
 
 def cartridge_destroy(
-    *, version: CartridgeVersion, reason: str, erasure_request: ErasureRequest | None = None, actor=None
+    *, version: CartridgeVersion, reason: str, erasure_request: ErasureRequest | None = None, actor=None,
+    from_block: int | None = None,
 ) -> CartridgeDestruction:
-    """Delete the version's blob and blob key and record why; the row stays. Safe to run twice."""
+    """Delete the version's own blob and key and its blocks, and record why; the rows stay. Safe to run twice.
+
+    ``from_block`` (an erasure): every block of the version from that index on is destroyed, shared or not; the
+    blocks before it hold no erased token and stay (other versions use them). None (an operator's reason):
+    the blocks no other live version uses are destroyed, the shared ones stay.
+    """
     if not isinstance(reason, str) or not reason.strip():
         raise MnesioError("`reason` has to be non-empty text", extra={"field": "reason"})
     blob_destroy(storage_name=version.storage_name)
+    links = list(CartridgeVersionBlock.objects.filter(version=version).select_related("block").order_by("index"))
+    if from_block is None:
+        shared = set(
+            CartridgeVersionBlock.objects.filter(block__in=[link.block for link in links])
+            .exclude(version=version)
+            .filter(version__destruction__isnull=True, version__prune__isnull=True)
+            .values_list("block_id", flat=True)
+        )
+        targets = [link.block for link in links if link.block.pk not in shared]
+    else:
+        targets = [link.block for link in links if link.index >= from_block]
+    for block in targets:
+        block_destroy(block=block, reason=reason, erasure_request=erasure_request)
     engine.cartridge_forget(version_id=version.pk)
     existing = CartridgeDestruction.objects.filter(version=version).first()
     if existing is not None:
@@ -58,8 +87,33 @@ def cartridge_destroy(
             )
     except IntegrityError:  # a concurrent run recorded it first
         return CartridgeDestruction.objects.get(version=version)
-    log.info("cartridge destroyed version=%s erasure_request=%s", version.pk, getattr(erasure_request, "pk", None))
+    log.info(
+        "cartridge destroyed version=%s blocks_destroyed=%d erasure_request=%s",
+        version.pk, len(targets), getattr(erasure_request, "pk", None),
+    )
     return destruction
+
+
+def block_destroy(*, block: CartridgeBlock, reason: str, erasure_request: ErasureRequest | None = None) -> None:
+    """Delete a block's blob and key and record it (the row stays); safe to run twice."""
+    blob_destroy(storage_name=block.storage_name)
+    try:
+        with transaction.atomic():
+            CartridgeBlockDestruction.objects.get_or_create(
+                block=block, defaults={"reason": reason.strip()[:500], "erasure_request": erasure_request}
+            )
+    except IntegrityError:  # a concurrent run recorded it first
+        pass
+
+
+def first_block_reached(*, version: CartridgeVersion, seqs: set[int]) -> int:
+    """The index of the first block of ``version`` that any memory in ``seqs`` reaches (0 when it cannot tell)."""
+    entries = version.manifest.get("entries", [])
+    positions = version.entry_positions or []
+    if not version.block_size or len(positions) != len(entries):
+        return 0
+    reached = [positions[i] for i, entry in enumerate(entries) if entry[0] in seqs]
+    return min(reached) // version.block_size if reached else 0
 
 
 def _serving_version_id(scope_id: int) -> int | None:
@@ -103,10 +157,32 @@ def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
     # a deleted scope is not rebuilt: every cartridge of it is destroyed and none replaces it
     rebuild = erasure_request.kind != ErasureKind.SCOPE
     affected = {}
+    seqs = set(erased.values_list("seq", flat=True))
+    reason = f"erasure request #{erasure_request.pk}"
     for version in versions:
         if rebuild and _serving_version_id(version.scope_id) == version.pk:
             affected[version.scope_id] = version.scope
-        cartridge_destroy(version=version, erasure_request=erasure_request, reason=f"erasure request #{erasure_request.pk}")
+        cartridge_destroy(
+            version=version, erasure_request=erasure_request, reason=reason, from_block=first_block_reached(version=version, seqs=seqs)
+        )
+    # a version that shares a destroyed block (the same tokens from another memory, e.g. a duplicate text) can no
+    # longer be loaded: destroy it too (from that block on), and rebuild its scope if it served
+    while True:
+        sharing = (
+            CartridgeVersionBlock.objects.filter(block__destruction__erasure_request=erasure_request, version__destruction__isnull=True)
+            .select_related("version__scope")
+            .order_by("version_id", "index")
+        )
+        first_index: dict[int, tuple[CartridgeVersion, int]] = {}
+        for link in sharing:
+            first_index.setdefault(link.version_id, (link.version, link.index))
+        if not first_index:
+            break
+        for version, index in first_index.values():
+            if rebuild and _serving_version_id(version.scope_id) == version.pk:
+                affected[version.scope_id] = version.scope
+            cartridge_destroy(version=version, erasure_request=erasure_request, reason=reason + " (shared block)", from_block=index)
+            versions.append(version)
     failures = []
     for scope in affected.values():
         try:
