@@ -111,6 +111,11 @@ def answer_request_ttl_s() -> int:
     return _int("MNESIO_ANSWER_REQUEST_TTL_S", minimum=1)
 
 
+def store_pause_s() -> float:
+    """Fault injection: seconds a compile waits between writing its blobs and recording its version (tests only)."""
+    return _float("MNESIO_CARTRIDGE_STORE_PAUSE_S", maximum=600.0)
+
+
 def compile_pause_s() -> float:
     """Fault injection for tests: sleep this long between opening the log and compiling (0 in production)."""
     return _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", maximum=600.0)

@@ -367,6 +367,9 @@ MNESIO_ORPHAN_BLOB_GRACE_S = envint("MNESIO_ORPHAN_BLOB_GRACE_S", None, minimum=
 # Fault injection for tests: sleep this long between opening the log and compiling (0 in production; the worker
 # tests pass it to worker processes through the environment).
 MNESIO_CARTRIDGE_COMPILE_PAUSE_S = envfloat("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, maximum=600.0)
+# Fault injection for tests: a pause after a compile wrote its blobs and before it records its version (0: none).
+MNESIO_CARTRIDGE_STORE_PAUSE_S = envfloat("MNESIO_CARTRIDGE_STORE_PAUSE_S", 0.0, maximum=600.0)
+MNESIO_BLOCK_CACHE_BYTES = envint("MNESIO_BLOCK_CACHE_BYTES", 1 << 30, minimum=0)
 # Serving (cartridges/services/admission.py, remote.py): how many asks one process holds at once (sync, streamed,
 # OpenAI-compatible) before answering 429 + Retry-After, and the Retry-After it names.
 MNESIO_MAX_WAITING_ASKS = envint("MNESIO_MAX_WAITING_ASKS", 32, minimum=1)

@@ -262,6 +262,9 @@ def _version_store(
                 stored_sha256=block_stored.stored_sha256, stored_size_bytes=block_stored.stored_size_bytes,
                 storage_name=block_stored.name,
             ))
+        pause = conf.store_pause_s()
+        if pause:
+            time.sleep(pause)  # fault injection (tests kill the worker here: blobs written, no version yet); 0 in production
         with transaction.atomic():
             manifest_subjects_lock(data.subject_ids)
             manifest_memory_keys_lock(data.seqs)

@@ -139,3 +139,83 @@ def test_settings_refuse_a_time_limit_at_or_above_the_visibility_timeout():
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "`CELERY_TASK_TIME_LIMIT` (60) has to be below `CELERY_VISIBILITY_TIMEOUT` (60)" in result.stderr
+
+
+def _blocks_consistent() -> None:
+    """No orphan block and no version missing a block: every block is live (its key row exists) or has a destruction
+    record; every live version links only live blocks; every stored file has a key row."""
+    from cartridges.models import CartridgeBlock, CartridgeBlockDestruction, CartridgeDestruction, CartridgeVersionBlock
+
+    keys = set(CartridgeBlob.objects.values_list("storage_name", flat=True))
+    destroyed = set(CartridgeBlockDestruction.objects.values_list("block_id", flat=True))
+    for block in CartridgeBlock.objects.all():
+        assert (block.storage_name in keys) != (block.pk in destroyed), f"block {block.pk} is neither live nor recorded destroyed"
+    dead_versions = set(CartridgeDestruction.objects.values_list("version_id", flat=True))
+    for link in CartridgeVersionBlock.objects.exclude(version_id__in=dead_versions).select_related("block"):
+        assert link.block.storage_name in keys, f"live version {link.version_id} links destroyed block {link.block_id}"
+
+
+def test_a_worker_killed_between_writing_blocks_and_recording_the_version_leaves_no_orphan(fake_row, start_worker, blob_root, record_figures):
+    from cartridges.models import CartridgeBlock, CartridgeVersionBlock
+    from cartridges.tasks import cartridge_compile_task
+    from memories.models import Scope
+
+    scope = Scope.objects.create(name="block-store-fault")
+    for i in range(9):
+        memory_append(scope=scope, content=f"Fact {i}: locker {i} holds item {i * 7}.")
+    first = cartridge_compile(scope=scope)  # blocks 0 and 1 stored, memory 8 in the tail
+    for i in range(9, 13):
+        memory_append(scope=scope, content=f"Fact {i}: locker {i} holds item {i * 7}.")
+    blobs_before = CartridgeBlob.objects.count()
+    # the incremental compile writes its tail and one new block, then pauses before recording the version
+    worker = start_worker(MNESIO_CARTRIDGE_STORE_PAUSE_S="4", MNESIO_ORPHAN_BLOB_GRACE_S="1")
+    result = cartridge_compile_task.delay(scope.pk)
+    started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=worker)
+    _wait(lambda: CartridgeBlob.objects.count() == blobs_before + 2, timeout=TIMEOUT_S, what="the blobs to be written", worker=worker)
+    os.kill(started["pid"], signal.SIGKILL)
+    assert CartridgeVersion.objects.filter(scope=scope).count() == 1  # nothing recorded: the version never existed
+    outcome = result.get(timeout=TIMEOUT_S)  # delivered again; its compile sweeps the dead one's blobs (older than 1 s)
+    assert outcome["ok"] and outcome["version"] != first.pk
+    version = CartridgeVersion.objects.get(pk=outcome["version"])
+    links = list(CartridgeVersionBlock.objects.filter(version=version).order_by("index"))
+    first_links = list(CartridgeVersionBlock.objects.filter(version=first).order_by("index"))
+    assert len(links) == 3 and [link.block_id for link in links[:2]] == [link.block_id for link in first_links]
+    assert CartridgeBlock.objects.filter(scope=scope).count() == 3
+    _blocks_consistent()
+    claimed = set(CartridgeVersion.objects.values_list("storage_name", flat=True)) | set(CartridgeBlock.objects.values_list("storage_name", flat=True))
+    assert set(CartridgeBlob.objects.values_list("storage_name", flat=True)) == claimed  # the dead compile's intents are gone
+    assert len(_files(blob_root)) == len(claimed)
+    record_figures(scenario="kill -9 between block writes and the version row", num_blobs=len(claimed))
+
+
+def test_a_block_level_erasure_whose_worker_was_killed_finishes_on_redelivery(fake_row, start_worker, blob_root, record_figures):
+    from cartridges.models import CartridgeBlockDestruction, CartridgeVersionBlock
+    from memories.models import Scope
+    from memories.tasks import erasure_request_process_task
+
+    scope = Scope.objects.create(name="block-erasure-fault")
+    for i in range(8):
+        memory_append(scope=scope, content=f"Fact {i}: locker {i} holds item {i * 7}.")
+    memory_append(scope=scope, subject="dana", content="Dana's locker code is 4417.")  # memory 8: block 2
+    for i in range(9, 13):
+        memory_append(scope=scope, content=f"Fact {i}: locker {i} holds item {i * 7}.")
+    old = cartridge_compile(scope=scope)
+    cartridge_activate(version=old)
+    old_links = list(CartridgeVersionBlock.objects.filter(version=old).select_related("block").order_by("index"))
+    request = erasure_request_file(subject="dana", requested_by=None, reason="asked to be forgotten")
+    worker = start_worker(MNESIO_CARTRIDGE_COMPILE_PAUSE_S="4")
+    result = erasure_request_process_task.delay(request.pk)
+    started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the erasure to start", worker=worker)
+    _wait(lambda: version_state(version=old) == "destroyed", timeout=TIMEOUT_S, what="the destruction", worker=worker)
+    os.kill(started["pid"], signal.SIGKILL)
+    assert result.get(timeout=TIMEOUT_S) == ErasureStatus.VIEWS_REBUILT
+    rebuilt = active_version(scope=scope)
+    assert rebuilt is not None and rebuilt != old
+    kept = [link.block.storage_name for link in old_links[:2]]
+    assert set(CartridgeBlob.objects.filter(storage_name__in=kept).values_list("storage_name", flat=True)) == set(kept)
+    assert CartridgeBlockDestruction.objects.filter(block=old_links[2].block).count() == 1
+    assert [link.block_id for link in CartridgeVersionBlock.objects.filter(version=rebuilt).order_by("index")][:2] == [
+        link.block_id for link in old_links[:2]
+    ]
+    _blocks_consistent()
+    record_figures(scenario="kill -9 mid block-level erasure", blocks_kept=2, blocks_destroyed=1)

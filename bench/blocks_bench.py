@@ -1,0 +1,141 @@
+"""Block cartridges (issue 13, must-show 2-5): what an append and an erasure cost, and what 50 appends store.
+
+Engine level, the real model (SmolLM2-135M, CPU f32 by default), in one process and one run, so the ratios are
+side by side:
+- append: a ~8k-token scope compiled from scratch vs. the same scope plus one ~60-token memory compiled reusing
+  the stored blocks (model time = the prefill; also the whole compile call);
+- erase: a memory in the last eighth of the scope removed; the compile reusing the blocks before it vs. from scratch;
+- storage: a scope grown by 50 appends from ~4k to ~7k tokens, every version stored by parts with each block once
+  (as cartridges.storage does per scope), against the largest single version and against whole blobs per version;
+- byte identity: every incremental version's digest equals a from-scratch compile's (checked on the append,
+  the erasure, and every 10th storage step).
+
+    .venv/bin/python bench/blocks_bench.py --out bench/results/blocks.json
+
+The memories are generated sentences (people, places, numbers) so the figures do not depend on a dataset.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvengine import make_backend  # noqa: E402
+
+NAMES = "Ada Bruno Chen Dara Emeka Farah Goran Hana Ivo Jun Kemal Lena Milo Nadia Oren Priya Quinn Rosa Sami Tova".split()
+PLACES = "Lisbon Osaka Tromso Lagos Quito Hanoi Tbilisi Perth Cusco Graz Nairobi Oslo Porto Dakar Lima".split()
+THINGS = "bicycle violin greenhouse ledger telescope kayak lantern herbarium loom compass atlas kiln".split()
+
+
+def memory(rng: random.Random, i: int) -> str:
+    """One generated memory of ~55-65 tokens."""
+    a, b = rng.sample(NAMES, 2)
+    return (
+        f"Note {i}: {a} met {b} in {rng.choice(PLACES)} on day {rng.randint(1, 365)} of year {rng.randint(1990, 2030)}; "
+        f"{a} lent {b} a {rng.choice(THINGS)} worth {rng.randint(10, 9999)} euros, to be returned by the "
+        f"{rng.randint(1, 28)}th, and {b} promised to bring back {rng.randint(2, 40)} jars of {rng.choice(PLACES)} honey."
+    )
+
+
+def memories_for(backend, rng: random.Random, target_tokens: int, start: int = 0) -> list[str]:
+    texts: list[str] = []
+    while not texts or backend.count_tokens(texts) < target_tokens:
+        texts.append(memory(rng, start + len(texts)))
+    return texts
+
+
+def timed(fn):
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=8000, help="scope size for the append and erase figures")
+    parser.add_argument("--grow-from", type=int, default=4000)
+    parser.add_argument("--appends", type=int, default=50)
+    parser.add_argument("--dtype", default="f32")
+    parser.add_argument("--quant", default="none")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rng = random.Random(13)
+    backend = make_backend("transformers", dtype=args.dtype, quant=args.quant, device=args.device)
+    report: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": os.environ.get("OMP_NUM_THREADS")},
+                    "config": vars(args) | {"out": str(args.out)}}
+
+    # -- append -------------------------------------------------------------------------------------------
+    texts = memories_for(backend, rng, args.tokens)
+    base, full_s = timed(lambda: backend.compile(texts))
+    parts = backend.dump_parts(base)
+    store = {ref.block_id: data for ref, data in parts.blocks}
+    new = memory(rng, 10_000)
+    grown, inc_s = timed(lambda: backend.compile([*texts, new], blocks=store.get))
+    scratch = backend.compile([*texts, new])
+    report["append"] = {
+        "scope_tokens": base.header.num_tokens, "new_memory_tokens": grown.header.num_tokens - base.header.num_tokens,
+        "full_compile_s": round(full_s, 3), "full_model_s": base.stats["compute_s"],
+        "incremental_compile_s": round(inc_s, 3), "incremental_model_s": grown.stats["compute_s"],
+        "model_time_ratio": round(grown.stats["compute_s"] / base.stats["compute_s"], 4),
+        "blocks_reused": grown.stats["blocks_reused"], "blocks_computed": grown.stats["blocks_computed"],
+        "byte_identical_to_scratch": backend.dump_parts(grown).digest == backend.dump_parts(scratch).digest,
+    }
+    print(json.dumps({"append": report["append"]}), flush=True)
+
+    # -- erase a memory in the last eighth ------------------------------------------------------------------
+    positions = base.stats["memory_positions"]
+    victim = next(i for i, p in enumerate(positions) if p >= base.header.num_tokens * 7 // 8)
+    erased = texts[:victim] + texts[victim + 1 :]
+    rebuilt, erase_s = timed(lambda: backend.compile(erased, blocks={k: v for k, v in store.items()}.get))
+    never, never_s = timed(lambda: backend.compile(erased))
+    report["erase"] = {
+        "victim_position": positions[victim], "scope_tokens": base.header.num_tokens,
+        "rebuild_s": round(erase_s, 3), "rebuild_model_s": rebuilt.stats["compute_s"], "full_compile_s": round(never_s, 3),
+        "time_ratio": round(erase_s / never_s, 4), "blocks_reused": rebuilt.stats["blocks_reused"],
+        "byte_identical_to_never_had_it": backend.dump_parts(rebuilt).digest == backend.dump_parts(never).digest,
+    }
+    print(json.dumps({"erase": report["erase"]}), flush=True)
+
+    # -- storage over 50 appends ---------------------------------------------------------------------------
+    grow = memories_for(backend, rng, args.grow_from, start=20_000)
+    stored: dict[str, int] = {}
+    blocks: dict[str, bytes] = {}
+    tails, versions, identical, checks, inc_times = 0, [], True, 0, []
+    for step in range(args.appends + 1):
+        if step:
+            grow.append(memory(rng, 30_000 + step))
+        cartridge, seconds = timed(lambda: backend.compile(grow, blocks=blocks.get))
+        inc_times.append(seconds)
+        version = backend.dump_parts(cartridge)
+        for ref, data in version.blocks:
+            blocks.setdefault(ref.block_id, data)
+            stored.setdefault(ref.block_id, len(data))
+        tails += len(version.tail)
+        versions.append(version.size_bytes)
+        if step % 10 == 0:
+            checks += 1
+            identical &= version.digest == backend.dump_parts(backend.compile(grow)).digest
+    total = sum(stored.values()) + tails
+    report["storage"] = {
+        "appends": args.appends, "first_tokens": backend.count_tokens(grow[: len(grow) - args.appends]), "last_tokens": cartridge.header.num_tokens,
+        "stored_bytes": total, "largest_version_bytes": max(versions), "ratio_to_largest": round(total / max(versions), 4),
+        "whole_blobs_bytes": sum(versions), "whole_blobs_ratio": round(sum(versions) / max(versions), 2),
+        "incremental_compile_s_p50": round(sorted(inc_times[1:])[len(inc_times[1:]) // 2], 3),
+        "identity_checks": checks, "byte_identical_to_scratch": identical,
+    }
+    print(json.dumps({"storage": report["storage"]}), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
