@@ -61,6 +61,7 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "blob_unavailable": (409, "the cartridge's stored blob or its key is gone; rebuild the version"),
     "blob_tampered": (409, "the cartridge's stored bytes fail their checks and are never served"),
     "blob_storage_unavailable": (503, "blob storage refused a write; retry once it is fixed"),
+    "version_pruned": (409, "the version was pruned by the scope's retention (keep_previous_versions); compile instead"),
     "memory_integrity": (500, "a stored memory failed authentication (altered or copied ciphertext)"),
     "engine_refused": (400, "the KV engine refused the input; the message says why"),
     "already_erased": (409, "the memory is erased already (its subject was erased or its scope deleted): nothing to forget"),

@@ -90,3 +90,15 @@ def test_rollback_refuses_with_nothing_to_roll_back_to_and_rejects_fields(
     assert_error(
         api_client_for(charlie).post("/api/scopes/scope-a/cartridges/rollback/", {}, format="json"), 404, "scope"
     )
+
+
+def test_rollback_to_a_version_pruned_by_retention_is_refused_with_its_code(alice, scope_a, served, append, api_client_for):
+    from cartridges.services.scope_settings import scope_settings_update
+
+    served(scope_a, ["The spare key is under the blue flowerpot."])
+    scope_settings_update(scope=scope_a, actor=None, keep_previous_versions=0)
+    append(scope_a, "Ada drinks green tea.")
+    cartridge_activate(version=cartridge_compile(scope=scope_a))  # prunes the first version
+    response = api_client_for(alice).post("/api/scopes/scope-a/cartridges/rollback/", {}, format="json")
+    assert response.status_code == 409 and response.json()["code"] == "version_pruned"
+    assert "keep_previous_versions=0" in response.json()["message"]
