@@ -107,6 +107,22 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
         return cartridge, backend
 
 
+def cartridge_cache_put(*, version: CartridgeVersion, config: Any, cartridge: Cartridge) -> None:
+    """Keep a cartridge this process just compiled and stored as ``version`` in the LRU (no reload for its gate).
+
+    Only for the cartridge whose parts were stored as that version (compile() is deterministic: it is what a load
+    would give); whether it may serve is still decided per answer from the database.
+    """
+    size = conf.cartridge_cache_size()
+    if size <= 0:
+        return
+    with _lock:
+        _cartridges[(version.pk, kv_config(config))] = cartridge
+        while len(_cartridges) > size:
+            _cartridges.popitem(last=False)
+            _stats["evictions"] += 1
+
+
 def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exception) -> None:
     """Log a refused load and record it as a failed evaluation (stage "load"); never masks ``exc``.
 

@@ -14,11 +14,11 @@ from django.http import HttpRequest
 
 from memories.models import Scope
 
-from . import cases, configuration, scope_settings, versions
+from . import blocks, cases, configuration, scope_settings, versions
 from .common import ACTIVATE_PERMISSION, COMPILE_PERMISSION
 from .versions import ScopeVersionInline, compile_scopes, rollback_scopes
 
-__all__ = ["cases", "configuration", "scope_settings", "versions"]
+__all__ = ["blocks", "cases", "configuration", "scope_settings", "versions"]
 
 
 # ---------------------------------------------------------------------------

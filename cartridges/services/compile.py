@@ -191,6 +191,8 @@ def cartridge_compile(*, scope, log_head: int | None = None, actor=None) -> Cart
         except SubjectErasedDuringCompile:
             log.info("compile scope=%s attempt=%s lost a race with an erasure; reading the log again", scope.pk, attempt)
             continue
+        if version.sha256 == parts.digest:  # ours, not a concurrent compile's row: its gate and first answers need no load
+            engine.cartridge_cache_put(version=version, config=config, cartridge=cartridge)
         log.info(
             "cartridge compiled version=%s scope=%s head=%s num_memories=%s num_tokens=%s blocks_reused=%s blocks_computed=%s compile_s=%.3f",
             version.pk, scope.pk, head, len(data.texts), header.num_tokens, cartridge.stats.get("blocks_reused"),

@@ -1,0 +1,45 @@
+"""Stored blocks and retention prunes in the admin, read-only: which blocks a scope stores, whether each is live
+(its key exists) or destroyed and why, and what retention pruned. No block content is ever shown."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from cartridges.models import CartridgeBlob, CartridgeBlock, CartridgePrune
+
+
+class _ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(CartridgeBlock)
+class CartridgeBlockAdmin(_ReadOnly):
+    list_display = ["id", "scope", "short_id", "first_position", "num_tokens", "stored_size_bytes", "live", "created_at"]
+    search_fields = ["scope__name", "block_id"]
+    list_select_related = ["scope", "destruction"]
+    readonly_fields = ["scope", "block_id", "first_position", "num_tokens", "part_sha256", "sha256", "size_bytes",
+                       "stored_sha256", "stored_size_bytes", "storage_name", "created_at"]
+
+    @admin.display(description="block id")
+    def short_id(self, obj: CartridgeBlock) -> str:
+        return obj.block_id[:16]
+
+    @admin.display(boolean=True, description="live")
+    def live(self, obj: CartridgeBlock) -> bool:
+        return CartridgeBlob.objects.filter(storage_name=obj.storage_name).exists()
+
+
+@admin.register(CartridgePrune)
+class CartridgePruneAdmin(_ReadOnly):
+    list_display = ["version", "keep_previous_versions", "num_blocks_destroyed", "bytes_freed", "created_at"]
+    list_select_related = ["version"]
+    search_fields = ["version__scope__name"]
