@@ -76,13 +76,21 @@ def cartridge_compile_task(
 
 
 @shared_task(**_RELIABLE, **_RECORDS_ACTOR)
-def cartridge_evaluate_task(version_id: int, then_activate: bool = False, actor_id: int | None = None) -> dict[str, Any]:
-    """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation."""
+def cartridge_evaluate_task(
+    version_id: int, then_activate: bool = False, actor_id: int | None = None, gate: str | None = None
+) -> dict[str, Any]:
+    """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation.
+
+    ``gate`` (services.gate): None picks "auto" for the follow-up of a compile (``then_activate``) and "full" for
+    an explicit evaluation, which reuses only a current full evaluation.
+    """
+    gate = gate or ("auto" if then_activate else "full")
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
     evaluation = version_latest_evaluation(version=version, config_key=active_configuration().key())
     digest = evaluation_cases_digest(scope=version.scope)
-    if evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest:
-        evaluation = cartridge_evaluate(version=version, actor=_actor(actor_id))
+    stale = evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest
+    if stale or (gate == "full" and evaluation.figures.get("gate") != "full"):
+        evaluation = cartridge_evaluate(version=version, actor=_actor(actor_id), gate=gate)
     if then_activate and evaluation.passed:
         job_dispatch(cartridge_activate_task, args=[version_id], actor_id=actor_id, detached=True)
     return {"ok": True, "evaluation": evaluation.pk, "passed": evaluation.passed}
