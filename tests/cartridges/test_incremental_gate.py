@@ -5,7 +5,12 @@ import pytest
 
 from cartridges import engine
 from cartridges.models import CartridgeEvaluation
-from cartridges.services import GateFailed, cartridge_activate, cartridge_compile, cartridge_evaluate, evaluation_case_add
+from cartridges.services import (
+    GateFailed,
+    cartridge_activate,
+    cartridge_compile,
+    cartridge_evaluate,
+)
 from cartridges.services.gate import cartridge_is_committable
 from kvengine.fake import FakeKvBackend
 
