@@ -24,7 +24,7 @@ pytestmark = [
 DEBOUNCE_S = 3  # the burst below commits within it (a few appends of a few ms each)
 
 
-def test_a_burst_of_appends_is_one_refresh_on_the_gpu_queue(fake_row, start_worker, redis_clean):
+def test_a_burst_of_appends_is_one_refresh_on_the_gpu_queue(fake_row, start_worker, redis_clean):  # noqa: F811
     worker = start_worker()
     scope = Scope.objects.create(name="refresh-scope")
     scope_settings_update(scope=scope, auto_refresh="on_append", auto_refresh_debounce_s=DEBOUNCE_S)
