@@ -5,6 +5,7 @@ import pytest
 
 from cartridges import engine
 from cartridges.models import CartridgeEvaluation
+from cartridges.selectors import active_version
 from cartridges.services import (
     GateFailed,
     cartridge_activate,
@@ -196,3 +197,20 @@ def test_probes_about_the_new_memory_fail_the_gate_on_their_own(lying, settings)
     evaluation = cartridge_evaluate(version=lying, gate="auto")
     assert not evaluation.passed and evaluation.figures["gate"] == "incremental"
     assert len(evaluation.reasons) == 1 and "fidelity" in evaluation.reasons[0], evaluation.reasons
+
+
+def test_the_compile_follow_up_gates_incrementally_and_an_explicit_evaluate_runs_in_full(
+    verified, scope_a, append, eager_tasks, django_capture_on_commit_callbacks
+):
+    from cartridges.tasks import cartridge_evaluate_task
+
+    append(scope_a, FACTS[5])
+    v2 = cartridge_compile(scope=scope_a)
+    with django_capture_on_commit_callbacks(execute=True):  # the activation is sent after commit
+        followed = cartridge_evaluate_task.delay(v2.pk, True).get()
+    assert CartridgeEvaluation.objects.get(pk=followed["evaluation"]).figures["gate"] == "incremental"
+    assert active_version(scope=scope_a) == v2  # activated on the incremental pass
+    explicit = cartridge_evaluate_task.delay(v2.pk).get()  # an incremental pass is not reused for an explicit evaluate
+    assert explicit["evaluation"] != followed["evaluation"]
+    assert CartridgeEvaluation.objects.get(pk=explicit["evaluation"]).figures["gate"] == "full"
+    assert cartridge_evaluate_task.delay(v2.pk).get()["evaluation"] == explicit["evaluation"]  # a full one is
