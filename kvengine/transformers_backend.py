@@ -378,8 +378,10 @@ class TransformersKvBackend(KvBackend):
 
         The re-reading is independent of compile(): one forward pass over every new token on a plain
         DynamicCache holding the verified blocks' served KV, not a prefill per block through _BlockCache and
-        part_store. Probes and questions then run on top of the cartridge and on top of that re-reading (a
-        KvState of its own, cropped back after each), so the new part is read once, not once per probe.
+        part_store. Probes and questions are answered greedily from the cartridge; the re-reading (a KvState of
+        its own, cropped back after each) reads each question with that answer in one teacher-forced pass: equal
+        answers iff its greedy choice is the answer's token at every position (and an EOS where it stopped). Only a
+        question whose answers differ is decoded on the re-reading too. So the new part is read once for all.
         """
         check_compatible(cartridge.header, self._description)
         if not probes:
@@ -423,23 +425,45 @@ class TransformersKvBackend(KvBackend):
         reread_s = time.perf_counter() - started
         kls, top1, same = [], 0, 0
         for probe in probes:
-            (ids_c, logp_c), (ids_r, logp_r) = (self._on_top(s, probe, max_new_tokens) for s in (state, reference))
+            ids_c, logp_c = self._on_top(state, probe, max_new_tokens)
+            identical, logp_r = self._teacher_forced(reference, probe, ids_c, max_new_tokens)
             kls.append(max(0.0, float((logp_r.exp() * (logp_r - logp_c)).sum())))  # KL(re-read || cartridge), float noise clamped
             top1 += int(logp_r.argmax() == logp_c.argmax())
-            same += int(ids_r == ids_c)
+            same += int(identical)
         answers = []
         for question in questions:
-            pair = []
-            for mode, s in (("cartridge", state), ("text", reference)):
-                t0 = time.perf_counter()
-                out, _ = self._on_top(s, question, answer_max_new_tokens)
-                pair.append(self._answer(out, mode, s.num_tokens, 0, 0.0, time.perf_counter() - t0))
-            answers.append(tuple(pair))
+            t0 = time.perf_counter()
+            ids_c, _ = self._on_top(state, question, answer_max_new_tokens)
+            from_cartridge = self._answer(ids_c, "cartridge", state.num_tokens, 0, 0.0, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            identical, _ = self._teacher_forced(reference, question, ids_c, answer_max_new_tokens)
+            ids_r = ids_c if identical else self._on_top(reference, question, answer_max_new_tokens)[0]
+            answers.append((from_cartridge, self._answer(ids_r, "text", reference.num_tokens, 0, 0.0, time.perf_counter() - t0)))
         return ExtensionCheck(
             num_verified_blocks=num_verified_blocks, num_verified_tokens=begin, num_new_tokens=max(0, len(ids) - begin),
             chain_matches=chain_matches, max_abs_diff=max_abs_diff, fidelity=FidelityReport.of_probes(kls, num_top1=top1, num_identical=same),
             answers=tuple(answers), reread_s=reread_s, probe_s=time.perf_counter() - started - reread_s,
         )
+
+    def _teacher_forced(self, state: KvState, question: str, token_ids: list[int], max_new_tokens: int) -> tuple[bool, torch.Tensor]:
+        """Would greedy decoding on top of ``state`` give ``token_ids``? One pass (question + those tokens), not a
+        decode step per token: each position's argmax must be the next token, and where the answer stopped before
+        ``max_new_tokens`` the next argmax must end it (an EOS). Returns that and the first-token log-probs."""
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        ids = suffix + [int(t) for t in token_ids]
+        self._check_room(state.num_tokens + len(ids), 1, "memories plus the question and answer")
+        with torch.inference_mode(), state.lock:
+            state.ensure_capacity(state.num_tokens + len(ids))
+            cache = CartridgeCache(state)
+            try:
+                input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
+                logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=len(token_ids) + 1).logits[0]
+            finally:
+                cache.crop_back()
+            logp = torch.log_softmax(logits.float(), dim=-1)  # (len(token_ids) + 1, vocab): row i predicts answer token i
+        greedy = logp.argmax(dim=-1).tolist()
+        identical = greedy[: len(token_ids)] == list(token_ids) and (len(token_ids) >= max_new_tokens or greedy[len(token_ids)] in self._eos_ids)
+        return identical, logp[0]
 
     def _on_top(self, state: KvState, question: str, max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
         """Greedy answer to ``question`` on top of ``state`` (cropped back after): its ids and first-token log-probs."""
