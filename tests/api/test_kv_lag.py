@@ -63,6 +63,7 @@ def test_prometheus_and_the_dashboard_show_the_lag_in_seconds(operator, lagging,
     client.force_login(operator)
     html = client.get("/dashboard/").content.decode()
     assert 'data-field="lag_s"' in html and html.count('data-field="lag_s"') == 2
+    assert '<td class="nowrap" data-field="gate">full · ' in html  # the recent gate results say which gate ran
 
 
 def test_the_lag_adds_no_query_per_scope(scope_a, scope_c, append, fake_engine, django_assert_num_queries):
