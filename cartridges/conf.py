@@ -12,8 +12,11 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 
-def _float(name: str, *, minimum: float = 0.0, maximum: float | None = None) -> float:
-    raw = getattr(settings, name)
+_MISSING = object()
+
+
+def _float(name: str, *, minimum: float = 0.0, maximum: float | None = None, default: object = _MISSING) -> float:
+    raw = getattr(settings, name) if default is _MISSING else getattr(settings, name, default)
     try:
         value = float(raw)
     except (TypeError, ValueError):
@@ -23,8 +26,8 @@ def _float(name: str, *, minimum: float = 0.0, maximum: float | None = None) -> 
     return value
 
 
-def _int(name: str, *, minimum: int = 0) -> int:
-    raw = getattr(settings, name)
+def _int(name: str, *, minimum: int = 0, default: object = _MISSING) -> int:
+    raw = getattr(settings, name) if default is _MISSING else getattr(settings, name, default)
     try:
         value = int(raw)
     except (TypeError, ValueError):
@@ -129,3 +132,22 @@ remote_answer_timeout_s = _int_setting("MNESIO_REMOTE_ANSWER_TIMEOUT_S", minimum
 def web_loads_model() -> bool:
     """Whether this process answers with its own engine (true) or sends asks to gpu workers (false: no torch)."""
     return _bool("MNESIO_WEB_LOADS_MODEL")
+
+
+# -- issue 13: the incremental gate and auto-refresh. New settings, read here with their default until
+# mnesio_site/settings.py reads each from the environment (envint/envfloat, same names, same defaults).
+
+
+def gate_full_every() -> int:
+    """Every Nth version of an incremental chain runs the full gate (1: always full); the others run incremental."""
+    return _int("MNESIO_GATE_FULL_EVERY", minimum=1, default=10)
+
+
+def gate_max_kv_abs_diff() -> float:
+    """Most max |KV difference| between the cartridge's new part and its one-pass re-reading (f32: float reordering only)."""
+    return _float("MNESIO_GATE_MAX_KV_ABS_DIFF", default=1e-3)
+
+
+def auto_refresh_marker_grace_s() -> int:
+    """How long past its debounce a scope's "refresh pending" marker lives (a lost refresh task frees the scope then)."""
+    return _int("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", minimum=1, default=600)

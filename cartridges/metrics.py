@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -112,6 +112,7 @@ def _scopes_with_metrics(scopes: QuerySet[Scope]) -> QuerySet[Scope]:
     return scopes.annotate(
         num_memories=Coalesce(Subquery(memories.annotate(n=Count("id")).values("n")), 0),
         memories_head=Coalesce(Subquery(memories.annotate(h=Max("seq")).values("h")), 0),
+        oldest_memory_at=Subquery(memories.annotate(o=Min("created_at")).values("o")),  # an unserved scope's lag_s
         activated_version_id=Subquery(newest_activation.values("version_id")[:1]),
     )
 
@@ -126,25 +127,34 @@ def _serving_versions(scopes: list[Any]) -> dict[int, CartridgeVersion]:
     return {v.scope_id: v for v in versions if v.pk in serving}
 
 
-def _lags(serving: dict[int, CartridgeVersion]) -> dict[int, int]:
-    """Memories of each served scope after its serving version's head (one query); unserved scopes lag by all."""
+def _lags(serving: dict[int, CartridgeVersion]) -> dict[int, tuple[int, datetime]]:
+    """Memories of each served scope after its serving version's head and when the oldest of them was appended
+    (one query); unserved scopes lag by all their memories."""
     if not serving:
         return {}
     after = Q(pk__in=[])
     for scope_id, version in serving.items():
         after |= Q(scope_id=scope_id, seq__gt=version.log_head)
-    rows = Memory.objects.filter(after).values("scope_id").annotate(n=Count("id")).order_by()
-    return {row["scope_id"]: row["n"] for row in rows}
+    rows = Memory.objects.filter(after).values("scope_id").annotate(n=Count("id"), oldest=Min("created_at")).order_by()
+    return {row["scope_id"]: (row["n"], row["oldest"]) for row in rows}
 
 
-def _scope_row(scope: Any, version: CartridgeVersion | None, lags: dict[int, int], now: datetime, head: int) -> dict[str, Any]:
+def _lag_seconds(oldest: datetime | None, now: datetime) -> float:
+    """Seconds the oldest memory not yet served has waited (0 when every memory is served)."""
+    return 0.0 if oldest is None else round(max(0.0, (now - oldest).total_seconds()), 3)
+
+
+def _scope_row(scope: Any, version: CartridgeVersion | None, lags: dict[int, tuple[int, datetime]], now: datetime, head: int) -> dict[str, Any]:
     """One scope: the version serving it (if any), the latest activation's version, and the lag."""
+    lag, oldest = lags.get(scope.pk, (0, None)) if version is not None else (scope.num_memories, scope.oldest_memory_at)
     return {
         "scope": scope.name,
         "num_memories": scope.num_memories,
         "scope_head": scope.memories_head,
         # memories of the scope the serving cartridge does not hold (all of them when none serves)
-        "lag": lags.get(scope.pk, 0) if version is not None else scope.num_memories,
+        "lag": lag,
+        # how long the oldest of those has waited to be served (0: the cartridge holds the whole log)
+        "lag_s": _lag_seconds(oldest, now),
         "serving": version is not None,
         "activated_version_id": scope.activated_version_id,
         "active_version": None if version is None else {
@@ -180,6 +190,9 @@ def _gate(evaluations: Any) -> dict[str, Any]:
             "passed": ev.passed,
             "reasons": list(ev.reasons or []),
             "stage": figures.get("stage", "evaluate"),
+            # which gate ran ("full" | "incremental"; None for a check-only record) and its cost in seconds
+            "gate": figures.get("gate") if isinstance(figures.get("gate"), str) else None,
+            "gate_seconds": (figures.get("gate_cost") or {}).get("seconds") if isinstance(figures.get("gate_cost"), dict) else None,
             "fidelity": fidelity.get("top1_agreement"),
             "accuracy_cartridge": accuracy.get("cartridge"),
             "accuracy_text": accuracy.get("text"),

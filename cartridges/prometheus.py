@@ -129,6 +129,7 @@ class KvMetricsCollector(Collector):
         activated = family("mnesio_scope_activated", "1 if the scope has ever had a version activated.")
         serving = family("mnesio_scope_serving", "1 if the scope's active version matches the active configuration.")
         lag = family("mnesio_scope_lag_memories", "Memories of the scope appended after its active version's head.")
+        lag_s = family("mnesio_scope_lag_seconds", "Age of the scope's oldest memory its active cartridge does not serve (0: none).")
         head = family("mnesio_scope_active_log_head", "Log head the scope's active version was compiled at.")
         tokens = family("mnesio_scope_active_tokens", "Tokens in the scope's active cartridge.")
         size = family("mnesio_scope_active_size_bytes", "Blob size of the scope's active cartridge.")
@@ -138,12 +139,13 @@ class KvMetricsCollector(Collector):
             activated.add_metric(scope, 1 if row["activated_version_id"] else 0)
             serving.add_metric(scope, 1 if row["serving"] else 0)
             lag.add_metric(scope, row["lag"])
+            lag_s.add_metric(scope, float(row.get("lag_s") or 0.0))
             if version:
                 head.add_metric(scope, version["log_head"])
                 tokens.add_metric(scope, version["num_tokens"])
                 size.add_metric(scope, version["size_bytes"])
                 age.add_metric(scope, float(version["age_s"]))
-        yield from (activated, serving, lag, head, tokens, size, age)
+        yield from (activated, serving, lag, lag_s, head, tokens, size, age)
 
 
 # The queues whose depth is reported (mnesio_site/celery.py declares them).

@@ -21,6 +21,7 @@ from celery import shared_task
 from core.errors import MnesioError
 from core.jobs import job_dispatch
 from memories.models import Scope
+from memories.registry import register_append_hook
 
 from . import conf
 from .channels import DONE_MESSAGE, answer_channel, delta_message, redis_client
@@ -32,6 +33,13 @@ from .services import (
     cartridge_activate,
     cartridge_compile,
     cartridge_evaluate,
+)
+from .services.refresh import (
+    refresh_debounce_s,
+    refresh_marker_clear,
+    refresh_marker_set,
+    refresh_timer_start,
+    scope_refresh,
 )
 from .storage import blobs_sweep
 
@@ -76,13 +84,21 @@ def cartridge_compile_task(
 
 
 @shared_task(**_RELIABLE, **_RECORDS_ACTOR)
-def cartridge_evaluate_task(version_id: int, then_activate: bool = False, actor_id: int | None = None) -> dict[str, Any]:
-    """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation."""
+def cartridge_evaluate_task(
+    version_id: int, then_activate: bool = False, actor_id: int | None = None, gate: str | None = None
+) -> dict[str, Any]:
+    """Evaluate version ``version_id`` (reusing a current evaluation); with ``then_activate`` queue activation.
+
+    ``gate`` (services.gate): None picks "auto" for the follow-up of a compile (``then_activate``) and "full" for
+    an explicit evaluation, which reuses only a current full evaluation.
+    """
+    gate = gate or ("auto" if then_activate else "full")
     version = CartridgeVersion.objects.select_related("scope").get(pk=version_id)
     evaluation = version_latest_evaluation(version=version, config_key=active_configuration().key())
     digest = evaluation_cases_digest(scope=version.scope)
-    if evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest:
-        evaluation = cartridge_evaluate(version=version, actor=_actor(actor_id))
+    stale = evaluation is None or (evaluation.figures.get("accuracy") or {}).get("cases_digest") != digest
+    if stale or (gate == "full" and evaluation.figures.get("gate") != "full"):
+        evaluation = cartridge_evaluate(version=version, actor=_actor(actor_id), gate=gate)
     if then_activate and evaluation.passed:
         job_dispatch(cartridge_activate_task, args=[version_id], actor_id=actor_id, detached=True)
     return {"ok": True, "evaluation": evaluation.pk, "passed": evaluation.passed}
@@ -97,6 +113,45 @@ def cartridge_activate_task(version_id: int, actor_id: int | None = None) -> dic
     except MnesioError as exc:
         return _error(exc)
     return {"ok": True, "activation": activation.pk}
+
+
+@shared_task(**_RELIABLE)
+def cartridge_refresh_task(scope_id: int) -> dict[str, Any]:
+    """Auto-refresh scope ``scope_id``: compile at its head, gate ("auto"), activate (services/refresh.py).
+
+    The pending marker is deleted first, before the head is read: an append that commits after this point
+    schedules the next refresh itself, and every earlier one is within the head read here.
+    """
+    refresh_marker_clear(scope_id)
+    scope = Scope.objects.filter(pk=scope_id).first()
+    if scope is None:
+        return {"ok": False, "error": f"scope {scope_id} does not exist"}
+    return scope_refresh(scope=scope).as_dict()
+
+
+def refresh_after_append(scope_id: int) -> None:
+    """The append hook (memories.registry): schedule ONE debounced refresh of an ``on_append`` scope per burst.
+
+    With a broker, the append that claims the scope's marker sends cartridge_refresh_task (gpu queue) with the
+    debounce as countdown; the others send nothing. In-process, a timer thread per scope does the same
+    (services/refresh.py says why both include every append of the burst).
+    """
+    debounce = refresh_debounce_s(scope_id=scope_id)
+    if debounce is None:
+        return
+    if cartridge_refresh_task.app.conf.task_always_eager:
+        refresh_timer_start(scope_id=scope_id, debounce_s=debounce)
+        return
+    if not refresh_marker_set(scope_id=scope_id, debounce_s=debounce):
+        return  # a refresh is pending: it reads the head when it runs, so it includes this append
+    cartridge_refresh_task.apply_async(args=[scope_id], countdown=debounce)
+    log.info("auto-refresh scheduled scope=%s debounce_s=%s", scope_id, debounce)
+
+
+# After each append that commits, memories runs this hook (memories.registry): the on_append refresh policy.
+# Registered here, the module every process imports at start (the admin's autodiscovery imports cartridges.jobs);
+# CartridgesConfig.ready() is where it belongs once that file is edited.
+register_append_hook(refresh_after_append)
 
 
 @shared_task(**_RELIABLE)

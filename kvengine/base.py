@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [  # DTYPES and QUANTS live in config.py; they are re-exported here for older imports
     "COMPAT_KEY_FIELDS", "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader",
-    "FidelityReport", "KvBackend", "canonical_json",
+    "ExtensionCheck", "FidelityReport", "KvBackend", "canonical_json",
 ]
 
 
@@ -148,6 +148,34 @@ class FidelityReport:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class ExtensionCheck:
+    """What KvBackend.verify_extension() measured on a cartridge whose first blocks were verified before.
+
+    The new part (from the first unverified block to the end) was re-read in one pass on top of the verified
+    blocks; ``fidelity`` compares the probes' first tokens (and whole answers) from the cartridge with that
+    re-reading, and ``answers`` holds, per question, the answer from the cartridge and from the re-reading.
+    """
+
+    num_verified_blocks: int  # leading full blocks taken as verified (their KV is the re-reading's prefix)
+    num_verified_tokens: int
+    num_new_tokens: int  # tokens re-read in the one pass (the new part)
+    chain_matches: bool  # the header's block ids are the chain of the texts' token ids, and the token count agrees
+    max_abs_diff: float  # max |KV(cartridge) - KV(re-read)| over the new positions, every layer, keys and values
+    fidelity: FidelityReport
+    answers: tuple[tuple[Answer, Answer], ...] = ()  # per question: (from the cartridge, from the re-reading)
+    reread_s: float = 0.0  # the one pass over the new part
+    probe_s: float = 0.0  # probes and questions, both ways
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures (numbers only: no answer text)."""
+        return {
+            "num_verified_blocks": self.num_verified_blocks, "num_verified_tokens": self.num_verified_tokens,
+            "num_new_tokens": self.num_new_tokens, "chain_matches": self.chain_matches, "max_abs_diff": self.max_abs_diff,
+            "reread_s": round(self.reread_s, 4), "probe_s": round(self.probe_s, 4),
+        }
+
+
 class KvBackend(abc.ABC):
     """A model that can compile memories into KV state and answer questions from it.
 
@@ -206,6 +234,27 @@ class KvBackend(abc.ABC):
 
         ``max_new_tokens`` bounds the greedy answers compared for ``answers_identical`` (None: the backend's
         default); top-1 agreement and KL are on the first token whatever it is.
+        """
+
+    @abc.abstractmethod
+    def verify_extension(
+        self,
+        cartridge: Cartridge,
+        texts: Sequence[str],
+        probes: Sequence[str],
+        *,
+        num_verified_blocks: int,
+        max_new_tokens: int | None = None,
+        questions: Sequence[str] = (),
+        answer_max_new_tokens: int = 32,
+    ) -> ExtensionCheck:
+        """Check the part of ``cartridge`` after its first ``num_verified_blocks`` blocks against ``texts``.
+
+        The caller vouches for those blocks (their ids and digests passed an earlier check); this checks that
+        the header's block ids are the chain of ``texts``, re-reads the new tokens in ONE pass on top of the
+        verified blocks' KV (not block by block, as compile() does), compares the new positions' KV, and answers
+        ``probes`` (``max_new_tokens`` each; None: the backend's fidelity default) and ``questions``
+        (``answer_max_new_tokens`` each) from the cartridge and from that re-reading, computed once for all.
         """
 
     @abc.abstractmethod

@@ -19,7 +19,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 
-from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend, canonical_json
+from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, ExtensionCheck, FidelityReport, KvBackend, canonical_json
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .blocks import BlockLookup, CartridgeParts, block_id, key_digest, parts_write
@@ -196,19 +196,58 @@ class FakeKvBackend(KvBackend):
         texts = self._check_texts(texts)
         if not probes:
             raise EmptyInputError("`probes` has to be a non-empty list")
-        kls, top1, same = [], 0, 0
-        for probe in probes:
-            question = _check_question(probe)
-            p_text, p_cart = _distribution(texts, question), _distribution(cartridge.payload, question)
-            keys = set(p_text) | set(p_cart)
-            eps = 1e-12  # a memory missing from one side gets ~0 probability, giving a large but finite KL
-            kls.append(sum(pt * math.log(pt / max(p_cart.get(k, 0.0), eps)) for k in keys if (pt := p_text.get(k, 0.0)) > 0))
-            a_text, a_cart = _best(texts, question), _best(cartridge.payload, question)
-            top1 += _first_token(a_text) == _first_token(a_cart)
-            if max_new_tokens is not None:
-                a_text, a_cart = _tokens(a_text)[:max_new_tokens], _tokens(a_cart)[:max_new_tokens]
-            same += a_text == a_cart
-        return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)
+        return _compare(cartridge.payload, texts, probes, max_new_tokens)
+
+    def verify_extension(
+        self,
+        cartridge: Cartridge,
+        texts: Sequence[str],
+        probes: Sequence[str],
+        *,
+        num_verified_blocks: int,
+        max_new_tokens: int | None = None,
+        questions: Sequence[str] = (),
+        answer_max_new_tokens: int = 32,
+    ) -> ExtensionCheck:
+        """The fake's re-reading of the new part: the verified blocks' memories from the cartridge, then the new
+        memories from ``texts``; the "KV difference" is 0.0 when the cartridge's new memories are the texts', else 1.0."""
+        started = time.perf_counter()
+        check_compatible(cartridge.header, self._description)
+        texts = self._check_texts(texts)
+        if not probes:
+            raise EmptyInputError("`probes` has to be a non-empty list")
+        header = cartridge.header
+        refs = header_blocks(header)
+        if isinstance(num_verified_blocks, bool) or not isinstance(num_verified_blocks, int) or not 0 <= num_verified_blocks <= len(refs):
+            raise ConfigError(f"`num_verified_blocks` has to be an integer from 0 to {len(refs)} but got {num_verified_blocks!r}")
+        size = header.block_size
+        expected = self._chain(texts)
+        chain_matches = [ref.block_id for ref in refs] == expected and header.num_tokens == self.count_tokens(texts)
+        begin = num_verified_blocks * size
+        held = list(cartridge.payload)
+        reread = held[:begin] + texts[begin:]  # the verified memories as the cartridge holds them, the new ones re-read
+        max_abs_diff = 0.0 if held[begin:] == texts[begin:] else 1.0
+        reread_s = time.perf_counter() - started
+        fidelity = _compare(held, reread, probes, max_new_tokens)
+        answers = tuple(
+            (self.answer(cartridge, q, max_new_tokens=answer_max_new_tokens), self.answer_from_text(reread, q, max_new_tokens=answer_max_new_tokens))
+            for q in questions
+        )
+        return ExtensionCheck(
+            num_verified_blocks=num_verified_blocks, num_verified_tokens=begin, num_new_tokens=len(texts) - begin,
+            chain_matches=chain_matches, max_abs_diff=max_abs_diff, fidelity=fidelity, answers=answers,
+            reread_s=reread_s, probe_s=time.perf_counter() - started - reread_s,
+        )
+
+    def _chain(self, texts: list[str]) -> list[str]:
+        """The block ids compile() gives ``texts`` (the fake's blocks are FAKE_BLOCK_MEMORIES memories)."""
+        size, key, parent, ids = FAKE_BLOCK_MEMORIES, key_digest(self._description.compat_key()), "", []
+        for index in range((len(texts) - 1) // size):
+            chunk = texts[index * size : (index + 1) * size]
+            parent = block_id(parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()))
+            ids.append(parent)
+        return ids
+
 
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format."""
@@ -337,3 +376,20 @@ def _distribution(texts: Sequence[str], question: str) -> dict[str, float]:
 def _first_token(text: str) -> str:
     toks = _tokens(text)
     return toks[0] if toks else ""
+
+
+def _compare(cartridge_texts: Sequence[str], texts: Sequence[str], probes: Sequence[str], max_new_tokens: int | None) -> FidelityReport:
+    """fidelity()'s comparison of answering from ``cartridge_texts`` with re-reading ``texts``."""
+    kls, top1, same = [], 0, 0
+    for probe in probes:
+        question = _check_question(probe)
+        p_text, p_cart = _distribution(texts, question), _distribution(cartridge_texts, question)
+        keys = set(p_text) | set(p_cart)
+        eps = 1e-12  # a memory missing from one side gets ~0 probability, giving a large but finite KL
+        kls.append(sum(pt * math.log(pt / max(p_cart.get(k, 0.0), eps)) for k in keys if (pt := p_text.get(k, 0.0)) > 0))
+        a_text, a_cart = _best(texts, question), _best(cartridge_texts, question)
+        top1 += _first_token(a_text) == _first_token(a_cart)
+        if max_new_tokens is not None:
+            a_text, a_cart = _tokens(a_text)[:max_new_tokens], _tokens(a_cart)[:max_new_tokens]
+        same += a_text == a_cart
+    return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)

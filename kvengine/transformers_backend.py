@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, FidelityReport, KvBackend
+from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, ExtensionCheck, FidelityReport, KvBackend
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError, IncompatibleCartridgeError
@@ -50,7 +50,7 @@ from .format import (
     tensor_digest,
     write_cartridge,
 )
-from .kvcache import CartridgeCache
+from .kvcache import CartridgeCache, KvState
 from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
@@ -363,6 +363,121 @@ class TransformersKvBackend(KvBackend):
             top1 += int(logp_text.argmax() == logp_cartridge.argmax())
             same += int(ids_text == ids_cartridge)
         return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)
+
+    def verify_extension(
+        self,
+        cartridge: Cartridge,
+        texts: Sequence[str],
+        probes: Sequence[str],
+        *,
+        num_verified_blocks: int,
+        max_new_tokens: int | None = None,
+        questions: Sequence[str] = (),
+        answer_max_new_tokens: int = 32,
+    ) -> ExtensionCheck:
+        """Re-read the tokens after the first ``num_verified_blocks`` blocks in one pass and compare (base.py).
+
+        The re-reading is independent of compile(): one forward pass over every new token on a plain
+        DynamicCache holding the verified blocks' served KV, not a prefill per block through _BlockCache and
+        part_store. Probes and questions are answered greedily from the cartridge; the re-reading (a KvState of
+        its own, cropped back after each) reads each question with that answer in one teacher-forced pass: equal
+        answers iff its greedy choice is the answer's token at every position (and an EOS where it stopped). Only a
+        question whose answers differ is decoded on the re-reading too. So the new part is read once for all.
+        """
+        check_compatible(cartridge.header, self._description)
+        if not probes:
+            raise EmptyInputError("`probes` has to be a non-empty list")
+        max_new_tokens = DEFAULT_FIDELITY_TOKENS if max_new_tokens is None else max_new_tokens
+        header, layout = cartridge.header, self.layout
+        refs = header_blocks(header)
+        if isinstance(num_verified_blocks, bool) or not isinstance(num_verified_blocks, int) or not 0 <= num_verified_blocks <= len(refs):
+            raise ConfigError(f"`num_verified_blocks` has to be an integer from 0 to {len(refs)} but got {num_verified_blocks!r}")
+        memories = layout.clean_memories(texts)
+        ids = layout.encode(layout.prefix_text(memories))
+        layout.check_split(memories, ids)
+        size = header.block_size
+        num_blocks = num_full_blocks(len(ids), len(layout.encode(layout.closing_text())), size)
+        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(self._description.compat_key()))
+        chain_matches = len(ids) == header.num_tokens and [ref.block_id for ref in refs] == [link for link, _ in links]
+        state = self._payload(cartridge).state
+        begin = num_verified_blocks * size
+        started = time.perf_counter()
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            if begin:
+                for layer in range(state.num_layers):
+                    keys, values = state.prefix(layer)
+                    cache.update(keys[:, :, :begin].clone(), values[:, :, :begin].clone(), layer)  # (1, H, begin, D)
+            if len(ids) > begin:
+                self._check_room(len(ids), 1, "memories")
+                self.model.base_model(input_ids=torch.tensor([ids[begin:]], device=self.device), cache=cache, use_cache=True)
+            ref_keys = [cache.layers[layer].keys.to(self.torch_dtype) for layer in range(state.num_layers)]
+            ref_values = [cache.layers[layer].values.to(self.torch_dtype) for layer in range(state.num_layers)]
+            del cache
+            max_abs_diff = float("inf")
+            if len(ids) == state.num_tokens:
+                max_abs_diff = 0.0
+                for layer in range(state.num_layers if len(ids) > begin else 0):
+                    keys, values = state.prefix(layer)
+                    for held, reread in ((keys, ref_keys[layer]), (values, ref_values[layer])):
+                        diff = (held[:, :, begin:].float() - reread[:, :, begin:].float()).abs().max()  # over (1, H, new, D)
+                        max_abs_diff = max(max_abs_diff, float(diff))
+            reference = KvState(ref_keys, ref_values)
+        reread_s = time.perf_counter() - started
+        kls, top1, same = [], 0, 0
+        for probe in probes:
+            ids_c, logp_c = self._on_top(state, probe, max_new_tokens)
+            identical, logp_r = self._teacher_forced(reference, probe, ids_c, max_new_tokens)
+            kls.append(max(0.0, float((logp_r.exp() * (logp_r - logp_c)).sum())))  # KL(re-read || cartridge), float noise clamped
+            top1 += int(logp_r.argmax() == logp_c.argmax())
+            same += int(identical)
+        answers = []
+        for question in questions:
+            t0 = time.perf_counter()
+            ids_c, _ = self._on_top(state, question, answer_max_new_tokens)
+            from_cartridge = self._answer(ids_c, "cartridge", state.num_tokens, 0, 0.0, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            identical, _ = self._teacher_forced(reference, question, ids_c, answer_max_new_tokens)
+            ids_r = ids_c if identical else self._on_top(reference, question, answer_max_new_tokens)[0]
+            answers.append((from_cartridge, self._answer(ids_r, "text", reference.num_tokens, 0, 0.0, time.perf_counter() - t0)))
+        return ExtensionCheck(
+            num_verified_blocks=num_verified_blocks, num_verified_tokens=begin, num_new_tokens=max(0, len(ids) - begin),
+            chain_matches=chain_matches, max_abs_diff=max_abs_diff, fidelity=FidelityReport.of_probes(kls, num_top1=top1, num_identical=same),
+            answers=tuple(answers), reread_s=reread_s, probe_s=time.perf_counter() - started - reread_s,
+        )
+
+    def _teacher_forced(self, state: KvState, question: str, token_ids: list[int], max_new_tokens: int) -> tuple[bool, torch.Tensor]:
+        """Would greedy decoding on top of ``state`` give ``token_ids``? One pass (question + those tokens), not a
+        decode step per token: each position's argmax must be the next token, and where the answer stopped before
+        ``max_new_tokens`` the next argmax must end it (an EOS). Returns that and the first-token log-probs."""
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        ids = suffix + [int(t) for t in token_ids]
+        self._check_room(state.num_tokens + len(ids), 1, "memories plus the question and answer")
+        with torch.inference_mode(), state.lock:
+            state.ensure_capacity(state.num_tokens + len(ids))
+            cache = CartridgeCache(state)
+            try:
+                input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
+                logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=len(token_ids) + 1).logits[0]
+            finally:
+                cache.crop_back()
+            logp = torch.log_softmax(logits.float(), dim=-1)  # (len(token_ids) + 1, vocab): row i predicts answer token i
+        greedy = logp.argmax(dim=-1).tolist()
+        identical = greedy[: len(token_ids)] == list(token_ids) and (len(token_ids) >= max_new_tokens or greedy[len(token_ids)] in self._eos_ids)
+        return identical, logp[0]
+
+    def _on_top(self, state: KvState, question: str, max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+        """Greedy answer to ``question`` on top of ``state`` (cropped back after): its ids and first-token log-probs."""
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        self._check_room(state.num_tokens + len(suffix), max_new_tokens, "memories plus the question and answer")
+        with torch.inference_mode(), state.lock:
+            state.ensure_capacity(state.num_tokens + len(suffix) + max_new_tokens)
+            cache = CartridgeCache(state)
+            try:
+                out, logp, _ = self._greedy(suffix, cache, max_new_tokens, time.perf_counter())
+            finally:
+                cache.crop_back()
+        return out, logp
 
     def answer_logprobs(self, cartridge: Cartridge, question: str, token_ids: Sequence[int]) -> torch.Tensor:
         """Teacher forcing: the next-token log-probs [len(token_ids) + 1, vocab] (float32) at each answer position.

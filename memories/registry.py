@@ -30,3 +30,27 @@ def view_rebuilders() -> list[ViewRebuilder]:
     return list(_rebuilders)
 
 # Tables of keys wrapped by the master key register in memories.keyring (rotation and verification).
+
+
+# -- after an append: derived views that follow the log (cartridges' auto-refresh) register here ---------------------
+AppendHook = Callable[[int], None]  # called with the scope id whose log grew, after the append's transaction committed
+
+_append_hooks: list[AppendHook] = []
+
+
+def register_append_hook(fn: AppendHook) -> AppendHook:
+    """Register ``fn`` to run after each append (single or batch) that wrote rows commits (idempotent; a decorator too)."""
+    if fn not in _append_hooks:
+        _append_hooks.append(fn)
+    return fn
+
+
+def unregister_append_hook(fn: AppendHook) -> None:
+    """Remove ``fn`` (tests use it to clean up)."""
+    if fn in _append_hooks:
+        _append_hooks.remove(fn)
+
+
+def append_hooks() -> list[AppendHook]:
+    """Return the registered append hooks in registration order."""
+    return list(_append_hooks)

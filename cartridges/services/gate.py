@@ -25,6 +25,45 @@ because they need a loadable cartridge and the version's texts):
    report). It catches a variant whose arithmetic or storage is broken even when its own cartridge and its
    own re-reading agree with each other (checks 5-6 compare a variant with itself).
 Figures hold numbers only, never memory or question text.
+
+Two gates (issue 13): ``figures["gate"]`` says which ran, ``figures["gate_cost"]`` what it cost (seconds of model
+checks and tokens re-read as text).
+
+- **full**: checks 1-7 above; every probe and case re-reads every memory.
+- **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are, by id AND part
+  digest, blocks that an earlier version of the same scope had verified, by a passing evaluation (full or
+  incremental) made under the active configuration since it became active (``figures["verified_blocks"]``).
+  Checks 1-4 as always; then, through ``KvBackend.verify_extension``, (a) the header's block ids are the chain of
+  this version's own memories' token ids and its token count theirs; (b) the new part, from the first
+  unverified block to the end, is re-read in ONE pass on top of the verified blocks and its KV compared position by
+  position with the cartridge's (max abs difference at most ``MNESIO_GATE_MAX_KV_ABS_DIFF``); (c) fidelity on
+  probes (the auto probes over the log plus one per NEW memory, up to ``gate_num_auto_probes``, plus the cases'
+  questions): the cartridge's first token against that re-reading's, at the same threshold; (d) task accuracy on
+  the cases: the cartridge's answers against the re-reading's (computed once for all probes and cases), and the
+  BM25 retrieval baseline as in the full gate.
+
+Why the incremental gate is as strong as the full gate for that version. Attention is causal, so what re-reading
+the whole text computes for the first n tokens does not depend on what follows them; a full gate's text
+re-reading of this version is exactly "the first n tokens read, then the rest on top". (a) proves the first n
+tokens are the same token ids (chain ids hash every token id from position 0, the compatibility key and the
+block size) as those of the blocks already verified, and the digests prove the cartridge holds for them the very
+bytes that passed that earlier gate (compile is deterministic: a from-scratch compile produces the same bytes,
+so a full gate would test those same bytes against the same tokens again). What can differ from the verified
+state is only the new part, and (b) checks it more tightly than probes can: every layer, every position, keys
+and values, against a recomputation by another code path (one pass on a plain cache, not compile's block by
+block prefill). (c) and (d) still compare answers end to end, on questions about the new memories too, so a
+cartridge whose new part is wrong in a way the KV tolerance misses still fails on the answers it gives. The
+reference each probe is compared with is the text re-reading with the verified prefix taken as proven, which
+is what the full gate would re-read, to float reordering. The checks 1-4 are unchanged, so a tampered blob, an
+erased subject or a foreign key fails as before.
+
+When the full gate still runs: on demand (``cartridge_evaluate`` defaults to it; the API's evaluate and
+``manage.py`` commands use it); for every bf16 or quantized configuration (check 7 needs an f32 reference of the
+whole log); after a configuration switch (only evaluations made since the active configuration became active
+count, so the first version after a switch has no parent); when no parent is found (no blocks shared, a parent
+that never passed, a parent that passed under another configuration); and on a schedule: every
+``MNESIO_GATE_FULL_EVERY``-th version of an incremental chain (default 10; ``figures["incremental"]["since_full"]``
+counts the chain).
 """
 from __future__ import annotations
 
@@ -35,7 +74,7 @@ from typing import Any
 from core.errors import MnesioError
 from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvConfig, KvError
 from kvengine.divergence import AnswerDivergence, DivergenceSummary
-from kvengine.format import read_header
+from kvengine.format import BlockRef, header_blocks, read_header
 from kvengine.retrieval import bm25_top_k  # one BM25 and one answer normalization, shared with kveval
 from kvengine.text import answer_correct
 from kvengine.text import normalize_answer as normalize  # noqa: F401 - still importable as gate.normalize
@@ -44,6 +83,7 @@ from memories.selectors import scope_memories_open
 from .. import conf, engine
 from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
 from ..selectors import (
+    ActiveConfiguration,
     active_configuration,
     evaluation_cases_digest,
     scope_evaluation_cases_num_erased,
@@ -80,8 +120,18 @@ def auto_probes(texts: list[str], num: int) -> list[str]:
     return probes
 
 
-def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) -> GateResult:
-    """Run the gate over ``version``; ``full=False`` runs only the cheap checks (1-4), no model work."""
+GATES = ("full", "auto")  # what a caller asks for; "auto" runs the incremental gate when it applies
+# How many of the scope's newest passing evaluations are searched for the parent with the longest shared prefix.
+MAX_PARENT_CANDIDATES = 20
+
+
+def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, gate: str = "full") -> GateResult:
+    """Run the gate over ``version``; ``full=False`` runs only the cheap checks (1-4), no model work.
+
+    ``gate="auto"`` runs the incremental gate when the module docstring's conditions hold, else the full one.
+    """
+    if gate not in GATES:
+        raise MnesioError(f"`gate` has to be one of {list(GATES)} but got {gate!r}", extra={"field": "gate"})
     result = GateResult()
     config = active_configuration()
     result.figures["configuration"] = config.as_dict()
@@ -110,6 +160,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) ->
         return _finish(result, full)
     try:
         header = read_header(data)
+        refs = header_blocks(header)
     except CorruptCartridgeError as exc:
         result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
         return _finish(result, full)
@@ -118,8 +169,134 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True) ->
     result.figures["blob"] = {"size_bytes": version.size_bytes, "intact": True}
     if not full or not result.passed:
         return _finish(result, full)
-    _model_checks(version=version, backend=backend, data=data, result=result)
+    plan = _incremental_plan(version=version, config=config, refs=refs) if gate == "auto" else _Plan(reason="asked for the full gate")
+    started = time.perf_counter()
+    if plan.parent is None:
+        _model_checks(version=version, backend=backend, data=data, result=result)
+        tokens = (result.figures.get("fidelity", {}).get("num_probes", 0) + result.figures.get("accuracy", {}).get("num_cases", 0)) * version.num_tokens
+        result.figures["gate"] = "full"
+        result.figures["gate_cost"] = {"seconds": round(time.perf_counter() - started, 3), "tokens_reread": tokens, "why_full": plan.reason}
+    else:
+        _incremental_checks(version=version, backend=backend, data=data, plan=plan, result=result)
+        result.figures["gate"] = "incremental"
+        result.figures["gate_cost"] = {
+            "seconds": round(time.perf_counter() - started, 3),
+            "tokens_reread": (result.figures.get("incremental") or {}).get("num_new_tokens", 0),
+        }
+    # what this evaluation vouches for, when it passes: every block of the version (a later version's parent)
+    result.figures["verified_blocks"] = [[ref.block_id, ref.sha256] for ref in refs]
     return result
+
+
+@dataclass
+class _Plan:
+    """Which gate runs: the parent evaluation and how many leading blocks it verified, or why the full gate runs."""
+
+    parent: CartridgeEvaluation | None = None
+    num_verified_blocks: int = 0
+    since_full: int = 0  # incremental versions in the chain since its last full gate, this one included
+    reason: str = ""
+
+
+def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration, refs: list[BlockRef]) -> _Plan:
+    """Find the passing evaluation that verified the longest run of this version's leading blocks (module docstring)."""
+    if (config.dtype, config.quant) != ("f32", "none"):
+        return _Plan(reason=f"{config.dtype}/{config.quant} is gated in full (divergence from f32 needs the whole log)")
+    if not refs:
+        return _Plan(reason="the cartridge has no full block")
+    candidates = (
+        CartridgeEvaluation.objects.filter(
+            version__scope_id=version.scope_id, version__key_digest=version.key_digest, passed=True, config_key=config.key(),
+            figures__gate__in=["full", "incremental"],
+        )
+        .exclude(version_id=version.pk)
+        .order_by("-created_at", "-id")
+    )
+    if config.row is not None:  # after a switch, only what was verified under this activation of the configuration
+        candidates = candidates.filter(created_at__gte=config.row.created_at)
+    best = _Plan(reason="no earlier version of the scope that passed the gate under the active configuration shares its first block")
+    mine = [[ref.block_id, ref.sha256] for ref in refs]
+    for evaluation in candidates[:MAX_PARENT_CANDIDATES]:
+        verified = evaluation.figures.get("verified_blocks") or []
+        num = 0
+        while num < min(len(verified), len(mine)) and list(verified[num]) == mine[num]:
+            num += 1
+        if num > best.num_verified_blocks:
+            since = 0 if evaluation.figures.get("gate") == "full" else int((evaluation.figures.get("incremental") or {}).get("since_full", 0))
+            best = _Plan(parent=evaluation, num_verified_blocks=num, since_full=since + 1)
+    if best.parent is not None and best.since_full >= conf.gate_full_every():
+        return _Plan(reason=f"scheduled: every {conf.gate_full_every()}th version of an incremental chain runs the full gate")
+    return best
+
+
+def _version_texts(*, version: CartridgeVersion, result: GateResult) -> tuple[list[int], list[str]] | None:
+    """The version's memories (seqs and texts) opened from the log; None (and a reason) when the log no longer yields them."""
+    seqs = [entry[0] for entry in version.manifest["entries"]]
+    opened = {m.seq: m for m in scope_memories_open(scope=version.scope, as_of=version.log_head)}
+    if any(s not in opened or opened[s].erased for s in seqs):
+        result.fail(f"the log no longer yields every memory of version {version.pk}; it cannot be compared with text")
+        return None
+    return seqs, [opened[s].text for s in seqs]
+
+
+def _incremental_checks(*, version: CartridgeVersion, backend, data: bytes, plan: _Plan, result: GateResult) -> None:
+    """Checks (a)-(d) of the incremental gate (module docstring)."""
+    try:
+        cartridge = backend.loads(data)
+    except (IncompatibleCartridgeError, CorruptCartridgeError) as exc:
+        result.fail(f"the backend refuses to load version {version.pk}: {exc}")
+        return
+    opened = _version_texts(version=version, result=result)
+    if opened is None:
+        return
+    seqs, texts = opened
+    parent_version = plan.parent.version
+    known = {entry[0] for entry in parent_version.manifest["entries"]}
+    new_texts = [text for seq, text in zip(seqs, texts, strict=True) if seq not in known]
+    num_probes = conf.gate_num_auto_probes()
+    cases = scope_evaluation_cases_open(scope=version.scope)
+    num_cases_erased = scope_evaluation_cases_num_erased(scope=version.scope)
+    auto = auto_probes(texts, num_probes)
+    probes = auto + [p for p in auto_probes(new_texts[-num_probes:], num_probes) if p not in auto] + [c.question for c in cases]
+    max_new = conf.gate_max_new_tokens()
+    started = time.perf_counter()
+    try:
+        check = backend.verify_extension(
+            cartridge, texts, probes, num_verified_blocks=plan.num_verified_blocks,
+            max_new_tokens=conf.gate_fidelity_max_new_tokens(), questions=[c.question for c in cases], answer_max_new_tokens=max_new,
+        )
+    except KvError as exc:
+        result.fail(f"the incremental check failed: {exc}")
+        return
+    max_diff = conf.gate_max_kv_abs_diff()
+    result.figures["incremental"] = {
+        **check.as_dict(), "parent_evaluation_id": plan.parent.pk, "parent_version_id": parent_version.pk,
+        "num_new_memories": len(new_texts), "since_full": plan.since_full, "max_kv_abs_diff": max_diff,
+    }
+    if not check.chain_matches:
+        result.fail(f"the block ids of version {version.pk} are not the chain of its memories' tokens; its blocks are not the verified ones")
+    if not check.max_abs_diff <= max_diff:
+        result.fail(
+            f"the KV of the new part of version {version.pk} ({check.num_new_tokens} tokens) differs from its one-pass "
+            f"re-reading by up to {check.max_abs_diff:.4g}, above the threshold {max_diff}"
+        )
+    fid = check.fidelity
+    threshold = conf.gate_min_fidelity()
+    result.figures["fidelity"] = {**fid.as_dict(), "threshold": threshold, "seconds": round(time.perf_counter() - started, 3), "reference": "new part re-read on the verified blocks"}
+    if fid.top1_agreement < threshold:
+        result.fail(
+            f"fidelity {fid.top1_agreement:.3f} (top-1 agreement with re-reading the new part on the verified blocks, on "
+            f"{fid.num_probes} probes) is below the threshold {threshold}"
+        )
+    k = conf.gate_retrieval_top_k()
+    correct = {"cartridge": 0, "text": 0, "retrieval": 0}
+    ttft = {"cartridge": 0.0, "text": 0.0, "retrieval": 0.0}
+    for case, (from_cartridge, from_text) in zip(cases, check.answers, strict=True):
+        retrieval = backend.answer_from_text(bm25_top_k(texts, case.question, k), case.question, max_new_tokens=max_new)
+        for mode, ans in (("cartridge", from_cartridge), ("text", from_text), ("retrieval", retrieval)):
+            correct[mode] += answer_correct(ans.text, list(case.answers))
+            ttft[mode] += ans.ttft_s
+    _accuracy_record(version=version, cases=cases, num_cases_erased=num_cases_erased, correct=correct, ttft=ttft, result=result)
 
 
 def _finish(result: GateResult, full: bool) -> GateResult:
@@ -135,12 +312,10 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
     except (IncompatibleCartridgeError, CorruptCartridgeError) as exc:
         result.fail(f"the backend refuses to load version {version.pk}: {exc}")
         return
-    seqs = [entry[0] for entry in version.manifest["entries"]]
-    opened = {m.seq: m for m in scope_memories_open(scope=version.scope, as_of=version.log_head)}
-    if any(s not in opened or opened[s].erased for s in seqs):
-        result.fail(f"the log no longer yields every memory of version {version.pk}; it cannot be compared with text")
+    opened = _version_texts(version=version, result=result)
+    if opened is None:
         return
-    texts = [opened[s].text for s in seqs]
+    texts = opened[1]
     # erased cases (a subject they concern was erased) cannot be opened: the gate runs without them, counted
     cases = scope_evaluation_cases_open(scope=version.scope)
     num_cases_erased = scope_evaluation_cases_num_erased(scope=version.scope)
@@ -160,7 +335,6 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
             f"is below the threshold {threshold}"
         )
     _divergence_check(version=version, backend=backend, cartridge=cartridge, texts=texts, probes=probes, result=result)
-    tolerance = conf.gate_accuracy_tolerance()
     k = conf.gate_retrieval_top_k()
     max_new = conf.gate_max_new_tokens()
     correct = {"cartridge": 0, "text": 0, "retrieval": 0}
@@ -174,6 +348,13 @@ def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: Ga
         for mode, ans in answers.items():
             correct[mode] += answer_correct(ans.text, list(case.answers))
             ttft[mode] += ans.ttft_s
+    _accuracy_record(version=version, cases=cases, num_cases_erased=num_cases_erased, correct=correct, ttft=ttft, result=result)
+
+
+def _accuracy_record(*, version: CartridgeVersion, cases, num_cases_erased: int, correct: dict, ttft: dict, result: GateResult) -> None:
+    """Check 6's figures and failures from the counts of correct answers per mode."""
+    tolerance = conf.gate_accuracy_tolerance()
+    k = conf.gate_retrieval_top_k()
     n = len(cases)
     accuracy = {mode: (correct[mode] / n if n else None) for mode in correct}
     result.figures["accuracy"] = {
@@ -242,11 +423,15 @@ def _divergence_check(*, version: CartridgeVersion, backend, cartridge, texts: l
         )
 
 
-def cartridge_evaluate(*, version: CartridgeVersion, actor=None) -> CartridgeEvaluation:
-    """Run the gate over ``version`` and record the evaluation (passed or not, every reason, the figures)."""
+def cartridge_evaluate(*, version: CartridgeVersion, actor=None, gate: str = "full") -> CartridgeEvaluation:
+    """Run the gate over ``version`` and record the evaluation (passed or not, every reason, the figures).
+
+    ``gate="full"`` (the default: an explicit evaluation) always runs the full gate; ``"auto"`` (the follow-up of
+    a compile, an auto-refresh) runs the incremental one when it applies (module docstring).
+    """
     if not isinstance(version, CartridgeVersion):
         raise MnesioError("`version` has to be a cartridge version", extra={"field": "version"})
-    result = cartridge_is_committable(version=version)
+    result = cartridge_is_committable(version=version, gate=gate)
     return evaluation_record(version=version, result=result, actor=actor)
 
 

@@ -38,7 +38,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError, NotFound
-from memories import crypto
+from memories import crypto, registry
 from memories.models import LogHead, Memory, MemoryKey, Scope, ScopeKey, Subject
 from memories.selectors import memories_open, subject_id_variants
 
@@ -482,7 +482,16 @@ def _append(*, scope: Scope, raw_items: Iterable[Mapping[str, Any]], single: boo
         seqs = [o.memory.seq for o in outcomes if o.created]
         logger.info("memories appended num=%s seqs=%s..%s scope=%s actor=%s", num_created, seqs[0], seqs[-1],
                     scope.name, getattr(actor, "pk", None))
+        _append_hooks_after_commit(scope.pk)
     return outcomes
+
+
+def _append_hooks_after_commit(scope_id: int) -> None:
+    """Run the registered append hooks (memories.registry) once the append commits: a view that follows the log
+    (cartridges' auto-refresh) must not see a head that could still roll back. A hook that raises is logged; the
+    committed append stands (``robust``)."""
+    for hook in registry.append_hooks():
+        transaction.on_commit(lambda hook=hook: hook(scope_id), robust=True)
 
 
 def memories_append_batch(*, scope: Scope, items: Iterable[Mapping[str, Any]], actor=None) -> list[AppendOutcome]:

@@ -22,7 +22,7 @@ def _concrete_backends() -> list[type[KvBackend]]:
 def test_the_contract_declares_every_method_the_apps_call():
     assert CONTRACT == sorted([
         "answer", "answer_from_text", "answer_stream", "compile", "count_tokens", "describe", "dump_parts", "dumps", "fidelity", "load_parts",
-        "loads", "variant",
+        "loads", "variant", "verify_extension",
     ])
     fidelity = inspect.signature(KvBackend.fidelity).parameters["max_new_tokens"]
     assert fidelity.kind is inspect.Parameter.KEYWORD_ONLY and fidelity.default is None

@@ -1,0 +1,185 @@
+"""Auto-refresh (issue 13): a scope whose settings say ``on_append`` follows its log without anyone asking.
+
+Decisions:
+- **Trigger.** memories runs its append hooks (memories.registry) after an append that wrote rows commits, single
+  and batch appends alike; ``cartridges.tasks.refresh_after_append`` is one (it sends tasks, so it lives with
+  them; services never send). memories never imports cartridges. ``manual`` (the default) does nothing.
+- **One refresh per burst, with a broker.** A marker ``mnesio:auto-refresh:<scope id>`` is set in Redis with
+  SET NX EX. The append that sets it sends ``cartridge_refresh_task`` to the gpu queue with a countdown of the
+  debounce; appends that find it set send nothing, since the pending refresh compiles at the scope's head when it
+  runs. The task deletes the marker BEFORE it reads the head: an append committed before the delete is within the
+  head it reads, and an append whose hook runs after the delete sets the marker again and sends the next refresh.
+  So a burst within the debounce is ONE compile + gate + activation, and no append is left behind. The marker's
+  expiry (debounce + ``MNESIO_AUTO_REFRESH_MARKER_GRACE_S``) frees a scope whose task was lost; a task killed
+  mid-way is redelivered (acks_late). A refresh that finds nothing new writes nothing: the compile is idempotent
+  per head and activating the version that serves is a no-op.
+- **In-process (eager tasks: the embedded default, no Redis).** A timer thread per scope plays the marker: the
+  first append starts ``threading.Timer(debounce)``; appends while it waits add nothing; when it fires it first
+  drops itself from the pending set (as the task deletes the marker), then refreshes in that thread with its own
+  database connection, closed after. The append's response never waits for a compile, debounce 0 included (the
+  timer fires at once). ``refresh_timers_join`` waits for pending timers (tests, and a clean shutdown).
+- **What a refresh does.** Re-read the settings (a scope switched back to manual meanwhile is left alone); compile
+  at the scope's head (incremental: stored blocks are reused); the gate with ``gate="auto"`` (incremental when it
+  applies, services/gate.py); activate when it passed. A failed gate keeps the previous version serving: it is
+  recorded as the evaluation, logged, and the outcome says so (no retry: the next append tries again).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from django.db import close_old_connections, connections
+
+from core.errors import MnesioError
+from memories.models import Scope
+
+from .. import conf
+from ..channels import redis_client
+from ..models import AutoRefresh, ScopeSettings
+from ..selectors import active_version, scope_settings_get
+from .activate import cartridge_activate
+from .compile import cartridge_compile
+from .errors import GateFailed
+from .gate import cartridge_evaluate
+
+log = logging.getLogger("cartridges")
+
+_timers: dict[int, threading.Timer] = {}
+_timers_lock = threading.Lock()
+
+
+def refresh_marker(scope_id: int) -> str:
+    """The Redis key that says a refresh of scope ``scope_id`` is pending."""
+    return f"mnesio:auto-refresh:{int(scope_id)}"
+
+
+@dataclass(frozen=True)
+class RefreshOutcome:
+    """What a refresh did: ``status`` is one of skipped | unchanged | activated | gate_failed | refused."""
+
+    status: str
+    version_id: int | None = None
+    evaluation_id: int | None = None
+    gate: str | None = None  # "incremental" | "full", from the evaluation's figures
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {"ok": self.status in ("skipped", "unchanged", "activated"), **self.__dict__}
+
+
+def refresh_debounce_s(*, scope_id: int) -> int | None:
+    """The debounce of scope ``scope_id`` when its settings say ``on_append``; None when it is refreshed by hand.
+
+    One query (it runs after every append): the scope's newest settings row, none meaning the defaults (manual).
+    """
+    row = ScopeSettings.objects.filter(scope_id=scope_id).order_by("-id").values("auto_refresh", "auto_refresh_debounce_s").first()
+    if row is None or row["auto_refresh"] != AutoRefresh.ON_APPEND:
+        return None
+    return int(row["auto_refresh_debounce_s"])
+
+
+def refresh_marker_set(*, scope_id: int, debounce_s: int) -> bool:
+    """Claim the scope's pending marker (SET NX EX); False when a refresh is already pending. No Redis: True."""
+    client = redis_client()
+    if client is None:
+        return True
+    try:
+        return bool(client.set(refresh_marker(scope_id), "1", nx=True, ex=debounce_s + conf.auto_refresh_marker_grace_s()))
+    finally:
+        client.close()
+
+
+def refresh_marker_clear(scope_id: int) -> None:
+    """Delete the scope's pending marker (the refresh task does it before reading the head)."""
+    client = redis_client()
+    if client is None:
+        return
+    try:
+        client.delete(refresh_marker(scope_id))
+    finally:
+        client.close()
+
+
+def scope_refresh(*, scope: Scope) -> RefreshOutcome:
+    """Compile ``scope`` at its head, gate it (``auto``) and activate it when it passes (module docstring)."""
+    if scope_settings_get(scope=scope).auto_refresh != AutoRefresh.ON_APPEND:
+        return RefreshOutcome("skipped", detail="auto_refresh is not on_append")
+    try:
+        version = cartridge_compile(scope=scope)
+    except MnesioError as exc:  # nothing to compile (all erased), over the context window: an outcome, logged
+        log.info("auto-refresh scope=%s refused at compile: %s", scope.pk, type(exc).__name__)
+        return RefreshOutcome("refused", detail=exc.message)
+    if active_version(scope=scope) == version:
+        return RefreshOutcome("unchanged", version_id=version.pk)
+    evaluation = cartridge_evaluate(version=version, gate="auto")
+    gate = evaluation.figures.get("gate")
+    if not evaluation.passed:
+        log.warning("auto-refresh scope=%s version=%s failed the %s gate; the previous version keeps serving", scope.pk, version.pk, gate)
+        return RefreshOutcome("gate_failed", version_id=version.pk, evaluation_id=evaluation.pk, gate=gate, detail="; ".join(evaluation.reasons))
+    try:
+        cartridge_activate(version=version)
+    except GateFailed as exc:  # the cheap checks at activation (the blob or the log changed meanwhile)
+        return RefreshOutcome("gate_failed", version_id=version.pk, evaluation_id=exc.extra.get("evaluation_id"), gate=gate, detail=exc.message)
+    log.info("auto-refresh scope=%s activated version=%s gate=%s", scope.pk, version.pk, gate)
+    return RefreshOutcome("activated", version_id=version.pk, evaluation_id=evaluation.pk, gate=gate)
+
+
+def refresh_timer_start(*, scope_id: int, debounce_s: int) -> None:
+    """In-process debounce: one pending timer per scope (module docstring)."""
+    with _timers_lock:
+        if scope_id in _timers:
+            return
+        timer = threading.Timer(debounce_s, _timer_fire, args=[scope_id])
+        timer.daemon = True  # a process that exits does not wait for a refresh; the next append schedules one
+        _timers[scope_id] = timer
+    timer.start()
+
+
+def _timer_fire(scope_id: int, *, own_thread: bool = True) -> None:
+    with _timers_lock:
+        _timers.pop(scope_id, None)  # before reading the head: a later append starts the next timer
+    if own_thread:
+        close_old_connections()
+    try:
+        scope = Scope.objects.filter(pk=scope_id).first()
+        if scope is not None:
+            scope_refresh(scope=scope)
+    except Exception:  # a thread has nobody to raise to: log it (no memory text in messages)
+        log.exception("auto-refresh scope=%s failed", scope_id)
+    finally:
+        if own_thread:
+            connections.close_all()  # this thread's connections only (they are per thread)
+
+
+def refresh_timers_pending() -> list[int]:
+    """The scopes whose in-process refresh timer is waiting."""
+    with _timers_lock:
+        return sorted(_timers)
+
+
+def refresh_timers_flush() -> list[int]:
+    """Fire every waiting timer now, in the calling thread (a shutdown that should not drop refreshes; tests)."""
+    with _timers_lock:
+        pending = dict(_timers)
+    for scope_id, timer in pending.items():
+        timer.cancel()
+        _timer_fire(scope_id, own_thread=False)
+    return sorted(pending)
+
+
+def refresh_timers_join(timeout_s: float = 60.0) -> bool:
+    """Wait for the pending in-process refresh timers (and their refreshes) to finish; False on timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _timers_lock:
+            pending = list(_timers.values())
+        running = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.function is _timer_fire]
+        if not pending and not running:
+            return True
+        for timer in pending or running:
+            timer.join(max(0.0, deadline - time.monotonic()))
+        if time.monotonic() >= deadline:
+            return False

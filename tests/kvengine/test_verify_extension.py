@@ -1,0 +1,96 @@
+"""verify_extension(): the new part of a block cartridge re-read once on top of its verified blocks and compared."""
+from __future__ import annotations
+
+import pytest
+
+from kvengine import ConfigError
+from kvengine.fake import FakeKvBackend
+from kvengine.format import header_blocks
+
+MEMORIES = [
+    "Alice lives in Lisbon and bakes bread on Sundays.",
+    "Bob owns a red car that he parks on level three.",
+    "Carol plays the cello in the city orchestra.",
+]
+NEW = "Dan's locker code is 4417."
+PROBE = "What is Dan's locker code?"
+
+
+def _verified(parent, child) -> int:
+    """Leading blocks the child shares with its parent (id and digest)."""
+    num = 0
+    for a, b in zip(header_blocks(parent.header), header_blocks(child.header), strict=False):
+        if a != b:
+            break
+        num += 1
+    return num
+
+
+@pytest.fixture(scope="module")
+def small_blocks(real_backend):
+    """The real model in 16-token blocks (short contexts still span several blocks), sharing its weights."""
+    from kvengine.transformers_backend import TransformersKvBackend
+
+    backend = TransformersKvBackend.__new__(TransformersKvBackend)
+    backend.__dict__.update(real_backend.__dict__)
+    backend.block_size = 16
+    return backend
+
+
+@pytest.fixture(scope="module")
+def appended(small_blocks):
+    """A parent of three memories and the version after appending a fourth, compiled reusing the parent's blocks."""
+    parent = small_blocks.compile(MEMORIES)
+    stored = {ref.block_id: data for ref, data in small_blocks.dump_parts(parent).blocks}
+    child = small_blocks.compile([*MEMORIES, NEW], blocks=stored.get)
+    assert child.stats["blocks_reused"] >= 2
+    return parent, child
+
+
+@pytest.mark.model
+def test_it_re_reads_the_new_part_once_and_agrees_with_the_cartridge(small_blocks, appended):
+    parent, child = appended
+    num = _verified(parent, child)
+    check = small_blocks.verify_extension(
+        child, [*MEMORIES, NEW], [PROBE], num_verified_blocks=num, max_new_tokens=6, questions=[PROBE], answer_max_new_tokens=10
+    )
+    assert check.chain_matches and check.num_verified_tokens == 16 * num
+    assert check.num_new_tokens == child.header.num_tokens - 16 * num
+    assert check.max_abs_diff <= 1e-4  # f32: the one pass gives the blocks' KV up to float reordering
+    assert check.fidelity.top1_agreement == 1.0 and check.fidelity.answers_identical == 1.0
+    (from_cartridge, from_text), = check.answers
+    assert "4417" in from_cartridge.text and from_cartridge.token_ids == from_text.token_ids
+    assert "Dan" not in str(check.as_dict())  # figures are numbers only
+
+
+@pytest.mark.model
+def test_it_sees_a_new_memory_the_cartridge_does_not_hold(small_blocks, appended):
+    parent, child = appended
+    num = _verified(parent, child)
+    other = [*MEMORIES, "Dan's locker code is 9981."]
+    check = small_blocks.verify_extension(child, other, [PROBE], num_verified_blocks=num, questions=[PROBE], answer_max_new_tokens=10)
+    assert not check.chain_matches  # the new block's tokens differ
+    assert check.max_abs_diff > 1.0
+    (from_cartridge, from_text), = check.answers
+    assert "4417" in from_cartridge.text and "9981" in from_text.text
+    assert check.fidelity.answers_identical == 0.0
+
+
+@pytest.mark.model
+def test_it_refuses_more_verified_blocks_than_the_cartridge_has(small_blocks, appended):
+    _, child = appended
+    with pytest.raises(ConfigError, match="num_verified_blocks"):
+        small_blocks.verify_extension(child, [*MEMORIES, NEW], [PROBE], num_verified_blocks=len(header_blocks(child.header)) + 1)
+
+
+def test_the_fake_re_reads_the_new_memories_on_top_of_the_verified_ones():
+    fake = FakeKvBackend()
+    texts = [f"Person {i} keeps item {i} in drawer {i}." for i in range(6)]
+    cartridge = fake.compile(texts)
+    check = fake.verify_extension(cartridge, texts, ["Where is item 5?"], num_verified_blocks=1, questions=["Where is item 5?"])
+    assert check.chain_matches and check.max_abs_diff == 0.0 and check.num_new_tokens == 2
+    assert check.answers[0][0].text == check.answers[0][1].text == texts[5]
+    lying = fake.compile([*texts[:5], "Person 5 keeps nothing anywhere."])  # the new memory is not the log's
+    check = fake.verify_extension(lying, texts, ["Where is item 5?"], num_verified_blocks=1, questions=["Where is item 5?"])
+    assert check.max_abs_diff == 1.0 and check.fidelity.answers_identical == 0.0
+    assert check.answers[0][0].text != check.answers[0][1].text
