@@ -134,20 +134,19 @@ def web_loads_model() -> bool:
     return _bool("MNESIO_WEB_LOADS_MODEL")
 
 
-# -- issue 13: the incremental gate and auto-refresh. New settings, read here with their default until
-# mnesio_site/settings.py reads each from the environment (envint/envfloat, same names, same defaults).
+# -- issue 13: the incremental gate and auto-refresh (mnesio_site/settings.py reads each from the environment).
 
 
 def gate_full_every() -> int:
     """Every Nth version of an incremental chain runs the full gate (1: always full); the others run incremental."""
-    return _int("MNESIO_GATE_FULL_EVERY", minimum=1, default=10)
+    return _int("MNESIO_GATE_FULL_EVERY", minimum=1)
 
 
 def gate_max_kv_abs_diff() -> float:
     """Most max |KV difference| between the cartridge's new part and its one-pass re-reading (f32: float reordering only)."""
-    return _float("MNESIO_GATE_MAX_KV_ABS_DIFF", default=1e-3)
+    return _float("MNESIO_GATE_MAX_KV_ABS_DIFF")
 
 
 def auto_refresh_marker_grace_s() -> int:
     """How long past its debounce a scope's "refresh pending" marker lives (a lost refresh task frees the scope then)."""
-    return _int("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", minimum=1, default=600)
+    return _int("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", minimum=1)

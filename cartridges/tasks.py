@@ -21,7 +21,6 @@ from celery import shared_task
 from core.errors import MnesioError
 from core.jobs import job_dispatch
 from memories.models import Scope
-from memories.registry import register_append_hook
 
 from . import conf
 from .channels import DONE_MESSAGE, answer_channel, delta_message, redis_client
@@ -151,7 +150,6 @@ def refresh_after_append(scope_id: int) -> None:
 # After each append that commits, memories runs this hook (memories.registry): the on_append refresh policy.
 # Registered here, the module every process imports at start (the admin's autodiscovery imports cartridges.jobs);
 # CartridgesConfig.ready() is where it belongs once that file is edited.
-register_append_hook(refresh_after_append)
 
 
 @shared_task(**_RELIABLE)

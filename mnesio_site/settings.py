@@ -345,6 +345,12 @@ MNESIO_GATE_MIN_FIDELITY = envfloat("MNESIO_GATE_MIN_FIDELITY", 0.95, maximum=1.
 # 0.02 is issue 16's q4 bar, and a broken quantizer lands at 1-10 nats.
 MNESIO_GATE_MAX_MEAN_KL = envfloat("MNESIO_GATE_MAX_MEAN_KL", 0.02)
 MNESIO_GATE_MIN_TOP1_PER_POSITION = envfloat("MNESIO_GATE_MIN_TOP1_PER_POSITION", 0.9, maximum=1.0)
+# The incremental gate (issue 13, cartridges/services/gate.py): every Nth version of a chain runs the full gate, and
+# the most max |KV difference| between a new part and its one-pass re-reading.
+MNESIO_GATE_FULL_EVERY = envint("MNESIO_GATE_FULL_EVERY", 10, minimum=1)
+MNESIO_GATE_MAX_KV_ABS_DIFF = envfloat("MNESIO_GATE_MAX_KV_ABS_DIFF", 1e-3)
+# How long past its debounce a scope's "refresh pending" marker lives (a lost refresh task frees the scope then).
+MNESIO_AUTO_REFRESH_MARKER_GRACE_S = envint("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", 600, minimum=1)
 # How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed).
 MNESIO_GATE_ACCURACY_TOLERANCE = envfloat("MNESIO_GATE_ACCURACY_TOLERANCE", 0.0, maximum=1.0)
 # Whether the cartridge must also match the top-k text retrieval baseline (off: it is recorded only).

@@ -315,6 +315,7 @@ class ScopeMetricsSerializer(serializers.Serializer):
     num_memories = serializers.IntegerField()
     scope_head = serializers.IntegerField()
     lag = serializers.IntegerField(help_text="Memories of the scope the serving cartridge does not hold.")
+    lag_s = serializers.FloatField(help_text="Age in seconds of the oldest memory the serving cartridge does not hold (0: none).")
     serving = serializers.BooleanField()
     activated_version_id = serializers.IntegerField(allow_null=True)
     active_version = ActiveVersionMetricsSerializer(allow_null=True)
@@ -330,6 +331,8 @@ class GateResultMetricsSerializer(serializers.Serializer):
     fidelity = serializers.FloatField(allow_null=True)
     accuracy_cartridge = serializers.FloatField(allow_null=True)
     accuracy_text = serializers.FloatField(allow_null=True)
+    gate = serializers.CharField(allow_null=True, help_text="Which gate ran: full or incremental (null before issue 13).")
+    gate_seconds = serializers.FloatField(allow_null=True, help_text="What the gate cost, in seconds.")
     created_at = serializers.DateTimeField()
 
 
