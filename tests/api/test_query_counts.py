@@ -9,7 +9,7 @@ pytestmark = pytest.mark.django_db
 
 # token auth, scope + grant, page count, page (state annotations), its evaluations and activations, the
 # active configuration, the page's erased-subject check, and active_version for the body's active_version
-VERSION_LIST_QUERIES = 12
+VERSION_LIST_QUERIES = 13  # 12 + the per-request check of cached cartridges (a compile leaves its cartridge in the LRU)
 # token auth, the client's scopes, the scopes (annotated), heads, the activated versions, the configuration,
 # the erased-subject check, lags, gate (2), latency (2), version counts, sizes, erasures, the configuration summary
 KV_METRICS_CLIENT_QUERIES = 17
