@@ -168,13 +168,14 @@ def test_a_worker_killed_between_writing_blocks_and_recording_the_version_leaves
         memory_append(scope=scope, content=f"Fact {i}: locker {i} holds item {i * 7}.")
     blobs_before = CartridgeBlob.objects.count()
     # the incremental compile writes its tail and one new block, then pauses before recording the version
-    worker = start_worker(MNESIO_CARTRIDGE_STORE_PAUSE_S="4", MNESIO_ORPHAN_BLOB_GRACE_S="1")
+    # grace 0: the redelivered compile's sweep (before it writes anything) removes the dead one's intents at once
+    worker = start_worker(MNESIO_CARTRIDGE_STORE_PAUSE_S="4", MNESIO_ORPHAN_BLOB_GRACE_S="0")
     result = cartridge_compile_task.delay(scope.pk)
     started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=worker)
     _wait(lambda: CartridgeBlob.objects.count() == blobs_before + 2, timeout=TIMEOUT_S, what="the blobs to be written", worker=worker)
     os.kill(started["pid"], signal.SIGKILL)
     assert CartridgeVersion.objects.filter(scope=scope).count() == 1  # nothing recorded: the version never existed
-    outcome = result.get(timeout=TIMEOUT_S)  # delivered again; its compile sweeps the dead one's blobs (older than 1 s)
+    outcome = result.get(timeout=TIMEOUT_S)  # delivered again; its compile first sweeps the dead one's blobs
     assert outcome["ok"] and outcome["version"] != first.pk
     version = CartridgeVersion.objects.get(pk=outcome["version"])
     links = list(CartridgeVersionBlock.objects.filter(version=version).order_by("index"))
