@@ -94,3 +94,21 @@ def test_the_fake_re_reads_the_new_memories_on_top_of_the_verified_ones():
     check = fake.verify_extension(lying, texts, ["Where is item 5?"], num_verified_blocks=1, questions=["Where is item 5?"])
     assert check.max_abs_diff == 1.0 and check.fidelity.answers_identical == 0.0
     assert check.answers[0][0].text != check.answers[0][1].text
+
+
+@pytest.mark.model
+def test_a_new_part_equal_to_its_re_reading_bit_for_bit_is_not_probed_again(real_backend):
+    """256-token blocks and a short log: compile reads the whole tail in one pass, as the re-reading does, so the two
+    KV states are equal bit for bit and every answer is the same by construction; probes are not decoded."""
+    child = real_backend.compile([*MEMORIES, NEW])
+    assert child.stats["blocks_computed"] == 0  # only the tail
+    check = real_backend.verify_extension(
+        child, [*MEMORIES, NEW], [PROBE] * 3, num_verified_blocks=0, questions=[PROBE], answer_max_new_tokens=10
+    )
+    assert check.chain_matches and check.max_abs_diff == 0.0 and check.by_construction
+    assert check.fidelity.num_probes == 3 and check.fidelity.top1_agreement == 1.0
+    (from_cartridge, from_text), = check.answers
+    assert "4417" in from_cartridge.text and from_text.token_ids == from_cartridge.token_ids
+    # a log that differs from what the cartridge holds is never taken as equal: the probes run
+    other = real_backend.verify_extension(child, [*MEMORIES, "Dan's locker code is 9981."], [PROBE], num_verified_blocks=0)
+    assert not other.by_construction and other.max_abs_diff > 0
