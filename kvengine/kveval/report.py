@@ -128,6 +128,15 @@ def checks_section(results: dict[str, Any]) -> str:
                      f"({d['num_positions']} positions): mean KL {_kl(d['mean_kl'])}, p95 {_kl(d['p95_kl'])}, first-token "
                      f"{_kl(d['first_token_mean_kl'])}, top-1 per position {100 * d['top1_per_position']:.2f}%, "
                      f"whole answers identical {100 * d['identical']:.1f}%.")
+    for row in c.get("articles_per_budget", []):
+        verdict = "yes" if row["enough"] else "NO"
+        lines.append(f"- {row['budget']} tokens: scopes drawn from {row['num_articles']} articles "
+                     f"(issue 13: >= {c['min_articles_per_budget']}): **{verdict}**.")
+    for label, rows in sorted(c.get("differing", {}).items()):
+        if rows:
+            cells = ", ".join(f"{r['qid']} ({r['budget']} tok, first token {'same' if r['first_token'] else 'differs'}, "
+                              f"first-token KL {_kl(r['first_token_kl'])})" for r in rows)
+            lines.append(f"- {label}: whole answers that differ from the main cartridge's ({len(rows)}): {cells}.")
     for label, t in sorted(c.get("divergence_targets", {}).items()):
         verdict = "yes" if t["all_met"] else "NO"
         lines.append(f"- {label} targets {t['targets']}: **{verdict}** ({t['met']}).")

@@ -65,6 +65,29 @@ def test_it_reports_parity_variants_and_sizes(fake_results):
         assert budget["size_ratio"]["f32"] == 1.0
 
 
+def test_it_checks_each_budget_draws_from_enough_articles_and_lists_differing_answers(fake_results):
+    checks = fake_results["checks"]
+    assert checks["min_articles_per_budget"] == 10
+    assert [(r["budget"], r["enough"]) for r in checks["articles_per_budget"]] == [(300, False), (600, False)]
+    for row, budget in zip(checks["articles_per_budget"], fake_results["budgets"], strict=True):
+        assert row["num_articles"] == budget["num_articles"] >= 2
+    for label in ("q8", "q4", "bf16", "bf16r"):
+        expected = [r["qid"] for b in fake_results["budgets"] for r in b["agreement_records"][label] if not r["identical"]]
+        assert [r["qid"] for r in checks["differing"][label]] == expected
+
+
+def test_the_report_names_differing_answers_with_their_first_token_kl():
+    from kvengine.kveval.report import checks_section
+
+    results = {"checks": {"divergence": {}, "cartridge_f1_vs_retrieval": [], "min_articles_per_budget": 10,
+                          "articles_per_budget": [{"budget": 1024, "num_articles": 12, "enough": True}],
+                          "differing": {"q8": [{"budget": 1024, "qid": "abc", "first_token": False, "first_token_kl": 0.25}]}},
+               "budgets": []}
+    text = checks_section(results)
+    assert "1024 tokens: scopes drawn from 12 articles (issue 13: >= 10): **yes**" in text
+    assert "q8: whole answers that differ from the main cartridge's (1): abc (1024 tok, first token differs, first-token KL 2.50e-01)" in text
+
+
 def test_it_writes_json_markdown_and_png_charts(fake_results, tmp_path):
     paths = write_report(fake_results, tmp_path, command="python -m kvengine.kveval --backend fake")
     loaded = json.loads(paths["json"].read_text())
