@@ -152,14 +152,14 @@ def test_q8_and_q4_cartridges_are_small_and_q8_answers_like_f32(real_backend, ca
     c8, c4 = q8.compile(MEMORIES), q4.compile(MEMORIES)
     d8, d4 = q8.dumps(c8), q4.dumps(c4)
     # this ~190-token cartridge pays a fixed cost (the 4 exact sink positions, the header) on few tokens
-    assert len(d8) / f32_size <= 0.29 and len(d4) / f32_size <= 0.19
-    # from 1k tokens on the targets hold: q8 <= 0.28x, q4 <= 0.16x of f32 (format 3: 32-value q4 groups, issue 16;
-    # format 4 quantizes each 256-token block on its own: key groups pad at every block's end, +0.005 for q8)
+    assert len(d8) / f32_size <= 0.33 and len(d4) / f32_size <= 0.19
+    # from 1k tokens on: q8 <= 0.32x (format 5: 16-value groups, issue 13), q4 <= 0.16x of f32 (32-value groups,
+    # issue 16); format 4 quantizes each 256-token block on its own (key groups never straddle a block)
     big = real_backend.compile(MEMORIES * 6)
     assert big.header.num_tokens >= 1000
     big_size = len(real_backend.dumps(big))
     ratios = len(q8.dumps(q8.compile(MEMORIES * 6))) / big_size, len(q4.dumps(q4.compile(MEMORIES * 6))) / big_size
-    assert ratios[0] <= 0.28 and ratios[1] <= 0.16, ratios
+    assert ratios[0] <= 0.32 and ratios[1] <= 0.16, ratios
     assert read_header(d8).quant == "q8" and q8.dumps(q8.loads(d8)) == d8
     for question in QUESTIONS[:2]:
         assert q8.answer(c8, question, max_new_tokens=8).token_ids == real_backend.answer(cartridge, question, max_new_tokens=8).token_ids
