@@ -69,14 +69,26 @@ def main() -> None:
     parser.add_argument("--quant", default="none")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--parts", default="append,cycle,erase,storage", help="which figures to measure (append is needed by cycle and erase)")
+    parser.add_argument("--keep", default="0,3,10", help="retention settings (keep_previous_versions) the storage figure is also given for")
     args = parser.parse_args()
     rng = random.Random(13)
     backend = make_backend("transformers", dtype=args.dtype, quant=args.quant, device=args.device)
     report: dict = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": os.environ.get("OMP_NUM_THREADS")},
                     "config": vars(args) | {"out": str(args.out)}}
 
+    parts_wanted = set(args.parts.split(","))
     # -- append -------------------------------------------------------------------------------------------
-    texts = memories_for(backend, rng, args.tokens)
+    texts = memories_for(backend, rng, args.tokens) if parts_wanted & {"append", "cycle", "erase"} else []
+    if not texts:
+        report["append"] = None
+    else:
+        report.update(_append_cycle_erase(backend, rng, texts, parts_wanted))
+    _storage(backend, rng, args, report)
+
+
+def _append_cycle_erase(backend, rng, texts, parts_wanted):
+    report = {}
     base, full_s = timed(lambda: backend.compile(texts))
     parts = backend.dump_parts(base)
     store = {ref.block_id: data for ref, data in parts.blocks}
@@ -96,7 +108,7 @@ def main() -> None:
     # -- the freshness cycle at engine level: incremental compile + parts, the incremental gate's check (the new part
     # re-read once on the verified blocks, probes as the gate makes them: 4 evenly spaced + 4 about the newest
     # memories, 8 tokens each), and a 32-token answer about the new memory from the new cartridge
-    if hasattr(backend, "verify_extension"):
+    if "cycle" in parts_wanted and hasattr(backend, "verify_extension"):
         fact = f"The vault code of project Zeta-{rng.randint(100, 999)} is {rng.randint(10000, 99999)}."
         project, code = fact.split("project ")[1].split(" is ")[0], fact.rsplit(" ", 1)[1].rstrip(".")
         cycle_started = time.perf_counter()
@@ -118,6 +130,8 @@ def main() -> None:
         print(json.dumps({"cycle": report["cycle"]}), flush=True)
 
     # -- erase a memory in the last eighth ------------------------------------------------------------------
+    if "erase" not in parts_wanted:
+        return report
     positions = base.stats["memory_positions"]
     victim = next(i for i, p in enumerate(positions) if p >= base.header.num_tokens * 7 // 8)
     erased = texts[:victim] + texts[victim + 1 :]
@@ -129,13 +143,31 @@ def main() -> None:
         "time_ratio": round(erase_s / never_s, 4), "blocks_reused": rebuilt.stats["blocks_reused"],
         "byte_identical_to_never_had_it": backend.dump_parts(rebuilt).digest == backend.dump_parts(never).digest,
     }
+    # a memory in the middle of the last eighth (the figure above is the worst case: the first memory of that eighth,
+    # whose rebuild starts at the block holding position 7/8 of the scope); its rebuild vs the same full compile time
+    middle = next(i for i, p in enumerate(positions) if p >= base.header.num_tokens * 15 // 16)
+    rebuilt_mid, mid_s = timed(lambda: backend.compile(texts[:middle] + texts[middle + 1 :], blocks=store.get))
+    report["erase"]["middle_of_last_eighth"] = {
+        "victim_position": positions[middle], "rebuild_s": round(mid_s, 3), "rebuild_model_s": rebuilt_mid.stats["compute_s"],
+        "time_ratio": round(mid_s / never_s, 4), "blocks_reused": rebuilt_mid.stats["blocks_reused"],
+    }
     print(json.dumps({"erase": report["erase"]}), flush=True)
 
-    # -- storage over 50 appends ---------------------------------------------------------------------------
+    return report
+
+
+def _storage(backend, rng, args, report):
+    """Storage over 50 appends, every version stored by parts, each block once; also under retention K."""
+    if "storage" not in args.parts:
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+        return
     grow = memories_for(backend, rng, args.grow_from, start=20_000)
     stored: dict[str, int] = {}
     blocks: dict[str, bytes] = {}
     tails, versions, identical, checks, inc_times = 0, [], True, 0, []
+    history: list[tuple[list[str], int]] = []  # per version: its block ids and its tail's bytes
     for step in range(args.appends + 1):
         if step:
             grow.append(memory(rng, 30_000 + step))
@@ -147,7 +179,8 @@ def main() -> None:
             stored.setdefault(ref.block_id, len(data))
         tails += len(version.tail)
         versions.append(version.size_bytes)
-        if step % 10 == 0:
+        history.append(([ref.block_id for ref, _ in version.blocks], len(version.tail)))
+        if step % 25 == 0:
             checks += 1
             identical &= version.digest == backend.dump_parts(backend.compile(grow)).digest
     total = sum(stored.values()) + tails
@@ -157,7 +190,14 @@ def main() -> None:
         "whole_blobs_bytes": sum(versions), "whole_blobs_ratio": round(sum(versions) / max(versions), 2),
         "incremental_compile_s_p50": round(sorted(inc_times[1:])[len(inc_times[1:]) // 2], 3),
         "identity_checks": checks, "byte_identical_to_scratch": identical,
+        "tail_bytes_total": tails, "block_bytes_total": sum(stored.values()),
     }
+    # under retention (services/retention.py): the newest version and the K before it keep their tail and blocks
+    for keep in [int(k) for k in args.keep.split(",") if k]:
+        kept = history[-(keep + 1):]
+        kept_blocks = {block for ids, _ in kept for block in ids}
+        total_kept = sum(stored[b] for b in kept_blocks) + sum(tail for _, tail in kept)
+        report["storage"][f"keep_previous_versions={keep}"] = {"stored_bytes": total_kept, "ratio_to_largest": round(total_kept / max(versions), 4)}
     print(json.dumps({"storage": report["storage"]}), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,9 +37,9 @@ def timed_answers(backend: Any, cartridge: Any, questions: list[str], tokens: in
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from kv_speed import machine_info, memories_for, probes
 
     import kvengine.attention as attention
-    from kv_speed import machine_info, memories_for, probes
     from kvengine import make_backend
     from kvengine.divergence import AnswerDivergence, DivergenceSummary
 

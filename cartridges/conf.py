@@ -11,7 +11,6 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-
 _MISSING = object()
 
 

@@ -73,7 +73,7 @@ def register_backend(config: Any, backend: KvBackend) -> None:
         _backends[kv_config(config)] = backend
 
 
-def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge, KvBackend]:
+def cartridge_load(*, version: CartridgeVersion, config: Any, record_refusal: bool = True) -> tuple[Cartridge, KvBackend]:
     """Return the loaded cartridge of ``version`` and the backend serving it (LRU-cached).
 
     A miss reads the version's parts (stored digest, GCM tag and sha256 of each checked by storage.version_parts_read) and has
@@ -96,7 +96,8 @@ def cartridge_load(*, version: CartridgeVersion, config: Any) -> tuple[Cartridge
             else:
                 cartridge = backend.load_parts(tail, blocks.get)
         except (BlobUnavailable, BlobTampered, CorruptCartridgeError, IncompatibleCartridgeError) as exc:
-            _load_refusal_record(version=version, config_key=key[1].key, exc=exc)
+            if record_refusal:  # the gate records its own evaluation instead
+                _load_refusal_record(version=version, config_key=key[1].key, exc=exc)
             raise
         size = conf.cartridge_cache_size()
         if size > 0:

@@ -30,9 +30,8 @@ from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
 from kvengine import CorruptCartridgeError
+from kvengine.format import join_tensors, read_block_part, read_tail_part, write_cartridge
 from memories import crypto
-
-from kvengine.format import header_blocks, join_tensors, read_block_part, read_tail_part, write_cartridge
 
 from .models import CartridgeBlob, CartridgeBlock, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
 

@@ -19,10 +19,19 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 
-from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, ExtensionCheck, FidelityReport, KvBackend, canonical_json
+from .base import (
+    Answer,
+    BackendDescription,
+    Cartridge,
+    CartridgeHeader,
+    ExtensionCheck,
+    FidelityReport,
+    KvBackend,
+    canonical_json,
+)
+from .blocks import BlockLookup, CartridgeParts, block_id, key_digest, parts_write
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
-from .blocks import BlockLookup, CartridgeParts, block_id, key_digest, parts_write
 from .format import (
     FORMAT_VERSION,
     BlockRef,

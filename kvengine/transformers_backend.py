@@ -32,9 +32,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, ExtensionCheck, FidelityReport, KvBackend
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
-from .config import DTYPES, QUANTS, check_choice
-from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError, IncompatibleCartridgeError
 from .blocks import BLOCK_SIZE, BlockLookup, CartridgeParts, chain, key_digest, num_full_blocks, parts_write
+from .config import DTYPES, QUANTS, check_choice
+from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import (
     FORMAT_VERSION,
     BlockRef,
@@ -55,6 +55,7 @@ from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
+
 DEFAULT_FIDELITY_TOKENS = 16  # fidelity()'s answer length when the caller gives none
 
 

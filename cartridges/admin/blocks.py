@@ -2,27 +2,15 @@
 (its key exists) or destroyed and why, and what retention pruned. No block content is ever shown."""
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
 from cartridges.models import CartridgeBlob, CartridgeBlock, CartridgePrune
 
-
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from .common import ReadOnlyAdmin
 
 
 @admin.register(CartridgeBlock)
-class CartridgeBlockAdmin(_ReadOnly):
+class CartridgeBlockAdmin(ReadOnlyAdmin):
     list_display = ["id", "scope", "short_id", "first_position", "num_tokens", "stored_size_bytes", "live", "created_at"]
     search_fields = ["scope__name", "block_id"]
     list_select_related = ["scope", "destruction"]
@@ -39,7 +27,7 @@ class CartridgeBlockAdmin(_ReadOnly):
 
 
 @admin.register(CartridgePrune)
-class CartridgePruneAdmin(_ReadOnly):
+class CartridgePruneAdmin(ReadOnlyAdmin):
     list_display = ["version", "keep_previous_versions", "num_blocks_destroyed", "bytes_freed", "created_at"]
     list_select_related = ["version"]
     search_fields = ["version__scope__name"]

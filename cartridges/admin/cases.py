@@ -11,6 +11,8 @@ from cartridges import selectors, services
 from cartridges.models import AnswerRecord, EvaluationCase
 from core.errors import MnesioError
 
+from .common import ReadOnlyAdmin
+
 
 class EvaluationCaseForm(forms.ModelForm):
     question = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
@@ -104,18 +106,9 @@ class EvaluationCaseAdmin(admin.ModelAdmin):
 
 
 @admin.register(AnswerRecord)
-class AnswerRecordAdmin(admin.ModelAdmin):
+class AnswerRecordAdmin(ReadOnlyAdmin):
     """That a question was answered (version, mode, timings); the question and answer are never stored."""
 
     list_display = ["id", "scope", "mode", "version", "ttft_s", "total_s", "num_context_tokens", "actor", "created_at"]
     list_filter = ["scope", "mode"]
     list_select_related = ["scope", "actor"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

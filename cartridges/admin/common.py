@@ -34,6 +34,19 @@ def outcome_text(outcome: JobOutcome) -> str:
     return f"evaluation {result.get('evaluation')}: {'passed' if result.get('passed') else 'failed'}"
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An admin for records nobody edits here: listed and viewed, never added, changed or deleted."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class ReadOnlyInline(admin.TabularInline):
     """Shows rows, never adds, edits or deletes them (they are immutable)."""
 

@@ -2,27 +2,17 @@
 validates them and records who made each one; an admin edit form would be a second door)."""
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
 from cartridges.models import ScopeSettings
 
+from .common import ReadOnlyAdmin
+
 
 @admin.register(ScopeSettings)
-class ScopeSettingsAdmin(admin.ModelAdmin):
+class ScopeSettingsAdmin(ReadOnlyAdmin):
     list_display = ["scope", "auto_refresh", "auto_refresh_debounce_s", "keep_previous_versions", "created_by",
                     "created_at"]
     list_filter = ["auto_refresh"]
     search_fields = ["scope__name"]
     list_select_related = ["scope", "created_by"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

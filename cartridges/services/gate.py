@@ -83,7 +83,7 @@ from typing import Any
 from core.errors import MnesioError
 from kvengine import CorruptCartridgeError, IncompatibleCartridgeError, KvConfig, KvError
 from kvengine.divergence import AnswerDivergence, DivergenceSummary
-from kvengine.format import BlockRef, header_blocks, read_header
+from kvengine.format import BlockRef, header_blocks, read_header, read_tail_part
 from kvengine.retrieval import bm25_top_k  # one BM25 and one answer normalization, shared with kveval
 from kvengine.text import answer_correct
 from kvengine.text import normalize_answer as normalize  # noqa: F401 - still importable as gate.normalize
@@ -99,7 +99,7 @@ from ..selectors import (
     scope_evaluation_cases_open,
     version_erased_subjects,
 )
-from ..storage import BlobTampered, BlobUnavailable, blob_read
+from ..storage import BlobTampered, BlobUnavailable, version_parts_read
 from .compile import key_digest
 
 
@@ -163,13 +163,19 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
     if erased:
         result.fail(f"the manifest of version {version.pk} includes {len(erased)} erased subject(s): {sorted(erased)}")
     try:
-        data = blob_read(version=version)
+        # every stored part's digest, GCM tag and sha256 (blocks from this process's verified cache when it has them)
+        tail, blocks = version_parts_read(version=version)
     except (BlobUnavailable, BlobTampered) as exc:
         result.fail(exc.message)
         return _finish(result, full)
     try:
-        header = read_header(data)
+        if not version.block_size and not blocks:
+            header = read_header(tail)  # a version stored whole (before format 4)
+        else:
+            header, _, _ = read_tail_part(tail)
         refs = header_blocks(header)
+        if any(ref.block_id not in blocks for ref in refs):
+            raise CorruptCartridgeError("its header names blocks the version does not link")
     except CorruptCartridgeError as exc:
         result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
         return _finish(result, full)
@@ -181,12 +187,12 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
     plan = _incremental_plan(version=version, config=config, refs=refs) if gate == "auto" else _Plan(reason="asked for the full gate")
     started = time.perf_counter()
     if plan.parent is None:
-        _model_checks(version=version, backend=backend, data=data, result=result)
+        _model_checks(version=version, backend=backend, config=config, result=result)
         tokens = (result.figures.get("fidelity", {}).get("num_probes", 0) + result.figures.get("accuracy", {}).get("num_cases", 0)) * version.num_tokens
         result.figures["gate"] = "full"
         result.figures["gate_cost"] = {"seconds": round(time.perf_counter() - started, 3), "tokens_reread": tokens, "why_full": plan.reason}
     else:
-        _incremental_checks(version=version, backend=backend, data=data, plan=plan, result=result)
+        _incremental_checks(version=version, backend=backend, config=config, plan=plan, result=result)
         result.figures["gate"] = "incremental"
         result.figures["gate_cost"] = {
             "seconds": round(time.perf_counter() - started, 3),
@@ -248,17 +254,24 @@ def _version_texts(*, version: CartridgeVersion, result: GateResult) -> tuple[li
     return seqs, [opened[s].text for s in seqs]
 
 
-def _incremental_checks(*, version: CartridgeVersion, backend, data: bytes, plan: _Plan, result: GateResult) -> None:
-    """Checks (a)-(d) of the incremental gate (module docstring)."""
+def _loaded(*, version: CartridgeVersion, backend, config, result: GateResult) -> tuple[Any, list[int], list[str]] | None:
+    """The version's loaded cartridge (this process's cache, or its parts, every one verified) and its memories
+    opened from the log; None (and a reason) when either fails."""
     try:
-        cartridge = backend.loads(data)
-    except (IncompatibleCartridgeError, CorruptCartridgeError) as exc:
-        result.fail(f"the backend refuses to load version {version.pk}: {exc}")
-        return
+        cartridge, _ = engine.cartridge_load(version=version, config=config, record_refusal=False)
+    except (IncompatibleCartridgeError, CorruptCartridgeError, BlobUnavailable, BlobTampered) as exc:
+        result.fail(f"the backend refuses to load version {version.pk}: {getattr(exc, 'message', exc)}")
+        return None
     opened = _version_texts(version=version, result=result)
-    if opened is None:
+    return None if opened is None else (cartridge, *opened)
+
+
+def _incremental_checks(*, version: CartridgeVersion, backend, config, plan: _Plan, result: GateResult) -> None:
+    """Checks (a)-(d) of the incremental gate (module docstring)."""
+    loaded = _loaded(version=version, backend=backend, config=config, result=result)
+    if loaded is None:
         return
-    seqs, texts = opened
+    cartridge, seqs, texts = loaded
     parent_version = plan.parent.version
     known = {entry[0] for entry in parent_version.manifest["entries"]}
     new_texts = [text for seq, text in zip(seqs, texts, strict=True) if seq not in known]
@@ -314,17 +327,12 @@ def _finish(result: GateResult, full: bool) -> GateResult:
     return result
 
 
-def _model_checks(*, version: CartridgeVersion, backend, data: bytes, result: GateResult) -> None:
+def _model_checks(*, version: CartridgeVersion, backend, config, result: GateResult) -> None:
     """Fidelity on probes and task accuracy against text re-reading and the retrieval baseline."""
-    try:
-        cartridge = backend.loads(data)
-    except (IncompatibleCartridgeError, CorruptCartridgeError) as exc:
-        result.fail(f"the backend refuses to load version {version.pk}: {exc}")
+    loaded = _loaded(version=version, backend=backend, config=config, result=result)
+    if loaded is None:
         return
-    opened = _version_texts(version=version, result=result)
-    if opened is None:
-        return
-    texts = opened[1]
+    cartridge, _, texts = loaded
     # erased cases (a subject they concern was erased) cannot be opened: the gate runs without them, counted
     cases = scope_evaluation_cases_open(scope=version.scope)
     num_cases_erased = scope_evaluation_cases_num_erased(scope=version.scope)

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvengine import DTYPES, QUANTS, KvBackend, make_backend
-from kvengine.errors import ConfigError
 from kvengine.divergence import AnswerDivergence, DivergenceSummary
+from kvengine.errors import ConfigError
 from kvengine.retrieval import Bm25
 
 from .data import Article, Question, Scope, build_packed_scopes, build_scopes, sample_questions, scope_articles

@@ -5,7 +5,7 @@ The fake backend cuts blocks of 4 memories (kvengine.fake.FAKE_BLOCK_MEMORIES), 
 from __future__ import annotations
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from cartridges.models import (
     CartridgeBlob,
@@ -142,6 +142,6 @@ def test_raw_sql_cannot_rewrite_or_delete_a_versions_block_links(scope_a, append
         "DELETE FROM cartridges_cartridgeversionblock WHERE version_id = %s",
         "UPDATE cartridges_cartridgeblock SET sha256 = 'x' WHERE scope_id = %s",
     ):
-        with pytest.raises(Exception), transaction.atomic(), connection.cursor() as cursor:
+        with pytest.raises(DatabaseError, match="Cannot (update|delete) rows"), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, [version.pk if "version" in sql else scope_a.pk])
     assert CartridgeVersionBlock.objects.filter(version=version).count() == 2

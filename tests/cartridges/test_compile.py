@@ -9,9 +9,9 @@ from cartridges import engine
 from cartridges.models import CartridgeBlob, CartridgeVersion
 from cartridges.services import ContextTooLong, NothingToCompile, cartridge_compile, cartridge_rebuild
 from cartridges.storage import blob_read, version_parts_read
-from kvengine.format import read_header
 from core.errors import MnesioError
 from kvengine.fake import FakeKvBackend
+from kvengine.format import read_header
 
 from .conftest import stored_files
 

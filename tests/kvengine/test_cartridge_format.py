@@ -16,9 +16,9 @@ from kvengine.format import (
     FORMAT_VERSION,
     RawTensor,
     check_compatible,
+    merkle_sha256,
     read_cartridge,
     read_header,
-    merkle_sha256,
     write_cartridge,
 )
 
