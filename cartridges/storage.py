@@ -216,9 +216,8 @@ def scope_blocks_live(*, scope) -> dict[str, tuple[CartridgeBlock, CartridgeBlob
     return live
 
 
-def scope_block_lookup(*, scope):
-    """A kvengine BlockLookup over the scope's live blocks (compile() reuses what it finds)."""
-    live = scope_blocks_live(scope=scope)
+def block_lookup(*, scope, live: dict[str, tuple[CartridgeBlock, CartridgeBlob]]):
+    """A kvengine BlockLookup over ``live`` (scope_blocks_live's answer): each block read and verified when asked."""
 
     def lookup(block_id: str) -> bytes | None:
         found = live.get(block_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,7 @@ from .config import DTYPES, QUANTS, KvConfig
 
 if TYPE_CHECKING:
     from .blocks import BlockLookup, CartridgeParts
+    from .format import BlockRef
 
 __all__ = [  # DTYPES and QUANTS live in config.py; they are re-exported here for older imports
     "COMPAT_KEY_FIELDS", "DTYPES", "QUANTS", "Answer", "BackendDescription", "Cartridge", "CartridgeHeader",
@@ -254,8 +255,9 @@ class KvBackend(abc.ABC):
         """Check the part of ``cartridge`` after its first ``num_verified_blocks`` blocks against ``texts``.
 
         The caller vouches for those blocks (their ids and digests passed an earlier check); this checks that
-        the header's block ids are the chain of ``texts``, re-reads the new tokens in ONE pass on top of the
-        verified blocks' KV (not block by block, as compile() does), compares the new positions' KV, and answers
+        the header's block ids are the chain of ``texts``, re-reads the new tokens ONCE on top of the verified blocks'
+        KV by a code path of its own (in the chunks compile() reads them in: where a prefill is cut changes the
+        float sums, so a right cartridge equals its re-reading bit for bit), compares the new positions' KV, and answers
         ``probes`` (``max_new_tokens`` each; None: the backend's fidelity default) and ``questions``
         (``answer_max_new_tokens`` each) from the cartridge and from that re-reading, computed once for all.
         """
@@ -269,8 +271,11 @@ class KvBackend(abc.ABC):
         """Deserialize and verify (sha256, compatibility with describe()); raise on any mismatch."""
 
     @abc.abstractmethod
-    def dump_parts(self, cartridge: Cartridge) -> CartridgeParts:
-        """Serialize by parts (blocks.py): a part per full block and the tail part; deterministic bytes."""
+    def dump_parts(self, cartridge: Cartridge, *, stored: Container[BlockRef] = ()) -> CartridgeParts:
+        """Serialize by parts (blocks.py): a part per full block and the tail part; deterministic bytes.
+
+        A block whose ref (id and part digest) is in ``stored`` is left out (its bytes None): the caller stores it
+        already (an incremental compile reuses most blocks, and serializing them again is most of its copying)."""
 
     @abc.abstractmethod
     def load_parts(self, tail: bytes | memoryview, blocks: BlockLookup) -> Cartridge:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from .base import CartridgeHeader, canonical_json
@@ -89,7 +89,7 @@ class CartridgeParts:
     """A cartridge as stored by parts: the tail part (header + tail tensors) and each block's part, in order."""
 
     tail: bytes
-    blocks: tuple[tuple[BlockRef, bytes], ...]
+    blocks: tuple[tuple[BlockRef, bytes | None], ...]  # None: a block the caller stores already (not serialized)
 
     @property
     def digest(self) -> str:
@@ -98,10 +98,16 @@ class CartridgeParts:
 
     @property
     def size_bytes(self) -> int:
-        return len(self.tail) + sum(len(data) for _, data in self.blocks)
+        """Bytes of the parts serialized here (a block left out as stored counts nothing)."""
+        return len(self.tail) + sum(len(data) for _, data in self.blocks if data is not None)
 
 
-def parts_write(header: CartridgeHeader, refs: Sequence[BlockRef], block_tensors: Sequence[dict], tail_tensors: dict) -> CartridgeParts:
-    """Serialize a cartridge's parts (block parts in order, then the tail part)."""
-    blocks = tuple((ref, write_block_part(header, ref, tensors)) for ref, tensors in zip(refs, block_tensors, strict=True))
+def parts_write(
+    header: CartridgeHeader, refs: Sequence[BlockRef], block_tensors: Sequence[dict], tail_tensors: dict, *, stored: Container[BlockRef] = ()
+) -> CartridgeParts:
+    """Serialize a cartridge's parts (block parts in order, then the tail part); a block whose ref (id and digest)
+    is in ``stored`` is not serialized again (its bytes are None): an incremental compile's reused blocks."""
+    blocks = tuple(
+        (ref, None if ref in stored else write_block_part(header, ref, tensors)) for ref, tensors in zip(refs, block_tensors, strict=True)
+    )
     return CartridgeParts(tail=write_tail_part(header, tail_tensors), blocks=blocks)

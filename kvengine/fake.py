@@ -17,7 +17,7 @@ import math
 import re
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 
 from .base import (
     Answer,
@@ -264,11 +264,11 @@ class FakeKvBackend(KvBackend):
         blocks, tail = self._parts(cartridge)
         return write_cartridge(cartridge.header, join_tensors(blocks, tail))
 
-    def dump_parts(self, cartridge: Cartridge) -> CartridgeParts:
-        """Serialize by parts: one part per block of memories and the tail part."""
+    def dump_parts(self, cartridge: Cartridge, *, stored: Container[BlockRef] = ()) -> CartridgeParts:
+        """Serialize by parts: one part per block of memories and the tail part (``stored``: base.py)."""
         check_compatible(cartridge.header, self._description)
         blocks, tail = self._parts(cartridge)
-        return parts_write(cartridge.header, header_blocks(cartridge.header), blocks, tail)
+        return parts_write(cartridge.header, header_blocks(cartridge.header), blocks, tail, stored=stored)
 
     def loads(self, data: bytes) -> Cartridge:
         """Deserialize, verify sha256 and the compatibility key."""

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -376,11 +377,14 @@ class TransformersKvBackend(KvBackend):
         questions: Sequence[str] = (),
         answer_max_new_tokens: int = 32,
     ) -> ExtensionCheck:
-        """Re-read the tokens after the first ``num_verified_blocks`` blocks in one pass and compare (base.py).
+        """Re-read the tokens after the first ``num_verified_blocks`` blocks once and compare (base.py).
 
-        The re-reading is independent of compile(): one forward pass over every new token on a plain
-        DynamicCache holding the verified blocks' served KV, not a prefill per block through _BlockCache and
-        part_store. Probes and questions are answered greedily from the cartridge; the re-reading (a KvState of
+        The re-reading is independent of compile(): forward passes on a plain DynamicCache holding the verified
+        blocks' served KV, not _BlockCache, part_store and the payload's assembly. It reads the new tokens in the
+        chunks compile reads them in (each new block on top of the ones before, then the tail), because where a
+        prefill is cut changes the float sums: read in other chunks, a right cartridge would differ from its
+        re-reading by float noise, and a wrong one could hide in that noise. Read in the same chunks, a right
+        cartridge equals its re-reading bit for bit (f32; the gate then needs no probe decoding). Probes and questions are answered greedily from the cartridge; the re-reading (a KvState of
         its own, cropped back after each) reads each question with that answer in one teacher-forced pass: equal
         answers iff its greedy choice is the answer's token at every position (and an EOS where it stopped). Only a
         question whose answers differ is decoded on the re-reading too. So the new part is read once for all.
@@ -408,10 +412,13 @@ class TransformersKvBackend(KvBackend):
             if begin:
                 for layer in range(state.num_layers):
                     keys, values = state.prefix(layer)
-                    cache.update(keys[:, :, :begin].clone(), values[:, :, :begin].clone(), layer)  # (1, H, begin, D)
+                    cache.update(keys[:, :, :begin], values[:, :, :begin], layer)  # (1, H, begin, D); update() copies
             if len(ids) > begin:
                 self._check_room(len(ids), 1, "memories")
-                self.model.base_model(input_ids=torch.tensor([ids[begin:]], device=self.device), cache=cache, use_cache=True)
+            cuts = [*range(begin, num_blocks * size, size), max(begin, num_blocks * size), len(ids)]  # compile's chunks
+            for lo, hi in itertools.pairwise(cuts):
+                if hi > lo:
+                    self.model.base_model(input_ids=torch.tensor([ids[lo:hi]], device=self.device), cache=cache, use_cache=True)
             ref_keys = [cache.layers[layer].keys.to(self.torch_dtype) for layer in range(state.num_layers)]
             ref_values = [cache.layers[layer].values.to(self.torch_dtype) for layer in range(state.num_layers)]
             del cache
@@ -423,7 +430,6 @@ class TransformersKvBackend(KvBackend):
                     for held, reread in ((keys, ref_keys[layer]), (values, ref_values[layer])):
                         diff = (held[:, :, begin:].float() - reread[:, :, begin:].float()).abs().max()  # over (1, H, new, D)
                         max_abs_diff = max(max_abs_diff, float(diff))
-            reference = KvState(ref_keys, ref_values)
         reread_s = time.perf_counter() - started
         if max_abs_diff == 0.0 and chain_matches:
             # the cartridge's KV IS the re-reading's, bit for bit: every answer from one is the answer from the other by
@@ -441,6 +447,9 @@ class TransformersKvBackend(KvBackend):
                 fidelity=FidelityReport(num_probes=len(probes), top1_agreement=1.0, mean_kl=0.0, max_kl=0.0, answers_identical=1.0),
                 answers=tuple(answers), reread_s=reread_s, probe_s=time.perf_counter() - started - reread_s, by_construction=True,
             )
+        with torch.inference_mode():
+            reference = KvState(ref_keys, ref_values)  # only where the probes run: the copy costs as much as the re-reading
+        del ref_keys, ref_values
         kls, top1, same = [], 0, 0
         for probe in probes:
             ids_c, logp_c = self._on_top(state, probe, max_new_tokens)
@@ -521,11 +530,12 @@ class TransformersKvBackend(KvBackend):
         check_compatible(cartridge.header, self._description)
         return write_cartridge(cartridge.header, self._payload(cartridge).tensors())
 
-    def dump_parts(self, cartridge: Cartridge) -> CartridgeParts:
-        """Serialize by parts: one part per full block and the tail part (blocks.py); deterministic bytes."""
+    def dump_parts(self, cartridge: Cartridge, *, stored: Container[BlockRef] = ()) -> CartridgeParts:
+        """Serialize by parts: one part per full block and the tail part (blocks.py); deterministic bytes. Blocks in
+        ``stored`` are not serialized again (base.py)."""
         check_compatible(cartridge.header, self._description)
         parts = self._payload(cartridge).part_tensors()
-        return parts_write(cartridge.header, header_blocks(cartridge.header), parts[:-1], parts[-1])
+        return parts_write(cartridge.header, header_blocks(cartridge.header), parts[:-1], parts[-1], stored=stored)
 
     def loads(self, data: bytes) -> Cartridge:
         """Verify (structure, sha256, compatibility) and load into servable KV buffers, dequantizing."""

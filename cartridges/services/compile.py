@@ -30,7 +30,7 @@ from core.errors import Conflict, MnesioError
 from kvengine import ContextTooLongError, EmptyInputError
 from kvengine.base import canonical_json
 from kvengine.blocks import CartridgeParts
-from kvengine.format import FORMAT_VERSION, read_tail_part
+from kvengine.format import FORMAT_VERSION, BlockRef, read_tail_part
 from memories.models import Subject
 from memories.selectors import log_head as current_log_head
 from memories.selectors import memory_keys_forgotten_lock, scope_head, scope_memories_open
@@ -38,7 +38,7 @@ from memories.selectors import memory_keys_forgotten_lock, scope_head, scope_mem
 from .. import conf, engine
 from ..models import CartridgeBlob, CartridgeBlock, CartridgeVersion, CartridgeVersionBlock, CartridgeVersionSubject
 from ..selectors import ActiveConfiguration, active_configuration, active_version
-from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep, scope_block_lookup, scope_blocks_live
+from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep, block_lookup, scope_blocks_live
 from .errors import ContextTooLong, NothingToCompile
 
 log = logging.getLogger("cartridges")
@@ -128,9 +128,15 @@ def compile_bytes(*, backend, data: CompileInput) -> bytes:
 
 
 def compile_parts(*, backend, data: CompileInput, scope=None) -> tuple[Any, CartridgeParts]:
-    """Compile (reusing the scope's stored blocks when ``scope`` is given) and serialize by parts."""
-    cartridge = compile_cartridge(backend=backend, data=data, blocks=scope_block_lookup(scope=scope) if scope is not None else None)
-    return cartridge, backend.dump_parts(cartridge)
+    """Compile (reusing the scope's stored blocks when ``scope`` is given) and serialize by parts; the blocks the
+    scope stores already are not serialized again (their bytes are None: _version_store links their rows)."""
+    if scope is None:
+        cartridge = compile_cartridge(backend=backend, data=data)
+        return cartridge, backend.dump_parts(cartridge)
+    live = scope_blocks_live(scope=scope)
+    cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=live))
+    stored = {BlockRef(row.block_id, row.first_position, row.num_tokens, row.part_sha256) for row, _ in live.values()}
+    return cartridge, backend.dump_parts(cartridge, stored=stored)
 
 
 def compile_cartridge(*, backend, data: CompileInput, blocks=None):
@@ -250,11 +256,16 @@ def _version_store(
         stored = blob_write(blob=tail_row, key=key, data=parts.tail)
         live = scope_blocks_live(scope=scope)
         links: list[CartridgeBlock] = []  # per block index: a reused row (saved) or a new one (unsaved)
+        size_bytes = len(parts.tail)
         for ref, block_data in parts.blocks:
             found = live.get(ref.block_id)
             if found is not None and found[0].part_sha256 == ref.sha256:
                 links.append(found[0])
+                size_bytes += found[0].size_bytes
                 continue
+            if block_data is None:  # stored when the compile began, destroyed (erasure, prune) since
+                raise BlockGoneDuringCompile
+            size_bytes += len(block_data)
             row, block_key = blob_reserve(scope=scope, suffix="kvb")
             written.append(row.storage_name)
             block_stored = blob_write(blob=row, key=block_key, data=block_data)
@@ -286,7 +297,7 @@ def _version_store(
                 num_memories=len(data.texts),
                 sha256=parts.digest,
                 payload_sha256=header.payload_sha256,
-                size_bytes=parts.size_bytes,
+                size_bytes=size_bytes,
                 stored_sha256=stored.stored_sha256,
                 stored_size_bytes=stored.stored_size_bytes,
                 storage_name=stored.name,

@@ -53,6 +53,23 @@ def test_versions_of_a_growing_scope_store_each_block_once(scope_a, append, fake
     # and it is byte-identical to a compile from scratch of the same log in a scope that stored nothing
     scratch = cartridge_compile(scope=other, log_head=second.log_head)
     assert scratch.sha256 == second.sha256 and blob_read(version=scratch) == blob_read(version=second)
+    assert scratch.size_bytes == second.size_bytes  # reused blocks count by their rows, new ones by their bytes
+
+
+def test_an_incremental_compile_serializes_only_the_blocks_the_scope_does_not_store(scope_a, append, fake_engine, blob_root, monkeypatch):
+    from kvengine import blocks
+
+    _fill(scope_a, append, 9)
+    cartridge_compile(scope=scope_a)
+    written = []
+    original = blocks.write_block_part
+    monkeypatch.setattr(blocks, "write_block_part", lambda header, ref, tensors: written.append(ref.block_id) or original(header, ref, tensors))
+    _fill(scope_a, append, 4, start=9)
+    second = cartridge_compile(scope=scope_a)
+    links = list(CartridgeVersionBlock.objects.filter(version=second).order_by("index").select_related("block"))
+    assert written == [links[2].block.block_id]  # the two reused blocks are linked, not written out again
+    _, parts = version_parts_read(version=second)
+    assert len(parts) == 3
 
 
 def test_another_scopes_blocks_are_never_reused(scope_a, append, fake_engine, blob_root):
