@@ -34,10 +34,12 @@ from .services import (
     cartridge_evaluate,
 )
 from .services.refresh import (
+    full_gate_marker,
     refresh_debounce_s,
     refresh_marker_clear,
     refresh_marker_set,
     refresh_timer_start,
+    scope_full_gate,
     scope_refresh,
 )
 from .storage import blobs_sweep
@@ -125,7 +127,23 @@ def cartridge_refresh_task(scope_id: int) -> dict[str, Any]:
     scope = Scope.objects.filter(pk=scope_id).first()
     if scope is None:
         return {"ok": False, "error": f"scope {scope_id} does not exist"}
-    return scope_refresh(scope=scope).as_dict()
+    outcome = scope_refresh(scope=scope)
+    if outcome.full_gate_due and refresh_marker_set(scope_id=scope_id, debounce_s=0, marker=full_gate_marker):
+        cartridge_full_gate_task.apply_async(args=[scope_id])  # one at a time per scope; after this activation
+    return outcome.as_dict()
+
+
+@shared_task(**_RELIABLE)
+def cartridge_full_gate_task(scope_id: int) -> dict[str, Any]:
+    """The scheduled full gate of the version serving scope ``scope_id``, off the refresh's path; a rollback when
+    it fails (services/refresh.py). The scope's full-gate marker is cleared when it ends, passed or not."""
+    try:
+        scope = Scope.objects.filter(pk=scope_id).first()
+        if scope is None:
+            return {"ok": False, "error": f"scope {scope_id} does not exist"}
+        return scope_full_gate(scope=scope).as_dict()
+    finally:
+        refresh_marker_clear(scope_id, marker=full_gate_marker)
 
 
 def refresh_after_append(scope_id: int) -> None:

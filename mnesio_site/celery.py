@@ -26,6 +26,7 @@ app.conf.update(
         "cartridges.tasks.cartridge_evaluate_task": {"queue": "gpu"},
         # auto-refresh: compile + gate + activation of a scope after appends (cartridges/services/refresh.py)
         "cartridges.tasks.cartridge_refresh_task": {"queue": "gpu"},
+        "cartridges.tasks.cartridge_full_gate_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_answer_task": {"queue": "gpu"},
         "memories.tasks.erasure_request_process_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_activate_task": {"queue": "default"},

@@ -35,7 +35,7 @@ checks and tokens re-read as text).
   incremental) made under the active configuration since it became active (``figures["verified_blocks"]``).
   Checks 1-4 as always; then, through ``KvBackend.verify_extension``, (a) the header's block ids are the chain of
   this version's own memories' token ids and its token count theirs; (b) the new part, from the first
-  unverified block to the end, is re-read in ONE pass on top of the verified blocks and its KV compared position by
+  unverified block to the end, is re-read ONCE on top of the verified blocks and its KV compared position by
   position with the cartridge's (max abs difference at most ``MNESIO_GATE_MAX_KV_ABS_DIFF``); (c) fidelity on
   probes (the auto probes over the log plus one per NEW memory, up to ``gate_num_auto_probes``, plus the cases'
   questions): the cartridge's first token against that re-reading's, at the same threshold; (d) task accuracy on
@@ -50,21 +50,22 @@ block size) as those of the blocks already verified, and the digests prove the c
 bytes that passed that earlier gate (compile is deterministic: a from-scratch compile produces the same bytes,
 so a full gate would test those same bytes against the same tokens again). What can differ from the verified
 state is only the new part, and (b) checks it more tightly than probes can: every layer, every position, keys
-and values, against a recomputation by another code path (one pass on a plain cache, not compile's block by
-block prefill). (c) and (d) still compare answers end to end, on questions about the new memories too, so a
+and values, against a recomputation by another code path (a plain cache, not compile's _BlockCache, part store and
+payload assembly; in compile's chunks, each new block then the tail, since where a prefill is cut changes the
+float sums and a right cartridge should equal its re-reading exactly, not to a tolerance). (c) and (d) still compare answers end to end, on questions about the new memories too, so a
 cartridge whose new part is wrong in a way the KV tolerance misses still fails on the answers it gives. The
 reference each probe is compared with is the text re-reading with the verified prefix taken as proven, which
 is what the full gate would re-read, to float reordering. The checks 1-4 are unchanged, so a tampered blob, an
 erased subject or a foreign key fails as before.
 
-When (b) finds the new part's KV equal to its re-reading bit for bit (``max_abs_diff == 0``: an append that fills
-only the tail, read in one pass both ways), the cartridge and the re-reading are the same state, so (c) and (d)
+When (b) finds the new part's KV equal to its re-reading bit for bit (``max_abs_diff == 0``: what a right f32
+cartridge gives, the append filling only the tail or completing blocks alike), the cartridge and the re-reading are the same state, so (c) and (d)
 would only compare two code paths on it: the probes are not decoded (``figures["incremental"]["by_construction"]``
 says so; fidelity is recorded as agreement 1, KL 0) and the cases are answered once, from the cartridge, for the
 accuracy check and the retrieval baseline. That keeps the gate of such an append at the cost of one re-read of the
 new part (bench/blocks_bench.py: decoding 8 probes both ways at 8k tokens took ~10x the incremental compile).
-When the KV differs at all (a block completed by the append is prefilled in two passes by compile, one here), the
-probes run as above.
+When the KV differs at all (another kernel, a nondeterministic backend, bytes that are wrong within the
+tolerance), the probes run as above.
 
 When the full gate still runs: on demand (``cartridge_evaluate`` defaults to it; the API's evaluate and
 ``manage.py`` commands use it); for every bf16 or quantized configuration (check 7 needs an f32 reference of the
@@ -72,7 +73,11 @@ whole log); after a configuration switch (only evaluations made since the active
 count, so the first version after a switch has no parent); when no parent is found (no blocks shared, a parent
 that never passed, a parent that passed under another configuration); and on a schedule: every
 ``MNESIO_GATE_FULL_EVERY``-th version of an incremental chain (default 10; ``figures["incremental"]["since_full"]``
-counts the chain).
+counts the chain). An auto-refresh defers that scheduled full gate (``defer_full``): the version is gated
+incrementally and activated, so a new memory is served within seconds, and the full gate then runs on the version
+serving, off the refresh's path (services/refresh.py: ``scope_full_gate``); when it fails, the scope is rolled
+back to the version that served before. The chain's count runs on until a full gate passes, so a lost or
+refused one is asked for again by the next refresh.
 """
 from __future__ import annotations
 
@@ -134,10 +139,12 @@ GATES = ("full", "auto")  # what a caller asks for; "auto" runs the incremental 
 MAX_PARENT_CANDIDATES = 20
 
 
-def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, gate: str = "full") -> GateResult:
+def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, gate: str = "full", defer_full: bool = False) -> GateResult:
     """Run the gate over ``version``; ``full=False`` runs only the cheap checks (1-4), no model work.
 
     ``gate="auto"`` runs the incremental gate when the module docstring's conditions hold, else the full one.
+    ``defer_full=True`` (an auto-refresh): a full gate that is only due by the schedule does not run here; the
+    incremental gate runs and ``figures["incremental"]["full_due"]`` tells the caller to run the full gate after.
     """
     if gate not in GATES:
         raise MnesioError(f"`gate` has to be one of {list(GATES)} but got {gate!r}", extra={"field": "gate"})
@@ -184,7 +191,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
     result.figures["blob"] = {"size_bytes": version.size_bytes, "intact": True}
     if not full or not result.passed:
         return _finish(result, full)
-    plan = _incremental_plan(version=version, config=config, refs=refs) if gate == "auto" else _Plan(reason="asked for the full gate")
+    plan = _incremental_plan(version=version, config=config, refs=refs, defer_full=defer_full) if gate == "auto" else _Plan(reason="asked for the full gate")
     started = time.perf_counter()
     if plan.parent is None:
         _model_checks(version=version, backend=backend, config=config, result=result)
@@ -211,9 +218,10 @@ class _Plan:
     num_verified_blocks: int = 0
     since_full: int = 0  # incremental versions in the chain since its last full gate, this one included
     reason: str = ""
+    full_due: bool = False  # the schedule calls for a full gate, deferred by the caller to after activation
 
 
-def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration, refs: list[BlockRef]) -> _Plan:
+def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration, refs: list[BlockRef], defer_full: bool = False) -> _Plan:
     """Find the passing evaluation that verified the longest run of this version's leading blocks (module docstring)."""
     if (config.dtype, config.quant) != ("f32", "none"):
         return _Plan(reason=f"{config.dtype}/{config.quant} is gated in full (divergence from f32 needs the whole log)")
@@ -240,6 +248,9 @@ def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration,
             since = 0 if evaluation.figures.get("gate") == "full" else int((evaluation.figures.get("incremental") or {}).get("since_full", 0))
             best = _Plan(parent=evaluation, num_verified_blocks=num, since_full=since + 1)
     if best.parent is not None and best.since_full >= conf.gate_full_every():
+        if defer_full:
+            best.full_due = True
+            return best
         return _Plan(reason=f"scheduled: every {conf.gate_full_every()}th version of an incremental chain runs the full gate")
     return best
 
@@ -293,7 +304,7 @@ def _incremental_checks(*, version: CartridgeVersion, backend, config, plan: _Pl
     max_diff = conf.gate_max_kv_abs_diff()
     result.figures["incremental"] = {
         **check.as_dict(), "parent_evaluation_id": plan.parent.pk, "parent_version_id": parent_version.pk,
-        "num_new_memories": len(new_texts), "since_full": plan.since_full, "max_kv_abs_diff": max_diff,
+        "num_new_memories": len(new_texts), "since_full": plan.since_full, "max_kv_abs_diff": max_diff, "full_due": plan.full_due,
     }
     if not check.chain_matches:
         result.fail(f"the block ids of version {version.pk} are not the chain of its memories' tokens; its blocks are not the verified ones")
@@ -440,16 +451,19 @@ def _divergence_check(*, version: CartridgeVersion, backend, cartridge, texts: l
         )
 
 
-def cartridge_evaluate(*, version: CartridgeVersion, actor=None, gate: str = "full") -> CartridgeEvaluation:
+def cartridge_evaluate(
+    *, version: CartridgeVersion, actor=None, gate: str = "full", defer_full: bool = False, stage: str = "evaluate"
+) -> CartridgeEvaluation:
     """Run the gate over ``version`` and record the evaluation (passed or not, every reason, the figures).
 
     ``gate="full"`` (the default: an explicit evaluation) always runs the full gate; ``"auto"`` (the follow-up of
-    a compile, an auto-refresh) runs the incremental one when it applies (module docstring).
+    a compile, an auto-refresh) runs the incremental one when it applies (module docstring); ``defer_full``: see
+    cartridge_is_committable.
     """
     if not isinstance(version, CartridgeVersion):
         raise MnesioError("`version` has to be a cartridge version", extra={"field": "version"})
-    result = cartridge_is_committable(version=version, gate=gate)
-    return evaluation_record(version=version, result=result, actor=actor)
+    result = cartridge_is_committable(version=version, gate=gate, defer_full=defer_full)
+    return evaluation_record(version=version, result=result, actor=actor, stage=stage)
 
 
 def evaluation_record(*, version: CartridgeVersion, result: GateResult, actor=None, stage: str = "evaluate") -> CartridgeEvaluation:

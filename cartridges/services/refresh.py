@@ -22,6 +22,14 @@ Decisions:
   at the scope's head (incremental: stored blocks are reused); the gate with ``gate="auto"`` (incremental when it
   applies, services/gate.py); activate when it passed. A failed gate keeps the previous version serving: it is
   recorded as the evaluation, logged, and the outcome says so (no retry: the next append tries again).
+- **The scheduled full gate runs after, not inside, a refresh.** When the chain's schedule calls for a full gate
+  (services/gate.py, ``MNESIO_GATE_FULL_EVERY``), the refresh still gates incrementally and activates, and its
+  outcome says ``full_gate_due``; the caller then runs ``scope_full_gate``: the task sends
+  ``cartridge_full_gate_task`` (gpu queue) once per scope at a time (a Redis marker, SET NX, like the refresh's),
+  the timer thread runs it itself after the activation. It gates the version serving at that moment in full; when
+  that fails, the scope rolls back to the version that served before (and the error is logged); the chain counts
+  on, so the next refresh asks again when a full gate was lost. A minute-long full gate at 8k tokens on a CPU would
+  otherwise hold a new memory back every tenth append.
 """
 from __future__ import annotations
 
@@ -37,7 +45,7 @@ from memories.models import Scope
 from .. import conf
 from ..channels import redis_client
 from ..models import AutoRefresh, ScopeSettings
-from ..selectors import active_version, scope_settings_get
+from ..selectors import active_configuration, active_version, scope_settings_get, version_latest_evaluation
 from .activate import cartridge_activate
 from .compile import cartridge_compile
 from .errors import GateFailed
@@ -46,6 +54,7 @@ from .gate import cartridge_evaluate
 log = logging.getLogger("cartridges")
 
 _timers: dict[int, threading.Timer] = {}
+_full_gates: set[int] = set()  # scopes whose scheduled full gate runs in this process
 _timers_lock = threading.Lock()
 
 
@@ -63,9 +72,10 @@ class RefreshOutcome:
     evaluation_id: int | None = None
     gate: str | None = None  # "incremental" | "full", from the evaluation's figures
     detail: str = ""
+    full_gate_due: bool = False  # activated on the incremental gate; the scheduled full gate is to run now
 
     def as_dict(self) -> dict:
-        return {"ok": self.status in ("skipped", "unchanged", "activated"), **self.__dict__}
+        return {"ok": self.status in ("skipped", "unchanged", "activated", "passed"), **self.__dict__}
 
 
 def refresh_debounce_s(*, scope_id: int) -> int | None:
@@ -79,24 +89,29 @@ def refresh_debounce_s(*, scope_id: int) -> int | None:
     return int(row["auto_refresh_debounce_s"])
 
 
-def refresh_marker_set(*, scope_id: int, debounce_s: int) -> bool:
+def full_gate_marker(scope_id: int) -> str:
+    """The Redis key that says a scheduled full gate of scope ``scope_id`` is pending or running."""
+    return f"mnesio:full-gate:{int(scope_id)}"
+
+
+def refresh_marker_set(*, scope_id: int, debounce_s: int, marker=refresh_marker) -> bool:
     """Claim the scope's pending marker (SET NX EX); False when a refresh is already pending. No Redis: True."""
     client = redis_client()
     if client is None:
         return True
     try:
-        return bool(client.set(refresh_marker(scope_id), "1", nx=True, ex=debounce_s + conf.auto_refresh_marker_grace_s()))
+        return bool(client.set(marker(scope_id), "1", nx=True, ex=debounce_s + conf.auto_refresh_marker_grace_s()))
     finally:
         client.close()
 
 
-def refresh_marker_clear(scope_id: int) -> None:
+def refresh_marker_clear(scope_id: int, marker=refresh_marker) -> None:
     """Delete the scope's pending marker (the refresh task does it before reading the head)."""
     client = redis_client()
     if client is None:
         return
     try:
-        client.delete(refresh_marker(scope_id))
+        client.delete(marker(scope_id))
     finally:
         client.close()
 
@@ -112,7 +127,7 @@ def scope_refresh(*, scope: Scope) -> RefreshOutcome:
         return RefreshOutcome("refused", detail=exc.message)
     if active_version(scope=scope) == version:
         return RefreshOutcome("unchanged", version_id=version.pk)
-    evaluation = cartridge_evaluate(version=version, gate="auto")
+    evaluation = cartridge_evaluate(version=version, gate="auto", defer_full=True)
     gate = evaluation.figures.get("gate")
     if not evaluation.passed:
         log.warning("auto-refresh scope=%s version=%s failed the %s gate; the previous version keeps serving", scope.pk, version.pk, gate)
@@ -122,7 +137,39 @@ def scope_refresh(*, scope: Scope) -> RefreshOutcome:
     except GateFailed as exc:  # the cheap checks at activation (the blob or the log changed meanwhile)
         return RefreshOutcome("gate_failed", version_id=version.pk, evaluation_id=exc.extra.get("evaluation_id"), gate=gate, detail=exc.message)
     log.info("auto-refresh scope=%s activated version=%s gate=%s", scope.pk, version.pk, gate)
-    return RefreshOutcome("activated", version_id=version.pk, evaluation_id=evaluation.pk, gate=gate)
+    due = bool((evaluation.figures.get("incremental") or {}).get("full_due"))
+    return RefreshOutcome("activated", version_id=version.pk, evaluation_id=evaluation.pk, gate=gate, full_gate_due=due)
+
+
+def scope_full_gate(*, scope: Scope) -> RefreshOutcome:
+    """The scheduled full gate of the version serving ``scope`` (module docstring); a rollback when it fails.
+
+    ``status``: skipped (nothing serves), unchanged (a passing full gate under the active configuration is already
+    its newest evaluation), passed, or rolled_back / gate_failed (failed; rolled back, or nothing to roll back to).
+    """
+    from .activate import cartridge_rollback
+
+    version = active_version(scope=scope)
+    if version is None:
+        return RefreshOutcome("skipped", detail="no version serves")
+    newest = version_latest_evaluation(version=version, config_key=active_configuration().key())
+    if newest is not None and newest.passed and newest.figures.get("gate") == "full":
+        return RefreshOutcome("unchanged", version_id=version.pk, evaluation_id=newest.pk, gate="full")
+    evaluation = cartridge_evaluate(version=version, stage="scheduled_full_gate")
+    if evaluation.passed:
+        log.info("scheduled full gate scope=%s version=%s passed", scope.pk, version.pk)
+        return RefreshOutcome("passed", version_id=version.pk, evaluation_id=evaluation.pk, gate="full")
+    detail = "; ".join(evaluation.reasons)
+    if active_version(scope=scope) != version:
+        log.error("scheduled full gate scope=%s version=%s failed; it no longer serves", scope.pk, version.pk)
+        return RefreshOutcome("gate_failed", version_id=version.pk, evaluation_id=evaluation.pk, gate="full", detail=detail)
+    try:
+        activation = cartridge_rollback(scope=scope)
+    except MnesioError as exc:
+        log.error("scheduled full gate scope=%s version=%s failed and the scope could not be rolled back: %s", scope.pk, version.pk, type(exc).__name__)
+        return RefreshOutcome("gate_failed", version_id=version.pk, evaluation_id=evaluation.pk, gate="full", detail=f"{detail}; rollback refused: {exc.message}")
+    log.error("scheduled full gate scope=%s version=%s failed; rolled back to version %s", scope.pk, version.pk, activation.version_id)
+    return RefreshOutcome("rolled_back", version_id=version.pk, evaluation_id=evaluation.pk, gate="full", detail=detail)
 
 
 def refresh_timer_start(*, scope_id: int, debounce_s: int) -> None:
@@ -143,13 +190,26 @@ def _timer_fire(scope_id: int, *, own_thread: bool = True) -> None:
         close_old_connections()
     try:
         scope = Scope.objects.filter(pk=scope_id).first()
-        if scope is not None:
-            scope_refresh(scope=scope)
+        if scope is not None and scope_refresh(scope=scope).full_gate_due:
+            _full_gate_in_process(scope)
     except Exception:  # a thread has nobody to raise to: log it (no memory text in messages)
         log.exception("auto-refresh scope=%s failed", scope_id)
     finally:
         if own_thread:
             connections.close_all()  # this thread's connections only (they are per thread)
+
+
+def _full_gate_in_process(scope: Scope) -> None:
+    """The timer thread's scheduled full gate, after its activation; one at a time per scope (the marker's role)."""
+    with _timers_lock:
+        if scope.pk in _full_gates:
+            return
+        _full_gates.add(scope.pk)
+    try:
+        scope_full_gate(scope=scope)
+    finally:
+        with _timers_lock:
+            _full_gates.discard(scope.pk)
 
 
 def refresh_timers_pending() -> list[int]:

@@ -122,3 +122,97 @@ def test_a_refresh_that_fails_the_gate_keeps_the_previous_version_serving(scope_
     assert active_version(scope=scope_a).pk == first.version_id
     assert scope_refresh(scope=scope_a).status == "activated"  # the next try, with a sound engine, serves the new memory
     assert scope_refresh(scope=scope_a).status == "unchanged"
+
+
+def _served_after_full_gate_due(scope, append, settings):
+    """Five memories (one fake block) refreshed through the full gate, then a sixth whose refresh is gated
+    incrementally while the schedule (every version) calls for a full gate."""
+    settings.MNESIO_GATE_FULL_EVERY = 1
+    _on_append(scope, 0)
+    for i in range(5):
+        append(scope, f"Crate {i} holds {i} apples.")
+    assert scope_refresh(scope=scope).gate == "full"  # the first: no parent
+    append(scope, "Crate 5 holds the spare key.")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_process_a_scheduled_full_gate_runs_after_the_activation_not_before_it(scope_a, append, fake_engine, eager_tasks, settings):
+    from cartridges.models import CartridgeActivation
+
+    settings.MNESIO_GATE_FULL_EVERY = 1
+    _on_append(scope_a, 0)
+    for i in range(5):
+        append(scope_a, f"Crate {i} holds {i} apples.")
+    assert refresh_timers_join(60)
+    append(scope_a, "Crate 5 holds the spare key.")
+    assert refresh_timers_join(60)
+    served = active_version(scope=scope_a)
+    assert served.log_head == 6
+    incremental, full = CartridgeEvaluation.objects.filter(version=served).order_by("id")
+    assert incremental.passed and incremental.figures["gate"] == "incremental" and incremental.figures["incremental"]["full_due"]
+    assert full.passed and full.figures["gate"] == "full" and full.figures["stage"] == "scheduled_full_gate"
+    activation = CartridgeActivation.objects.get(version=served)
+    assert activation.evaluation_id == incremental.pk  # served on the incremental gate ...
+    assert activation.created_at <= full.created_at  # ... before the full gate ran
+
+
+@pytest.mark.django_db
+def test_a_scheduled_full_gate_that_fails_rolls_the_scope_back(scope_a, append, fake_engine, settings, monkeypatch):
+    from cartridges.services import gate
+    from cartridges.services.refresh import scope_full_gate
+
+    _served_after_full_gate_due(scope_a, append, settings)
+    before = active_version(scope=scope_a)
+    outcome = scope_refresh(scope=scope_a)
+    assert outcome.status == "activated" and outcome.full_gate_due
+    assert active_version(scope=scope_a).pk == outcome.version_id != before.pk
+
+    def failing(*, result, **kwargs):
+        result.fail("fidelity 0.000 (planted)")
+
+    monkeypatch.setattr(gate, "_model_checks", failing)
+    audit = scope_full_gate(scope=scope_a)
+    assert audit.status == "rolled_back" and not audit.as_dict()["ok"] and "planted" in audit.detail
+    assert active_version(scope=scope_a) == before  # the version that served before serves again
+    failed = CartridgeEvaluation.objects.get(pk=audit.evaluation_id)
+    assert not failed.passed and failed.version_id == outcome.version_id and failed.figures["stage"] == "scheduled_full_gate"
+
+
+@pytest.mark.django_db
+def test_a_passing_full_gate_is_not_run_twice(scope_a, append, fake_engine, settings):
+    from cartridges.services.refresh import scope_full_gate
+
+    _served_after_full_gate_due(scope_a, append, settings)
+    scope_refresh(scope=scope_a)
+    assert scope_full_gate(scope=scope_a).status == "passed"
+    again = scope_full_gate(scope=scope_a)
+    assert again.status == "unchanged" and again.as_dict()["ok"]
+    assert CartridgeEvaluation.objects.filter(version_id=again.version_id, figures__gate="full").count() == 1
+
+
+@pytest.mark.django_db
+def test_with_a_broker_a_due_full_gate_is_sent_once_per_scope_until_it_ends(scope_a, append, fake_engine, settings, monkeypatch):
+    import os
+
+    import redis
+
+    from cartridges import tasks
+    from cartridges.services.refresh import full_gate_marker
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    client.delete(full_gate_marker(scope_a.pk), refresh_marker(scope_a.pk))
+    sent = []
+    monkeypatch.setattr(tasks.cartridge_full_gate_task, "apply_async", lambda args: sent.append(args))
+    _served_after_full_gate_due(scope_a, append, settings)
+    try:
+        assert tasks.cartridge_refresh_task.run(scope_a.pk)["full_gate_due"]
+        assert sent == [[scope_a.pk]] and client.exists(full_gate_marker(scope_a.pk))
+        append(scope_a, "Crate 6 holds a torch.")
+        assert tasks.cartridge_refresh_task.run(scope_a.pk)["status"] == "activated"
+        assert sent == [[scope_a.pk]]  # one pending already: not sent again
+        assert tasks.cartridge_full_gate_task.run(scope_a.pk)["status"] == "passed"  # the version serving now
+        assert not client.exists(full_gate_marker(scope_a.pk))
+        assert CartridgeEvaluation.objects.filter(version=active_version(scope=scope_a), figures__gate="full").exists()
+    finally:
+        client.delete(full_gate_marker(scope_a.pk), refresh_marker(scope_a.pk))
+        client.close()

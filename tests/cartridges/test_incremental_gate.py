@@ -214,3 +214,12 @@ def test_the_compile_follow_up_gates_incrementally_and_an_explicit_evaluate_runs
     assert explicit["evaluation"] != followed["evaluation"]
     assert CartridgeEvaluation.objects.get(pk=explicit["evaluation"]).figures["gate"] == "full"
     assert cartridge_evaluate_task.delay(v2.pk).get()["evaluation"] == explicit["evaluation"]  # a full one is
+
+
+def test_a_refresh_defers_the_scheduled_full_gate_and_says_it_is_due(verified, scope_a, append, settings):
+    settings.MNESIO_GATE_FULL_EVERY = 1
+    append(scope_a, FACTS[5])
+    v2 = cartridge_compile(scope=scope_a)
+    deferred = cartridge_evaluate(version=v2, gate="auto", defer_full=True)
+    assert deferred.passed and deferred.figures["gate"] == "incremental" and deferred.figures["incremental"]["full_due"]
+    assert cartridge_evaluate(version=v2, gate="auto").figures["gate"] == "full"  # not deferred: the schedule runs it
