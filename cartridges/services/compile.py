@@ -282,7 +282,11 @@ def _version_store(
             manifest_subjects_lock(data.subject_ids)
             manifest_memory_keys_lock(data.seqs)
             reused = sorted({row.storage_name for row in links if row.pk is not None})
-            alive = set(CartridgeBlob.objects.select_for_update().filter(storage_name__in=reused).values_list("storage_name", flat=True))
+            # in storage_name order, as the prune locks them (services/retention.py): an order left to the plan can deadlock
+            alive = set(
+                CartridgeBlob.objects.select_for_update().filter(storage_name__in=reused).order_by("storage_name")
+                .values_list("storage_name", flat=True)
+            )
             if len(alive) != len(reused):
                 raise BlockGoneDuringCompile
             version = CartridgeVersion.objects.create(

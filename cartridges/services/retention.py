@@ -48,7 +48,11 @@ def version_prune(*, version: CartridgeVersion, keep: int) -> CartridgePrune | N
         if CartridgePrune.objects.filter(version=version).exists():
             return None
         names = [link.block.storage_name for link in links]
-        live = set(CartridgeBlob.objects.select_for_update().filter(storage_name__in=names).values_list("storage_name", flat=True))
+        # in storage_name order, as the compile locks them: an order left to the plan can deadlock with it
+        live = set(
+            CartridgeBlob.objects.select_for_update().filter(storage_name__in=names).order_by("storage_name")
+            .values_list("storage_name", flat=True)
+        )
         used = set(
             CartridgeVersionBlock.objects.filter(block__in=[link.block for link in links])
             .exclude(version=version)
