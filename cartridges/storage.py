@@ -148,6 +148,11 @@ def version_parts_read(*, version: CartridgeVersion) -> tuple[bytes, dict[str, b
     keys = {row.storage_name: row for row in CartridgeBlob.objects.filter(storage_name__in=[link.block.storage_name for link in links])}
     blocks = {}
     for link in links:
+        if link.block.scope_id != version.scope_id:  # compile links only the scope's own blocks; a row inserted by hand
+            raise BlobTampered(
+                f"block {link.index} of cartridge version {version.pk} belongs to another scope; the version is refused",
+                extra={"version": version.pk, "block": link.index},
+            )
         key_row = keys.get(link.block.storage_name)
         if key_row is None:
             raise BlobUnavailable(

@@ -49,7 +49,7 @@ from cartridges.services import (
 )
 from cartridges.services.erase import first_block_reached
 from cartridges.services.scope_settings import scope_settings_update
-from cartridges.storage import blob_read, scope_block_lookup, scope_blocks_live, version_parts_read
+from cartridges.storage import BlobTampered, blob_read, block_lookup, scope_blocks_live, version_parts_read
 from core.errors import MnesioError
 from memories.services import erasure_request_file, erasure_request_process, scope_create
 
@@ -440,7 +440,7 @@ def test_a_scope_never_finds_or_links_another_scopes_identical_block(scope_a, ap
     mine = cartridge_compile(scope=scope_a)
     mine_ids = [link.block.block_id for link in _links(mine)]
     # the same memories give the same chain ids, yet tenant-b's lookup finds none of them before it stores its own
-    lookup = scope_block_lookup(scope=theirs)
+    lookup = block_lookup(scope=theirs, live=scope_blocks_live(scope=theirs))
     assert scope_blocks_live(scope=theirs) == {} and [lookup(block_id) for block_id in mine_ids] == [None, None]
     other = cartridge_compile(scope=theirs)
     other_links = _links(other)
@@ -450,6 +450,25 @@ def test_a_scope_never_finds_or_links_another_scopes_identical_block(scope_a, ap
     assert all(link.block.storage_name.startswith(f"scope-{theirs.pk}/") for link in other_links)
     assert CartridgeBlob.objects.filter(scope=theirs).count() == 3  # b0, b1 and its tail: nothing borrowed
     assert version_parts_read(version=other)[1] == version_parts_read(version=mine)[1]  # the same block bytes, stored twice
+
+
+@pytest.mark.django_db
+def test_a_link_to_another_scopes_block_inserted_by_sql_is_refused_at_read(scope_a, append, fake_engine):
+    """The link tables are append-only, so INSERT is the one write raw SQL can still make: a link from tenant B's
+    version to tenant A's block. Reading the version refuses it, so it is never served or gated."""
+    theirs = scope_create(name="tenant-b")
+    _fill(scope_a, append, 9)
+    _fill(theirs, append, 5)
+    mine, other = cartridge_compile(scope=scope_a), cartridge_compile(scope=theirs)
+    foreign = _links(mine)[1].block
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO cartridges_cartridgeversionblock (version_id, index, block_id) VALUES (%s, %s, %s)",
+            [other.pk, len(_links(other)), foreign.pk],
+        )
+    with pytest.raises(BlobTampered, match="belongs to another scope"):
+        version_parts_read(version=other)
+    assert version_parts_read(version=mine)[1]  # the owner's version is untouched
 
 
 @pytest.mark.django_db
