@@ -103,11 +103,10 @@ class CartridgeParts:
 
 
 def parts_write(
-    header: CartridgeHeader, refs: Sequence[BlockRef], block_tensors: Sequence[dict], tail_tensors: dict, *, stored: Container[BlockRef] = ()
+    header: CartridgeHeader, refs: Sequence[BlockRef], part: Callable[[int], dict], *, stored: Container[BlockRef] = ()
 ) -> CartridgeParts:
-    """Serialize a cartridge's parts (block parts in order, then the tail part); a block whose ref (id and digest)
-    is in ``stored`` is not serialized again (its bytes are None): an incremental compile's reused blocks."""
-    blocks = tuple(
-        (ref, None if ref in stored else write_block_part(header, ref, tensors)) for ref, tensors in zip(refs, block_tensors, strict=True)
-    )
-    return CartridgeParts(tail=write_tail_part(header, tail_tensors), blocks=blocks)
+    """Serialize a cartridge's parts: ``part(i)`` gives part i's tensors (the blocks in order, ``len(refs)`` the
+    tail), asked for only when serialized; a block whose ref (id and digest) is in ``stored`` is not serialized
+    again (its bytes are None): an incremental compile's reused blocks."""
+    blocks = tuple((ref, None if ref in stored else write_block_part(header, ref, part(index))) for index, ref in enumerate(refs))
+    return CartridgeParts(tail=write_tail_part(header, part(len(refs))), blocks=blocks)

@@ -268,7 +268,7 @@ class FakeKvBackend(KvBackend):
         """Serialize by parts: one part per block of memories and the tail part (``stored``: base.py)."""
         check_compatible(cartridge.header, self._description)
         blocks, tail = self._parts(cartridge)
-        return parts_write(cartridge.header, header_blocks(cartridge.header), blocks, tail, stored=stored)
+        return parts_write(cartridge.header, header_blocks(cartridge.header), [*blocks, tail].__getitem__, stored=stored)
 
     def loads(self, data: bytes) -> Cartridge:
         """Deserialize, verify sha256 and the compatibility key."""

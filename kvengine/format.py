@@ -79,12 +79,6 @@ def payload_digest(index: Mapping[str, Any], chunks: list[bytes | memoryview]) -
     return h.hexdigest()
 
 
-def tensors_sha256(tensors: Mapping[str, RawTensor]) -> str:
-    """The payload_sha256 the file for ``tensors`` will carry (compile() uses it to fill the header)."""
-    index, names = _index(tensors)
-    return payload_digest(index, [memoryview(tensors[n].data).cast("B") for n in names])
-
-
 def header_to_metadata(header: CartridgeHeader) -> dict[str, str]:
     """Every CartridgeHeader field as a string (labels as canonical JSON)."""
     meta: dict[str, str] = {}

@@ -47,15 +47,23 @@ class KvPayload:
     bounds: list[int]
     stored: list[dict[str, RawTensor]] | None
 
+    @property
+    def num_parts(self) -> int:
+        """Full blocks plus the tail."""
+        return len(self.bounds) - 1
+
+    def part_tensor(self, index: int) -> dict[str, RawTensor]:
+        """The stored tensors of part ``index`` (a full block; ``num_parts - 1``: the tail), made when asked (an
+        unquantized part stacks its layers: a copy, so a caller that needs one part does not pay for all)."""
+        if self.stored is not None:
+            return self.stored[index]
+        begin, end = self.bounds[index], self.bounds[index + 1]
+        keys, values = zip(*(self.state.prefix(layer) for layer in range(self.state.num_layers)), strict=True)
+        return raw_layers([k[:, :, begin:end] for k in keys], [v[:, :, begin:end] for v in values])
+
     def part_tensors(self) -> list[dict[str, RawTensor]]:
         """The stored tensors of every part: each full block, then the tail."""
-        if self.stored is not None:
-            return self.stored
-        parts = []
-        for begin, end in zip(self.bounds, self.bounds[1:], strict=False):
-            keys, values = zip(*(self.state.prefix(layer) for layer in range(self.state.num_layers)), strict=True)
-            parts.append(raw_layers([k[:, :, begin:end] for k in keys], [v[:, :, begin:end] for v in values]))
-        return parts
+        return [self.part_tensor(index) for index in range(self.num_parts)]
 
     def tensors(self) -> dict[str, RawTensor]:
         """The tensors the whole cartridge file holds (format.join_tensors of the parts)."""
@@ -84,7 +92,7 @@ def raw_layers(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> 
     return {"k": to_raw(torch.stack(list(keys))), "v": to_raw(torch.stack(list(values)))}
 
 
-def quantized_names(num_layers: int | None = None) -> list[str]:
+def quantized_names() -> list[str]:
     """The stored tensor names of a quantized part (every layer stacked in each)."""
     return [f"{kv}.{part}" for kv in "kv" for part in QUANT_PARTS]
 

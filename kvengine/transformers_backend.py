@@ -199,7 +199,7 @@ class TransformersKvBackend(KvBackend):
             block_size=size,
             blocks=blocks_to_json(refs),
         )
-        tail = payload.part_tensors()[-1]
+        tail = payload.part_tensor(payload.num_parts - 1)
         header = dataclasses.replace(header, payload_sha256=merkle_sha256([ref.sha256 for ref in refs], tail))
         stats = {
             "blocks_reused": num_reused, "blocks_computed": num_blocks - num_reused, "tail_tokens": len(ids) - num_blocks * size,
@@ -534,8 +534,8 @@ class TransformersKvBackend(KvBackend):
         """Serialize by parts: one part per full block and the tail part (blocks.py); deterministic bytes. Blocks in
         ``stored`` are not serialized again (base.py)."""
         check_compatible(cartridge.header, self._description)
-        parts = self._payload(cartridge).part_tensors()
-        return parts_write(cartridge.header, header_blocks(cartridge.header), parts[:-1], parts[-1], stored=stored)
+        payload = self._payload(cartridge)
+        return parts_write(cartridge.header, header_blocks(cartridge.header), payload.part_tensor, stored=stored)
 
     def loads(self, data: bytes) -> Cartridge:
         """Verify (structure, sha256, compatibility) and load into servable KV buffers, dequantizing."""

@@ -122,11 +122,6 @@ def key_digest(compat_key: dict[str, str]) -> str:
     return _sha256(canonical_json({**compat_key, "format_version": FORMAT_VERSION}))
 
 
-def compile_bytes(*, backend, data: CompileInput) -> bytes:
-    """Run the backend over the texts and return the whole cartridge file (deterministic for equal inputs)."""
-    return backend.dumps(compile_cartridge(backend=backend, data=data))
-
-
 def compile_parts(*, backend, data: CompileInput, scope=None) -> tuple[Any, CartridgeParts]:
     """Compile (reusing the scope's stored blocks when ``scope`` is given) and serialize by parts; the blocks the
     scope stores already are not serialized again (their bytes are None: _version_store links their rows)."""
