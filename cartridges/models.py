@@ -356,22 +356,27 @@ class AutoRefresh(models.TextChoices):
 # Bounds of the scope settings, checked by the service (a 400 naming the field) and by the database.
 MAX_DEBOUNCE_S = 86_400  # a day: a longer wait is "manual" in practice
 MAX_KEEP_PREVIOUS_VERSIONS = 1_000
+# Versions kept restorable before the active one unless a scope says otherwise. A version is a materialized view of
+# the log: a pruned one is rebuilt by compiling at its head, so a few for quick rollback are enough, and each kept
+# version keeps its tail (up to half a block of KV, ~6 MB at f32) and the blocks only it uses.
+DEFAULT_KEEP_PREVIOUS_VERSIONS = 3
 
 
 class ScopeSettings(LifecycleRecord):
     """One change of a scope's cartridge settings; the scope's newest row is in force (none: the defaults).
 
     Append-only like KvConfiguration: a change is a new row naming who made it, so the history of who set
-    what is kept without an audit table. The defaults are today's behaviour: manual refresh, every previous
-    version kept. ``keep_previous_versions`` is applied after every activation (services/retention.py).
+    what is kept without an audit table. The defaults: manual refresh, the DEFAULT_KEEP_PREVIOUS_VERSIONS
+    versions before the active one kept (null keeps every one). ``keep_previous_versions`` is applied after every
+    activation (services/retention.py).
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="settings_changes")
     auto_refresh = models.CharField(max_length=16, choices=AutoRefresh.choices, default=AutoRefresh.MANUAL)
     # the wait after an append before an `on_append` refresh (appends within it share one compile)
     auto_refresh_debounce_s = models.PositiveIntegerField(default=60)
-    # how many versions before the active one to keep; null keeps every one (today's behaviour)
-    keep_previous_versions = models.PositiveIntegerField(null=True, blank=True, default=None)
+    # how many versions before the active one to keep; null keeps every one
+    keep_previous_versions = models.PositiveIntegerField(null=True, blank=True, default=DEFAULT_KEEP_PREVIOUS_VERSIONS)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
 
     class Meta(LifecycleRecord.Meta):

@@ -394,12 +394,12 @@ class ScopeSettingsSerializer(serializers.Serializer):
     scope = serializers.CharField()
     auto_refresh = serializers.ChoiceField(
         choices=["manual", "on_append"],
-        help_text="`manual` (default): compile when asked; `on_append`: recompile after appends, once per debounce "
-        "window. Stored and validated; not acted on by the engine yet (a later issue).",
+        help_text="`manual` (default): compile when asked; `on_append`: compile, gate and activate after appends, once "
+        "per debounce window (README: auto-refresh).",
     )
     auto_refresh_debounce_s = serializers.IntegerField(help_text="Seconds to wait after an append (on_append only).")
     keep_previous_versions = serializers.IntegerField(
-        allow_null=True, help_text="Versions before the active one to keep; null (default) keeps every one."
+        allow_null=True, help_text="Versions before the active one to keep restorable (default 3); null keeps every one."
     )
     updated_at = serializers.DateTimeField(allow_null=True, help_text="null: never changed, the defaults apply.")
     updated_by = serializers.CharField(allow_null=True)

@@ -3,8 +3,8 @@
 After every activation, versions of the scope older than the active one, beyond the newest
 ``keep_previous_versions`` of them that still exist, are pruned: the version's own blob and key are destroyed, and
 so is every block of it that no remaining version (kept, or newer than the active one) uses; a CartridgePrune row
-records it and the version row stays (its manifest and digests are history). ``None`` (the default) keeps every
-version, as before. Rolling back to a pruned version is refused, naming the retention setting.
+records it and the version row stays (its manifest and digests are history). The default keeps 3
+(models.DEFAULT_KEEP_PREVIOUS_VERSIONS); ``None`` keeps every version. Rolling back to a pruned version is refused, naming the retention setting.
 
 Races: a compile that reuses a block locks the block's key row and checks it still exists in the transaction
 that links the block to its new version (services/compile.py); the prune locks the same key rows first and only

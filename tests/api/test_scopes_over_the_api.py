@@ -125,7 +125,7 @@ def test_the_scope_list_shows_only_the_callers_grants(alice, charlie, staff_with
 def test_a_scopes_clients_read_its_settings_defaults_first(alice, api_client_for):
     body = api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()
     assert body == {"scope": "scope-a", "auto_refresh": "manual", "auto_refresh_debounce_s": 60,
-                    "keep_previous_versions": None, "updated_at": None, "updated_by": None}
+                    "keep_previous_versions": 3, "updated_at": None, "updated_by": None}
 
 
 def test_staff_with_the_permission_change_settings_and_clients_see_them(alice, bob, staff_with, api_client_for):
@@ -137,14 +137,14 @@ def test_staff_with_the_permission_change_settings_and_clients_see_them(alice, b
     assert response.status_code == 200, response.content
     assert response.json()["auto_refresh"] == "on_append" and response.json()["updated_by"] == "sam"
     # a partial change keeps the other fields
-    staff.patch("/api/v1/scopes/scope-a/settings/", data={"keep_previous_versions": 3}, format="json")
+    staff.patch("/api/v1/scopes/scope-a/settings/", data={"keep_previous_versions": 5}, format="json")
     body = api_client_for(bob).get("/api/v1/scopes/scope-a/settings/").json()
-    assert (body["auto_refresh"], body["auto_refresh_debounce_s"], body["keep_previous_versions"]) == ("on_append", 30, 3)
+    assert (body["auto_refresh"], body["auto_refresh_debounce_s"], body["keep_previous_versions"]) == ("on_append", 30, 5)
     staff.patch("/api/v1/scopes/scope-a/settings/", data={"keep_previous_versions": None}, format="json")
     assert api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()["keep_previous_versions"] is None
     # every change is its own row: the history of who set what is kept
     rows = list(ScopeSettings.objects.filter(scope__name="scope-a").order_by("id"))
-    assert [(r.auto_refresh, r.keep_previous_versions) for r in rows] == [("on_append", None), ("on_append", 3),
+    assert [(r.auto_refresh, r.keep_previous_versions) for r in rows] == [("on_append", 3), ("on_append", 5),
                                                                           ("on_append", None)]
 
 
@@ -192,7 +192,7 @@ def test_the_settings_service_validates_callers_that_skip_the_api(scope_a):
             scope_settings_update(scope=scope_a, **kwargs)
         assert caught.value.extra["field"] == field and f"`{field}`" in caught.value.message
     row = scope_settings_update(scope=scope_a, auto_refresh="on_append")
-    assert (row.auto_refresh, row.auto_refresh_debounce_s, row.keep_previous_versions) == ("on_append", 60, None)
+    assert (row.auto_refresh, row.auto_refresh_debounce_s, row.keep_previous_versions) == ("on_append", 60, 3)
 
 
 @pytest.mark.postgres
