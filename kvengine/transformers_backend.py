@@ -336,35 +336,44 @@ class TransformersKvBackend(KvBackend):
     ) -> FidelityReport:
         """First-token KL(text || cartridge), top-1 agreement and whole-answer identity over ``probes``.
 
-        Answers are up to ``max_new_tokens`` tokens (None: DEFAULT_FIDELITY_TOKENS).
+        Answers are up to ``max_new_tokens`` tokens (None: DEFAULT_FIDELITY_TOKENS). The memories are re-read as
+        text ONCE, in one forward pass on a plain cache (independent of compile's block by block prefill, its
+        cache and its stored parts), not once per probe: attention is causal, so what re-reading "memories +
+        question" computes for the memories does not depend on the question. Each probe is answered greedily
+        from the cartridge, and the re-reading reads the question with that answer in one teacher-forced pass:
+        the answers are identical iff its greedy choice is the answer's token at every position (and an EOS
+        where it stopped); only its first-token distribution is needed for the KL.
         """
         check_compatible(cartridge.header, self._description)
         max_new_tokens = DEFAULT_FIDELITY_TOKENS if max_new_tokens is None else max_new_tokens
         state = self._payload(cartridge).state
-        layout = self.layout
-        memories = layout.clean_memories(texts)
         if not probes:
             raise EmptyInputError("`probes` has to be a non-empty list")
+        reference = self._reread(texts)
         kls, top1, same = [], 0, 0
         for probe in probes:
-            question = layout.clean_question(probe)
-            suffix = layout.encode(layout.suffix_text(question))
-            full = layout.encode(layout.full_text(memories, question))
-            self._check_room(len(full), max_new_tokens, "memories plus the question and answer")
-            with torch.inference_mode():
-                with state.lock:
-                    state.ensure_capacity(state.num_tokens + len(suffix) + max_new_tokens)
-                    cache = CartridgeCache(state)
-                    try:
-                        ids_cartridge, logp_cartridge, _ = self._greedy(suffix, cache, max_new_tokens, time.perf_counter())
-                    finally:
-                        cache.crop_back()
-                ids_text, logp_text, _ = self._greedy(full, None, max_new_tokens, time.perf_counter())
-            kl = float((logp_text.exp() * (logp_text - logp_cartridge)).sum())
-            kls.append(max(0.0, kl))  # clamp float noise below 0
-            top1 += int(logp_text.argmax() == logp_cartridge.argmax())
-            same += int(ids_text == ids_cartridge)
+            ids_c, logp_c = self._on_top(state, probe, max_new_tokens)
+            identical, logp_r = self._teacher_forced(reference, probe, ids_c, max_new_tokens)
+            kls.append(max(0.0, float((logp_r.exp() * (logp_r - logp_c)).sum())))  # KL(text || cartridge), noise clamped
+            top1 += int(logp_r.argmax() == logp_c.argmax())
+            same += int(identical)
         return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)
+
+    def _reread(self, texts: Sequence[str]) -> KvState:
+        """The memories' prompt prefix read as text in one forward pass on a plain DynamicCache (fidelity())."""
+        layout = self.layout
+        memories = layout.clean_memories(texts)
+        ids = layout.encode(layout.prefix_text(memories))
+        layout.check_split(memories, ids)
+        self._check_room(len(ids), 1, "memories")
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            self.model.base_model(input_ids=torch.tensor([ids], device=self.device), cache=cache, use_cache=True)
+            num_layers = len(cache.layers)
+            keys = [cache.layers[layer].keys.to(self.torch_dtype) for layer in range(num_layers)]
+            values = [cache.layers[layer].values.to(self.torch_dtype) for layer in range(num_layers)]
+            del cache
+            return KvState(keys, values)
 
     def verify_extension(
         self,

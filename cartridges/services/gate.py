@@ -29,7 +29,9 @@ Figures hold numbers only, never memory or question text.
 Two gates (issue 13): ``figures["gate"]`` says which ran, ``figures["gate_cost"]`` what it cost (seconds of model
 checks and tokens re-read as text).
 
-- **full**: checks 1-7 above; every probe and case re-reads every memory.
+- **full**: checks 1-7 above. The probes compare with ONE re-reading of every memory as text, in one pass
+  independent of compile (KvBackend.fidelity: each probe's answer is teacher-forced through it), and each case's
+  text answer re-reads every memory with its question.
 - **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are, by id AND part
   digest, blocks that an earlier version of the same scope had verified, by a passing evaluation (full or
   incremental) made under the active configuration since it became active (``figures["verified_blocks"]``).

@@ -91,6 +91,13 @@ def test_fidelity_reports_agreement_of_both_ways_of_asking(real_backend, cartrid
     assert 0.0 <= report.mean_kl <= report.max_kl < 1e-4
 
 
+def test_fidelity_sees_a_cartridge_of_other_memories(real_backend):
+    """The memories are re-read once for every probe; a cartridge that holds another fact disagrees with it."""
+    other = [*MEMORIES[:5], "Eva prefers her tea green with honey, and she is allergic to shellfish.", *MEMORIES[6:]]
+    report = real_backend.fidelity(real_backend.compile(other), MEMORIES, [QUESTIONS[3]], max_new_tokens=8)
+    assert report.answers_identical == 0.0 and report.max_kl > 1e-4  # above the bound a right cartridge keeps (above)
+
+
 def test_compiling_twice_gives_identical_bytes_and_a_verified_header(real_backend, cartridge):
     data = real_backend.dumps(cartridge)
     assert real_backend.dumps(real_backend.compile(MEMORIES, log_head=8, labels={"scope": "test"})) == data
