@@ -60,6 +60,22 @@ def _worker(env: dict[str, str]) -> subprocess.Popen:
     )
 
 
+def _full_gates_done(mode: str, scope) -> bool:
+    """No scheduled full gate of the scope is pending or running (the timer threads, or the task's Redis marker)."""
+    if mode == "embedded":
+        from cartridges.services.refresh import refresh_timers_join
+
+        return refresh_timers_join(1.0)
+    from cartridges.channels import redis_client
+    from cartridges.services.refresh import full_gate_marker
+
+    client = redis_client()
+    try:
+        return not client.exists(full_gate_marker(scope.pk))
+    finally:
+        client.close()
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 3)
@@ -77,7 +93,7 @@ def main() -> None:
     _setup(args.mode, tempfile.mkdtemp(prefix="mnesio-freshness-"))
 
     from cartridges import engine
-    from cartridges.models import CartridgeActivation
+    from cartridges.models import CartridgeActivation, CartridgeEvaluation
     from cartridges.selectors import active_configuration
     from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, cartridge_evaluate
     from cartridges.services.scope_settings import scope_settings_update
@@ -124,16 +140,25 @@ def main() -> None:
             answered_at = time.perf_counter()
             ok = str(code) in result.answer
             answers_ok += ok
-            gate = (activation.evaluation.figures or {}).get("gate", "?")
+            figures = activation.evaluation.figures or {}
+            gate = figures.get("gate", "?")
             gates.append(gate)
             cycles.append({"append_to_active_s": round(active_at - appended_at, 3), "answer_s": round(answered_at - active_at, 3),
                            "append_to_answer_s": round(answered_at - appended_at, 3), "answer_has_fact": ok, "gate": gate,
+                           "gate_s": (figures.get("gate_cost") or {}).get("seconds"),
+                           "full_gate_after": bool((figures.get("incremental") or {}).get("full_due")),
                            "version": activation.version_id})
             print(json.dumps(cycles[-1]), flush=True)
+        # the scheduled full gates run after their activations (off the refresh path): wait for them to report them
+        deadline = time.perf_counter() + 900
+        while time.perf_counter() < deadline and not _full_gates_done(args.mode, scope):
+            time.sleep(1)
     finally:
         if worker is not None:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(timeout=30)
+    full_gates = [{"version": e.version_id, "passed": e.passed, "seconds": (e.figures.get("gate_cost") or {}).get("seconds")}
+                  for e in CartridgeEvaluation.objects.filter(version__scope=scope, figures__stage="scheduled_full_gate").order_by("id")]
     active = [c["append_to_active_s"] for c in cycles]
     answered = [c["append_to_answer_s"] for c in cycles]
     report = {
@@ -142,7 +167,7 @@ def main() -> None:
         "append_to_active_p50_s": _pct(active, 0.5), "append_to_active_p95_s": _pct(active, 0.95),
         "append_to_answer_p50_s": _pct(answered, 0.5), "append_to_answer_p95_s": _pct(answered, 0.95),
         "append_to_active_mean_s": round(statistics.mean(active), 3), "answers_with_the_new_fact": answers_ok,
-        "gates": {g: gates.count(g) for g in set(gates)}, "cycles": cycles,
+        "gates": {g: gates.count(g) for g in set(gates)}, "scheduled_full_gates": full_gates, "cycles": cycles,
     }
     print(json.dumps({k: v for k, v in report.items() if k != "cycles"}), flush=True)
     if args.out:
