@@ -74,12 +74,12 @@ When the full gate still runs: on demand (``cartridge_evaluate`` defaults to it;
 whole log); after a configuration switch (only evaluations made since the active configuration became active
 count, so the first version after a switch has no parent); when no parent is found (no blocks shared, a parent
 that never passed, a parent that passed under another configuration); and on a schedule: every
-``MNESIO_GATE_FULL_EVERY``-th version of an incremental chain (default 10; ``figures["incremental"]["since_full"]``
-counts the chain). An auto-refresh defers that scheduled full gate (``defer_full``): the version is gated
+``MNESIO_GATE_FULL_EVERY``-th version gated incrementally since the scope's newest passing full gate (default 10;
+``figures["incremental"]["since_full"]`` counts them). An auto-refresh defers that scheduled full gate (``defer_full``): the version is gated
 incrementally and activated, so a new memory is served within seconds, and the full gate then runs on the version
 serving, off the refresh's path (services/refresh.py: ``scope_full_gate``); when it fails, the scope is rolled
-back to the version that served before. The chain's count runs on until a full gate passes, so a lost or
-refused one is asked for again by the next refresh.
+back to the version that served before. The count runs on until a full gate passes, so a lost or refused
+one is asked for again by the next refresh.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ class _Plan:
 
     parent: CartridgeEvaluation | None = None
     num_verified_blocks: int = 0
-    since_full: int = 0  # incremental versions in the chain since its last full gate, this one included
+    since_full: int = 0  # the scope's versions gated incrementally since its newest full gate, this one included
     reason: str = ""
     full_due: bool = False  # the schedule calls for a full gate, deferred by the caller to after activation
 
@@ -247,9 +247,17 @@ def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration,
         while num < min(len(verified), len(mine)) and list(verified[num]) == mine[num]:
             num += 1
         if num > best.num_verified_blocks:
-            since = 0 if evaluation.figures.get("gate") == "full" else int((evaluation.figures.get("incremental") or {}).get("since_full", 0))
-            best = _Plan(parent=evaluation, num_verified_blocks=num, since_full=since + 1)
-    if best.parent is not None and best.since_full >= conf.gate_full_every():
+            best = _Plan(parent=evaluation, num_verified_blocks=num)
+    if best.parent is None:
+        return best
+    # the schedule counts the scope's versions gated incrementally since its newest passing full gate (any version's:
+    # a scheduled full gate runs on the version serving while newer ones are gated, and it still resets the count)
+    last_full = candidates.filter(figures__gate="full").values_list("created_at", flat=True).first()
+    since = candidates.filter(figures__gate="incremental")
+    if last_full is not None:
+        since = since.filter(created_at__gt=last_full)
+    best.since_full = since.order_by().values("version_id").distinct().count() + 1
+    if best.since_full >= conf.gate_full_every():
         if defer_full:
             best.full_due = True
             return best

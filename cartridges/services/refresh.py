@@ -27,13 +27,15 @@ Decisions:
   outcome says ``full_gate_due``; the caller then runs ``scope_full_gate``: the task sends
   ``cartridge_full_gate_task`` (gpu queue) once per scope at a time (a Redis marker, SET NX, like the refresh's),
   the timer thread runs it itself after the activation. It gates the version serving at that moment in full; when
-  that fails, the scope rolls back to the version that served before (and the error is logged); the chain counts
-  on, so the next refresh asks again when a full gate was lost. A minute-long full gate at 8k tokens on a CPU would
-  otherwise hold a new memory back every tenth append.
+  that fails, the scope rolls back to the version that served before (and the error is logged); the count runs
+  on, so the next refresh asks again when a full gate was lost. A half-minute full gate at 8k tokens on a CPU would
+  otherwise hold a new memory back every tenth append. In-process it runs in a thread of its own at the lowest CPU
+  priority (Linux: nice 19 for that thread and the threads it starts), so the refreshes that follow keep the CPU.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -205,11 +207,25 @@ def _full_gate_in_process(scope: Scope) -> None:
         if scope.pk in _full_gates:
             return
         _full_gates.add(scope.pk)
-    try:
-        scope_full_gate(scope=scope)
-    finally:
-        with _timers_lock:
-            _full_gates.discard(scope.pk)
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread (and those it starts)
+        except (AttributeError, OSError):
+            pass
+        close_old_connections()
+        try:
+            scope_full_gate(scope=scope)
+        except Exception:  # a thread has nobody to raise to: log it (no memory text in messages)
+            log.exception("scheduled full gate scope=%s failed", scope.pk)
+        finally:
+            with _timers_lock:
+                _full_gates.discard(scope.pk)
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name=f"mnesio-full-gate-{scope.pk}", daemon=True)
+    thread.start()
+    thread.join()  # the timer thread waits (refresh_timers_join sees it); the refreshes after run in their own
 
 
 def refresh_timers_pending() -> list[int]:

@@ -223,3 +223,21 @@ def test_a_refresh_defers_the_scheduled_full_gate_and_says_it_is_due(verified, s
     deferred = cartridge_evaluate(version=v2, gate="auto", defer_full=True)
     assert deferred.passed and deferred.figures["gate"] == "incremental" and deferred.figures["incremental"]["full_due"]
     assert cartridge_evaluate(version=v2, gate="auto").figures["gate"] == "full"  # not deferred: the schedule runs it
+
+
+def test_a_full_gate_of_an_older_version_resets_the_schedule(verified, scope_a, append, settings):
+    """A scheduled full gate runs on the version serving while newer versions are gated (and may hold more blocks):
+    it still resets the count, or every version after it would be due again and full gates would run back to back."""
+    settings.MNESIO_GATE_FULL_EVERY = 3
+    versions = []
+    for i, num in enumerate([1, 3]):  # 6 memories (one fake block), then 9 (two)
+        for j in range(num):
+            append(scope_a, f"Shelf {i}.{j} holds a box of tea.")
+        versions.append(cartridge_compile(scope=scope_a))
+        figures = cartridge_evaluate(version=versions[-1], gate="auto", defer_full=True).figures
+        assert (figures["incremental"]["since_full"], len(figures["verified_blocks"])) == (i + 1, i + 1)
+    assert cartridge_evaluate(version=versions[0]).figures["gate"] == "full"  # the older one (one block), in full
+    append(scope_a, "Shelf 2 holds the last box of tea.")
+    evaluation = cartridge_evaluate(version=cartridge_compile(scope=scope_a), gate="auto", defer_full=True)
+    assert evaluation.figures["gate"] == "incremental"
+    assert evaluation.figures["incremental"]["since_full"] == 1 and not evaluation.figures["incremental"]["full_due"]
