@@ -30,6 +30,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
 from kvengine import CorruptCartridgeError
+from kvengine.blocks import TrustedPart
 from kvengine.format import join_tensors, read_block_part, read_tail_part, write_cartridge
 from memories import crypto
 
@@ -222,14 +223,17 @@ def scope_blocks_live(*, scope) -> dict[str, tuple[CartridgeBlock, CartridgeBlob
 
 
 def block_lookup(*, scope, live: dict[str, tuple[CartridgeBlock, CartridgeBlob]]):
-    """A kvengine BlockLookup over ``live`` (scope_blocks_live's answer): each block read and verified when asked."""
+    """A kvengine BlockLookup over ``live`` (scope_blocks_live's answer): each block read and verified when asked.
 
-    def lookup(block_id: str) -> bytes | None:
+    block_read checks the stored bytes' sha256, the GCM tag and the sha256 of the part file recorded when compile
+    wrote it, so the part is handed over as a kvengine TrustedPart (its tensors are not hashed a second time)."""
+
+    def lookup(block_id: str) -> TrustedPart | None:
         found = live.get(block_id)
         if found is None:
             return None
         try:
-            return block_read(block=found[0], key_row=found[1])
+            return TrustedPart(block_read(block=found[0], key_row=found[1]))
         except (BlobUnavailable, BlobTampered):
             log.warning("stored block %s of scope %s is unreadable; computing it again", block_id[:12], scope.pk)
             return None

@@ -325,11 +325,14 @@ def write_block_part(header: CartridgeHeader, ref: BlockRef, tensors: Mapping[st
 
 
 def read_block_part(
-    data: bytes | memoryview, *, block_id: str, first_position: int, num_tokens: int, compat_key: Mapping[str, str], sha256: str | None = None
+    data: bytes | memoryview, *, block_id: str, first_position: int, num_tokens: int, compat_key: Mapping[str, str],
+    sha256: str | None = None, digest_checked: bool = False,
 ) -> tuple[BlockRef, dict[str, RawTensor]]:
     """A stored block's ref and tensors after checking its id, position, compatibility key and digest.
 
     ``sha256`` (when the caller knows it, from a version's header) must equal the part's digest too.
+    ``digest_checked``: the caller verified these exact bytes against a digest of the whole file recorded when the
+    part was written (blocks.TrustedPart), so the part digest it carries is taken without hashing the tensors again.
     """
     meta, index, body = parse_file(data)
     expected = {
@@ -339,7 +342,7 @@ def read_block_part(
     wrong = sorted(k for k, v in expected.items() if meta.get(k) != v)
     if wrong:
         raise CorruptCartridgeError(f"block {block_id[:12]} is not the block expected (differs in: {', '.join(wrong)})")
-    digest = payload_digest(index, [body])
+    digest = str(meta.get("part_sha256")) if digest_checked else payload_digest(index, [body])
     if digest != meta.get("part_sha256") or (sha256 is not None and digest != sha256):
         raise CorruptCartridgeError(f"block {block_id[:12]} fails its sha256; the stored block is corrupt")
     return BlockRef(block_id, first_position, num_tokens, digest), file_tensors(index, body)

@@ -33,7 +33,16 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, ExtensionCheck, FidelityReport, KvBackend
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
-from .blocks import BLOCK_SIZE, BlockLookup, CartridgeParts, chain, key_digest, num_full_blocks, parts_write
+from .blocks import (
+    BLOCK_SIZE,
+    BlockLookup,
+    CartridgeParts,
+    TrustedPart,
+    chain,
+    key_digest,
+    num_full_blocks,
+    parts_write,
+)
 from .config import DTYPES, QUANTS, check_choice
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import (
@@ -167,7 +176,11 @@ class TransformersKvBackend(KvBackend):
                 data = blocks(block_id_)
                 if data is None:
                     break
-                ref, tensors = read_block_part(data, block_id=block_id_, first_position=first, num_tokens=size, compat_key=compat)
+                trusted = isinstance(data, TrustedPart)
+                ref, tensors = read_block_part(
+                    data.data if trusted else data, block_id=block_id_, first_position=first, num_tokens=size, compat_key=compat,
+                    digest_checked=trusted,
+                )
                 keys, values = part_serve(tensors, num_layers=num_layers, num_tokens=size, quant=self.quant, dtype=self.torch_dtype, device=self.device)
                 refs.append(ref)
                 served.append((keys, values))
@@ -180,7 +193,8 @@ class TransformersKvBackend(KvBackend):
                 begin, end = bounds[index], bounds[index + 1]
                 keys, values = self._prefill_part(ids[begin:end], cache)
                 part_stored, keys, values = part_store(keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device, first_position=begin)
-                cache.commit(keys, values)
+                if index < num_blocks:  # the tail is the last part: nothing attends to it here
+                    cache.commit(keys, values)
                 served.append((keys, values))
                 stored.append(part_stored)
                 if index < num_blocks:
@@ -419,9 +433,11 @@ class TransformersKvBackend(KvBackend):
         with torch.inference_mode():
             cache = DynamicCache(config=self.model.config)
             if begin:
-                for layer in range(state.num_layers):
+                for layer, held in zip(range(state.num_layers), cache.layers, strict=True):
                     keys, values = state.prefix(layer)
-                    cache.update(keys[:, :, :begin], values[:, :, :begin], layer)  # (1, H, begin, D); update() copies
+                    # views of the verified blocks (1, H, begin, D): the first update() concatenates them with the new
+                    # part into a tensor of its own, so they are copied once and never written
+                    held.keys, held.values, held.device, held.is_initialized = keys[:, :, :begin], values[:, :, :begin], keys.device, True
             if len(ids) > begin:
                 self._check_room(len(ids), 1, "memories")
             cuts = [*range(begin, num_blocks * size, size), max(begin, num_blocks * size), len(ids)]  # compile's chunks
