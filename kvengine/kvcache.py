@@ -37,6 +37,30 @@ class KvState:
         self.capacity = 0
         self._fill(keys, values, self.num_tokens + room)
 
+    @classmethod
+    def of_parts(cls, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, room: int = DEFAULT_ROOM) -> KvState:
+        """One state from consecutive parts, each a per-layer list of keys and one of values: each part is copied once,
+        into its place in the buffers (concatenating them first would allocate and copy the whole cache again)."""
+        state = cls.__new__(cls)
+        state.num_tokens = sum(int(keys[0].shape[-2]) for keys, _ in parts)
+        state.lock = threading.Lock()
+        state.capacity = state.num_tokens + room
+        state.keys, state.values = [], []
+        for layer in range(len(parts[0][0])):
+            k0, v0 = parts[0][0][layer], parts[0][1][layer]
+            b, h, _, d = k0.shape
+            kb = torch.empty((b, h, state.capacity, d), dtype=k0.dtype, device=k0.device)  # (1, H, capacity, D)
+            vb = torch.empty((b, h, state.capacity, v0.shape[-1]), dtype=v0.dtype, device=v0.device)
+            begin = 0
+            for keys, values in parts:
+                end = begin + int(keys[layer].shape[-2])
+                kb[:, :, begin:end].copy_(keys[layer])
+                vb[:, :, begin:end].copy_(values[layer])
+                begin = end
+            state.keys.append(kb)
+            state.values.append(vb)
+        return state
+
     def _fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int) -> None:
         new_keys, new_values = [], []
         for k, v in zip(keys, values, strict=True):

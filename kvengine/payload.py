@@ -164,10 +164,7 @@ def part_serve(
 def payload_of(
     parts: Sequence[tuple[list[torch.Tensor], list[torch.Tensor]]], stored: list[dict[str, RawTensor]] | None, bounds: list[int]
 ) -> KvPayload:
-    """A payload from each part's served keys and values (in order), concatenated into one KvState."""
-    num_layers = len(parts[0][0])
-    keys = [torch.cat([p[0][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][0][layer] for layer in range(num_layers)]
-    values = [torch.cat([p[1][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][1][layer] for layer in range(num_layers)]
+    """A payload from each part's served keys and values (in order), copied into one KvState."""
     if stored is not None:  # own the bytes: the payload must not keep a whole file's buffer alive
         stored = [{name: RawTensor(raw.dtype, raw.shape, bytes(raw.data)) for name, raw in part.items()} for part in stored]
-    return KvPayload(state=KvState(keys, values), bounds=list(bounds), stored=stored)
+    return KvPayload(state=KvState.of_parts(list(parts)), bounds=list(bounds), stored=stored)
