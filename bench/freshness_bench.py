@@ -52,9 +52,9 @@ def _setup(mode: str, data_dir: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def _worker(env: dict[str, str]) -> subprocess.Popen:
+def _worker(env: dict[str, str], concurrency: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "mnesio_site", "worker", "-Q", "gpu,default", "-c", "1", "--pool", "prefork",
+        [sys.executable, "-m", "celery", "-A", "mnesio_site", "worker", "-Q", "gpu,default", "-c", str(concurrency), "--pool", "prefork",
          "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--debounce-s", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--worker-concurrency", type=int, default=2,
+                        help="worker processes (2: a scheduled full gate does not hold the next refresh back)")
     args = parser.parse_args()
     _setup(args.mode, tempfile.mkdtemp(prefix="mnesio-freshness-"))
 
@@ -117,7 +119,7 @@ def main() -> None:
 
     worker = None
     if args.mode == "worker":
-        worker = _worker({**os.environ})
+        worker = _worker({**os.environ}, args.worker_concurrency)
         time.sleep(8)  # the worker loads the model at its first task; start it before the first append
     scope_settings_update(scope=scope, actor=None, auto_refresh="on_append", auto_refresh_debounce_s=args.debounce_s)
     cycles, answers_ok, gates = [], 0, []
@@ -162,7 +164,8 @@ def main() -> None:
     active = [c["append_to_active_s"] for c in cycles]
     answered = [c["append_to_answer_s"] for c in cycles]
     report = {
-        "mode": args.mode, "scope_tokens_before": version.num_tokens, "appends": args.appends, "debounce_s": args.debounce_s,
+        "mode": args.mode, "worker_concurrency": args.worker_concurrency if args.mode == "worker" else None,
+        "threads": os.environ.get("OMP_NUM_THREADS"), "scope_tokens_before": version.num_tokens, "appends": args.appends, "debounce_s": args.debounce_s,
         "full_compile_s": round(full_compile_s, 2), "full_gate_s": round(full_gate_s, 2),
         "append_to_active_p50_s": _pct(active, 0.5), "append_to_active_p95_s": _pct(active, 0.95),
         "append_to_answer_p50_s": _pct(answered, 0.5), "append_to_answer_p95_s": _pct(answered, 0.95),

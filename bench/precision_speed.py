@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(target, name, row[name], flush=True)
         old_packs = attention.packs
         # the decode before issue 16: one token went to transformers' sdpa (enable_gqa), not the packed kernel
-        attention.packs = lambda module, query, mask, dropout, kwargs: query.shape[2] > 1 and old_packs(module, query, mask, dropout, kwargs)
+        attention.packs = lambda module, query, mask, dropout, kwargs, old=old_packs: query.shape[2] > 1 and old(module, query, mask, dropout, kwargs)
         try:
             row["bf16 (enable_gqa decode)"] = timed_answers(backends["bf16"], carts["bf16"], qs[: args.reps], args.answer_tokens)
         finally:
