@@ -39,7 +39,7 @@ from .services.refresh import (
     refresh_marker_clear,
     refresh_marker_set,
     refresh_timer_start,
-    scope_full_gate,
+    scope_full_gate_low_priority,
     scope_refresh,
 )
 from .storage import blobs_sweep
@@ -141,7 +141,8 @@ def cartridge_full_gate_task(scope_id: int) -> dict[str, Any]:
         scope = Scope.objects.filter(pk=scope_id).first()
         if scope is None:
             return {"ok": False, "error": f"scope {scope_id} does not exist"}
-        return scope_full_gate(scope=scope).as_dict()
+        outcome = scope_full_gate_low_priority(scope=scope)
+        return outcome.as_dict() if outcome is not None else {"ok": False, "error": "the scheduled full gate raised (logged)"}
     finally:
         refresh_marker_clear(scope_id, marker=full_gate_marker)
 

@@ -26,11 +26,12 @@ Decisions:
   (services/gate.py, ``MNESIO_GATE_FULL_EVERY``), the refresh still gates incrementally and activates, and its
   outcome says ``full_gate_due``; the caller then runs ``scope_full_gate``: the task sends
   ``cartridge_full_gate_task`` (gpu queue) once per scope at a time (a Redis marker, SET NX, like the refresh's),
-  the timer thread runs it itself after the activation. It gates the version serving at that moment in full; when
+  the timer thread runs it itself after the activation; both in a thread at the lowest CPU priority
+  (``scope_full_gate_low_priority``). It gates the version serving at that moment in full; when
   that fails, the scope rolls back to the version that served before (and the error is logged); the count runs
   on, so the next refresh asks again when a full gate was lost. A half-minute full gate at 8k tokens on a CPU would
-  otherwise hold a new memory back every tenth append. In-process it runs in a thread of its own at the lowest CPU
-  priority (Linux: nice 19 for that thread and the threads it starts), so the refreshes that follow keep the CPU.
+  otherwise hold a new memory back every tenth append. The low priority (Linux: nice 19 for that thread and the
+  threads it starts) leaves the CPU to the refreshes that follow, in the same process or a worker beside it.
 """
 from __future__ import annotations
 
@@ -207,25 +208,36 @@ def _full_gate_in_process(scope: Scope) -> None:
         if scope.pk in _full_gates:
             return
         _full_gates.add(scope.pk)
+    try:
+        scope_full_gate_low_priority(scope=scope)
+    finally:
+        with _timers_lock:
+            _full_gates.discard(scope.pk)
+
+
+def scope_full_gate_low_priority(*, scope: Scope) -> RefreshOutcome | None:
+    """scope_full_gate in a thread of its own at the lowest CPU priority (Linux: nice 19 for that thread and the
+    threads it starts; a thread's priority cannot be raised back without privileges, so it ends with the thread),
+    waited for; None when it raised (logged, no memory text). The caller's own priority is left as it is."""
+    outcome: list[RefreshOutcome] = []
 
     def run() -> None:
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: this thread (and those it starts)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
         close_old_connections()
         try:
-            scope_full_gate(scope=scope)
+            outcome.append(scope_full_gate(scope=scope))
         except Exception:  # a thread has nobody to raise to: log it (no memory text in messages)
             log.exception("scheduled full gate scope=%s failed", scope.pk)
         finally:
-            with _timers_lock:
-                _full_gates.discard(scope.pk)
-            connections.close_all()
+            connections.close_all()  # this thread's connections only
 
     thread = threading.Thread(target=run, name=f"mnesio-full-gate-{scope.pk}", daemon=True)
     thread.start()
-    thread.join()  # the timer thread waits (refresh_timers_join sees it); the refreshes after run in their own
+    thread.join()
+    return outcome[0] if outcome else None
 
 
 def refresh_timers_pending() -> list[int]:

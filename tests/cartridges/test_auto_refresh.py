@@ -42,15 +42,20 @@ def test_in_process_a_burst_of_appends_is_one_refresh(scope_a, append, fake_engi
     assert CartridgeEvaluation.objects.get(version=version).figures["gate"] == "full"  # the first: no parent
 
 
+def _six_appends_refreshed_in_process(scope, append):
+    """Five memories (a fake block) appended with debounce 0, the timers waited for, then a sixth: what serves."""
+    _on_append(scope, 0)
+    for i in range(5):
+        append(scope, f"Crate {i} holds {i} apples.")
+    assert refresh_timers_join(60)
+    append(scope, "Crate 5 holds the spare key.")
+    assert refresh_timers_join(60)
+    return active_version(scope=scope)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_in_process_debounce_zero_refreshes_right_after_the_append_in_a_thread(scope_a, append, fake_engine, eager_tasks):
-    _on_append(scope_a, 0)
-    for i in range(5):
-        append(scope_a, f"Crate {i} holds {i} apples.")
-    assert refresh_timers_join(60)
-    append(scope_a, "Crate 5 holds the spare key.")
-    assert refresh_timers_join(60)
-    served = active_version(scope=scope_a)
+    served = _six_appends_refreshed_in_process(scope_a, append)
     assert served is not None and served.log_head == 6  # the last append is served, whatever the timers coalesced
     newest = CartridgeEvaluation.objects.filter(version=served).get()
     assert newest.passed and newest.figures["gate"] == "incremental"  # five memories made a fake block, verified before
@@ -140,13 +145,7 @@ def test_in_process_a_scheduled_full_gate_runs_after_the_activation_not_before_i
     from cartridges.models import CartridgeActivation
 
     settings.MNESIO_GATE_FULL_EVERY = 1
-    _on_append(scope_a, 0)
-    for i in range(5):
-        append(scope_a, f"Crate {i} holds {i} apples.")
-    assert refresh_timers_join(60)
-    append(scope_a, "Crate 5 holds the spare key.")
-    assert refresh_timers_join(60)
-    served = active_version(scope=scope_a)
+    served = _six_appends_refreshed_in_process(scope_a, append)
     assert served.log_head == 6
     incremental, full = CartridgeEvaluation.objects.filter(version=served).order_by("id")
     assert incremental.passed and incremental.figures["gate"] == "incremental" and incremental.figures["incremental"]["full_due"]
@@ -190,7 +189,7 @@ def test_a_passing_full_gate_is_not_run_twice(scope_a, append, fake_engine, sett
     assert CartridgeEvaluation.objects.filter(version_id=again.version_id, figures__gate="full").count() == 1
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the full gate runs in a thread of its own, with its own connection
 def test_with_a_broker_a_due_full_gate_is_sent_once_per_scope_until_it_ends(scope_a, append, fake_engine, settings, monkeypatch):
     import os
 
@@ -216,3 +215,25 @@ def test_with_a_broker_a_due_full_gate_is_sent_once_per_scope_until_it_ends(scop
     finally:
         client.delete(full_gate_marker(scope_a.pk), refresh_marker(scope_a.pk))
         client.close()
+
+
+def test_the_scheduled_full_gate_runs_at_the_lowest_cpu_priority_and_leaves_the_callers(monkeypatch):
+    import os
+    import threading
+
+    from cartridges.services import refresh
+
+    seen = {}
+
+    def spy(*, scope):
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen["thread"] = threading.current_thread().name
+        return refresh.RefreshOutcome("passed")
+
+    monkeypatch.setattr(refresh, "scope_full_gate", spy)
+    monkeypatch.setattr(refresh, "close_old_connections", lambda: None)
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    scope = type("S", (), {"pk": 7})()
+    assert refresh.scope_full_gate_low_priority(scope=scope).status == "passed"
+    assert seen == {"nice": 19, "thread": "mnesio-full-gate-7"}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

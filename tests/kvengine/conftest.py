@@ -62,3 +62,14 @@ def tiny_model_dir(tmp_path_factory):
         return built[arch]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def small_blocks(real_backend):
+    """The real model in 16-token blocks (short contexts still span several blocks), sharing its weights."""
+    from kvengine.transformers_backend import TransformersKvBackend
+
+    backend = TransformersKvBackend.__new__(TransformersKvBackend)
+    backend.__dict__.update(real_backend.__dict__)
+    backend.block_size = 16
+    return backend

@@ -13,16 +13,6 @@ MEMORIES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def small_blocks(real_backend):
-    from kvengine.transformers_backend import TransformersKvBackend
-
-    backend = TransformersKvBackend.__new__(TransformersKvBackend)
-    backend.__dict__.update(real_backend.__dict__)
-    backend.block_size = 16
-    return backend
-
-
 @pytest.mark.model
 def test_a_compile_on_trusted_parts_is_byte_identical_to_one_from_scratch(small_blocks):
     parent = small_blocks.compile(MEMORIES)

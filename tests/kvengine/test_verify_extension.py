@@ -28,17 +28,6 @@ def _verified(parent, child) -> int:
 
 
 @pytest.fixture(scope="module")
-def small_blocks(real_backend):
-    """The real model in 16-token blocks (short contexts still span several blocks), sharing its weights."""
-    from kvengine.transformers_backend import TransformersKvBackend
-
-    backend = TransformersKvBackend.__new__(TransformersKvBackend)
-    backend.__dict__.update(real_backend.__dict__)
-    backend.block_size = 16
-    return backend
-
-
-@pytest.fixture(scope="module")
 def appended(small_blocks):
     """A parent of three memories and the version after appending a fourth, compiled reusing the parent's blocks."""
     parent = small_blocks.compile(MEMORIES)
