@@ -654,30 +654,37 @@ class TransformersKvBackend(KvBackend):
 
 
 class _BlockLayer(DynamicLayer):
-    """A cache layer holding the served KV of the blocks computed so far (contiguous, exactly as long as they are).
+    """A cache layer holding the served KV of the parts computed or reused so far, one tensor per part.
 
-    update() hands attention the concatenation of what is held and the part being prefilled, and keeps the new
-    states aside; commit() appends what the part serves (quantized and cast as stored), so the next part
-    attends to exactly what a reused block would give it (blocks.py).
+    update() hands attention ONE concatenation of the held parts and the part being prefilled: contiguous and
+    exactly as long as they are, the very tensor a cache holding them pre-concatenated would give, made with one
+    copy instead of one per part held; it keeps the new states aside. commit() appends what the part serves
+    (quantized and cast as stored), so the next part attends to exactly what a reused block would give it
+    (blocks.py). Reused parts are held as they were read (no copy until attention needs them joined).
     """
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None):
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
         super().__init__()
         self.new: tuple[torch.Tensor, torch.Tensor] | None = None
-        if keys is not None:
-            self.keys, self.values, self.device, self.is_initialized = keys, values, keys.device, True
+        self.held_keys, self.held_values = list(keys), list(values)
+        self.num_held = sum(int(k.shape[-2]) for k in keys)
+        if keys:
+            self.device, self.is_initialized = keys[0].device, True
+
+    def get_seq_length(self) -> int:
+        return self.num_held
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         self.new = (key_states, value_states)
-        if not self.is_initialized:
+        if not self.held_keys:
             return key_states, value_states
-        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+        return torch.cat([*self.held_keys, key_states], dim=-2), torch.cat([*self.held_values, value_states], dim=-2)
 
     def commit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if not self.is_initialized:
-            self.keys, self.values, self.device, self.is_initialized = keys.contiguous(), values.contiguous(), keys.device, True
-        else:
-            self.keys, self.values = torch.cat([self.keys, keys], dim=-2), torch.cat([self.values, values], dim=-2)
+        self.held_keys.append(keys)
+        self.held_values.append(values)
+        self.num_held += int(keys.shape[-2])
+        self.device, self.is_initialized = keys.device, True
         self.new = None
 
 
@@ -686,14 +693,7 @@ class _BlockCache(DynamicCache):
 
     def __init__(self, config, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]]):
         num_layers = config.get_text_config().num_hidden_layers
-        layers = []
-        for layer in range(num_layers):
-            if parts:
-                keys = torch.cat([p[0][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][0][layer].contiguous()
-                values = torch.cat([p[1][layer] for p in parts], dim=-2) if len(parts) > 1 else parts[0][1][layer].contiguous()
-                layers.append(_BlockLayer(keys, values))
-            else:
-                layers.append(_BlockLayer(None, None))
+        layers = [_BlockLayer([p[0][layer] for p in parts], [p[1][layer] for p in parts]) for layer in range(num_layers)]
         Cache.__init__(self, layers=layers)
 
     def take_new(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -34,7 +34,9 @@ def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
     if rot is not None:
         back_rot = back.double() @ rot.double()
         err, err_rot = (back.double() - original.double()).norm(), (back_rot - x.double()).norm()
-        slack = 1e-5 * original.abs().amax().double() * original.numel() ** 0.5  # float32 rounding of two rotations
+        # float32 rounding of two rotations; below float32's normal range (hypothesis finds subnormal inputs) the
+        # rounding is absolute, up to the smallest normal per value
+        slack = (1e-5 * original.abs().amax().double() + torch.finfo(torch.float32).tiny) * original.numel() ** 0.5
         assert abs(err - err_rot) <= 1e-3 * err_rot + slack, (err, err_rot, slack)
         back = back_rot.float()
     scale, zero = expand(parts["scale"], axis, x.shape, quant), expand(parts["zero"], axis, x.shape, quant)
