@@ -501,18 +501,7 @@ class TransformersKvBackend(KvBackend):
         """Would greedy decoding on top of ``state`` give ``token_ids``? One pass (question + those tokens), not a
         decode step per token: each position's argmax must be the next token, and where the answer stopped before
         ``max_new_tokens`` the next argmax must end it (an EOS). Returns that and the first-token log-probs."""
-        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
-        ids = suffix + [int(t) for t in token_ids]
-        self._check_room(state.num_tokens + len(ids), 1, "memories plus the question and answer")
-        with torch.inference_mode(), state.lock:
-            state.ensure_capacity(state.num_tokens + len(ids))
-            cache = CartridgeCache(state)
-            try:
-                input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
-                logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=len(token_ids) + 1).logits[0]
-            finally:
-                cache.crop_back()
-            logp = torch.log_softmax(logits.float(), dim=-1)  # (len(token_ids) + 1, vocab): row i predicts answer token i
+        logp = self._forced_logprobs(state, question, token_ids)  # row i predicts answer token i
         greedy = logp.argmax(dim=-1).tolist()
         identical = greedy[: len(token_ids)] == list(token_ids) and (len(token_ids) >= max_new_tokens or greedy[len(token_ids)] in self._eos_ids)
         return identical, logp[0]
@@ -537,7 +526,11 @@ class TransformersKvBackend(KvBackend):
         row i is the distribution for answer token i, the last row the one after the answer (precision.py).
         """
         check_compatible(cartridge.header, self._description)
-        state = self._payload(cartridge).state
+        return self._forced_logprobs(self._payload(cartridge).state, question, token_ids).cpu()
+
+    def _forced_logprobs(self, state: KvState, question: str, token_ids: Sequence[int]) -> torch.Tensor:
+        """The question's suffix and ``token_ids`` fed in one pass on top of ``state`` (cropped back after): the
+        next-token log-probs [len(token_ids) + 1, vocab] (float32) at each answer position."""
         ids = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question))) + [int(t) for t in token_ids]
         self._check_room(state.num_tokens + len(ids), 1, "memories plus the question and answer")
         with state.lock, torch.inference_mode():
@@ -548,7 +541,7 @@ class TransformersKvBackend(KvBackend):
                 logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=len(token_ids) + 1).logits[0]
             finally:
                 cache.crop_back()
-            return torch.log_softmax(logits.float(), dim=-1).cpu()  # (len(token_ids) + 1, vocab)
+            return torch.log_softmax(logits.float(), dim=-1)  # (len(token_ids) + 1, vocab)
 
     def dumps(self, cartridge: Cartridge) -> bytes:
         """Serialize to the safetensors cartridge format (deterministic bytes)."""
