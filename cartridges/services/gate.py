@@ -34,7 +34,8 @@ checks and tokens re-read as text).
   text answer re-reads every memory with its question.
 - **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are, by id AND part
   digest, blocks that an earlier version of the same scope had verified, by a passing evaluation (full or
-  incremental) made under the active configuration since it became active (``figures["verified_blocks"]``).
+  incremental) made under the active configuration since it became active (``figures["verified_blocks"]``), of a version
+  that never failed a full gate (a scheduled full gate that fails after an incremental pass withdraws it).
   Checks 1-4 as always; then, through ``KvBackend.verify_extension``, (a) the header's block ids are the chain of
   this version's own memories' token ids and its token count theirs; (b) the new part, from the first
   unverified block to the end, is re-read ONCE on top of the verified blocks and its KV compared position by
@@ -239,6 +240,11 @@ def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration,
     )
     if config.row is not None:  # after a switch, only what was verified under this activation of the configuration
         candidates = candidates.filter(created_at__gte=config.row.created_at)
+    # a version that failed a full gate (a scheduled one, after its incremental pass) vouches for none of its blocks
+    failed = CartridgeEvaluation.objects.filter(
+        version__scope_id=version.scope_id, passed=False, config_key=config.key(), figures__gate="full"
+    ).values("version_id")
+    candidates = candidates.exclude(version_id__in=failed)
     best = _Plan(reason="no earlier version of the scope that passed the gate under the active configuration shares its first block")
     mine = [[ref.block_id, ref.sha256] for ref in refs]
     for evaluation in candidates[:MAX_PARENT_CANDIDATES]:

@@ -175,6 +175,11 @@ def test_a_scheduled_full_gate_that_fails_rolls_the_scope_back(scope_a, append, 
     assert active_version(scope=scope_a) == before  # the version that served before serves again
     failed = CartridgeEvaluation.objects.get(pk=audit.evaluation_id)
     assert not failed.passed and failed.version_id == outcome.version_id and failed.figures["stage"] == "scheduled_full_gate"
+    # the failed version's earlier incremental pass no longer vouches for its blocks: the next refresh's parent is
+    # the version before it
+    append(scope_a, "Crate 6 holds a torch.")
+    after = CartridgeEvaluation.objects.get(pk=scope_refresh(scope=scope_a).evaluation_id)
+    assert after.figures["incremental"]["parent_version_id"] == before.pk
 
 
 @pytest.mark.django_db
