@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import celeryd_after_setup, worker_init, worker_process_init
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
@@ -113,3 +113,40 @@ def master_key_refuse_unknown(**kwargs: object) -> None:
 
         print(f"mnesio worker refused to start: {report.message()}", file=sys.stderr, flush=True)
         raise SystemExit(f"refused to start: {MasterKeyUnavailable.__name__}: `MNESIO_MASTER_KEY` does not open the stored keys")
+
+
+_GPU_WORKER = [False]  # set before the pool forks; every process of the worker inherits it
+
+
+@celeryd_after_setup.connect
+def gpu_worker_note(sender: object = None, instance: object = None, **kwargs: object) -> None:
+    """Remember whether this worker consumes the gpu queue (after -Q is applied, before the pool forks)."""
+    queues = getattr(getattr(getattr(getattr(instance, "app", None), "amqp", None), "queues", None), "consume_from", None) or {}
+    _GPU_WORKER[0] = "gpu" in queues
+
+
+@worker_process_init.connect
+def gpu_worker_warm(**kwargs: object) -> None:
+    """Load the active configuration's model in each process of a gpu worker as it starts, so that the first task
+    (an auto-refresh a user waits for) does not pay for it. ``MNESIO_WORKER_WARMUP=false`` turns it off; a failure
+    is logged and the first task loads the model as before. Default-queue workers stay model-free."""
+    import logging
+
+    from django.conf import settings
+    from django.db import connections
+
+    if not _GPU_WORKER[0] or not settings.MNESIO_WORKER_WARMUP:
+        return
+
+    log = logging.getLogger("cartridges")
+    try:
+        from cartridges import engine
+        from cartridges.selectors import active_configuration
+
+        config = active_configuration()
+        engine.backend_for(config)
+        log.info("gpu worker process warmed: model loaded for configuration %s", config.key())
+    except Exception as exc:  # the database or the model store may be down at start; the first task retries
+        log.warning("gpu worker process not warmed (%s); the first task loads the model", type(exc).__name__)
+    finally:
+        connections.close_all()

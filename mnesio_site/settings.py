@@ -351,6 +351,8 @@ MNESIO_GATE_FULL_EVERY = envint("MNESIO_GATE_FULL_EVERY", 10, minimum=1)
 MNESIO_GATE_MAX_KV_ABS_DIFF = envfloat("MNESIO_GATE_MAX_KV_ABS_DIFF", 1e-3)
 # How long past its debounce a scope's "refresh pending" marker lives (a lost refresh task frees the scope then).
 MNESIO_AUTO_REFRESH_MARKER_GRACE_S = envint("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", 600, minimum=1)
+# Whether each process of a worker that consumes the gpu queue loads the model as it starts (mnesio_site/celery.py).
+MNESIO_WORKER_WARMUP = envbool("MNESIO_WORKER_WARMUP", True)
 # How far cartridge accuracy on the cases may fall below text re-reading (0 for f32: no loss allowed).
 MNESIO_GATE_ACCURACY_TOLERANCE = envfloat("MNESIO_GATE_ACCURACY_TOLERANCE", 0.0, maximum=1.0)
 # Whether the cartridge must also match the top-k text retrieval baseline (off: it is recorded only).

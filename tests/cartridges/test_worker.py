@@ -55,7 +55,7 @@ def _database_url() -> str:
 class Worker:
     """One celery worker process (prefork, one child); always killed at teardown."""
 
-    def __init__(self, *, blob_root: Path, log_path: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, *, blob_root: Path, log_path: Path, extra_env: dict[str, str] | None = None, queues: str = "gpu,default"):
         self.log_path = log_path
         env = {
             **os.environ,
@@ -71,7 +71,7 @@ class Worker:
         self.name = f"cartridges-test-{uuid.uuid4().hex[:8]}@%h"
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "mnesio_site", "worker", "-Q", "gpu,default", "-c", "1",
+            [sys.executable, "-m", "celery", "-A", "mnesio_site", "worker", "-Q", queues, "-c", "1",
              "--pool", "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat",
              "-n", self.name, "--loglevel", "INFO"],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -103,8 +103,8 @@ def start_worker(blob_root, redis_clean, tmp_path):
     """Factory: start a worker (killed at teardown, whatever happens)."""
     workers: list[Worker] = []
 
-    def start(**extra_env: str) -> Worker:
-        worker = Worker(blob_root=blob_root, log_path=tmp_path / f"worker-{len(workers)}.log", extra_env=extra_env)
+    def start(queues: str = "gpu,default", **extra_env: str) -> Worker:
+        worker = Worker(blob_root=blob_root, log_path=tmp_path / f"worker-{len(workers)}.log", extra_env=extra_env, queues=queues)
         workers.append(worker)
         return worker
 
