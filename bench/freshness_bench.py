@@ -120,7 +120,7 @@ def main() -> None:
     worker = None
     if args.mode == "worker":
         worker = _worker({**os.environ}, args.worker_concurrency)
-        time.sleep(8)  # the worker loads the model at its first task; start it before the first append
+        time.sleep(8)  # the worker's processes load the model as they start (MNESIO_WORKER_WARMUP): let them, before the first append
     scope_settings_update(scope=scope, actor=None, auto_refresh="on_append", auto_refresh_debounce_s=args.debounce_s)
     cycles, answers_ok, gates = [], 0, []
     try:
