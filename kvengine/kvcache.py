@@ -25,58 +25,54 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 DEFAULT_ROOM = 512
 
 
+def _buffers(
+    parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], capacity: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer, key and value buffers ``[1, num_kv_heads, capacity, head_dim]`` holding the parts one after the other
+    from position 0 (each part copied once, into its place)."""
+    keys, values = [], []
+    for layer in range(len(parts[0][0])):
+        k0, v0 = parts[0][0][layer], parts[0][1][layer]
+        b, h, _, d = k0.shape
+        kb = torch.empty((b, h, capacity, d), dtype=k0.dtype, device=k0.device)  # (1, H, capacity, D)
+        vb = torch.empty((b, h, capacity, v0.shape[-1]), dtype=v0.dtype, device=v0.device)
+        begin = 0
+        for part_keys, part_values in parts:
+            end = begin + int(part_keys[layer].shape[-2])
+            kb[:, :, begin:end].copy_(part_keys[layer])
+            vb[:, :, begin:end].copy_(part_values[layer])
+            begin = end
+        keys.append(kb)
+        values.append(vb)
+    return keys, values
+
+
 class KvState:
     """The loaded KV state of one cartridge (see the module docstring for layout and thread safety)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], *, room: int = DEFAULT_ROOM):
         """Copy per-layer ``[1, num_kv_heads, num_tokens, head_dim]`` tensors into buffers with ``room`` spare."""
-        self.num_tokens = int(keys[0].shape[-2])
-        self.lock = threading.Lock()
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.capacity = 0
-        self._fill(keys, values, self.num_tokens + room)
+        self._fill([(keys, values)], room=room)
 
     @classmethod
     def of_parts(cls, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, room: int = DEFAULT_ROOM) -> KvState:
         """One state from consecutive parts, each a per-layer list of keys and one of values: each part is copied once,
         into its place in the buffers (concatenating them first would allocate and copy the whole cache again)."""
         state = cls.__new__(cls)
-        state.num_tokens = sum(int(keys[0].shape[-2]) for keys, _ in parts)
-        state.lock = threading.Lock()
-        state.capacity = state.num_tokens + room
-        state.keys, state.values = [], []
-        for layer in range(len(parts[0][0])):
-            k0, v0 = parts[0][0][layer], parts[0][1][layer]
-            b, h, _, d = k0.shape
-            kb = torch.empty((b, h, state.capacity, d), dtype=k0.dtype, device=k0.device)  # (1, H, capacity, D)
-            vb = torch.empty((b, h, state.capacity, v0.shape[-1]), dtype=v0.dtype, device=v0.device)
-            begin = 0
-            for keys, values in parts:
-                end = begin + int(keys[layer].shape[-2])
-                kb[:, :, begin:end].copy_(keys[layer])
-                vb[:, :, begin:end].copy_(values[layer])
-                begin = end
-            state.keys.append(kb)
-            state.values.append(vb)
+        state._fill(parts, room=room)
         return state
 
-    def _fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int) -> None:
-        new_keys, new_values = [], []
-        for k, v in zip(keys, values, strict=True):
-            b, h, _, d = k.shape
-            kb = torch.empty((b, h, capacity, d), dtype=k.dtype, device=k.device)  # (1, H, capacity, D)
-            vb = torch.empty((b, h, capacity, v.shape[-1]), dtype=v.dtype, device=v.device)
-            kb[:, :, : self.num_tokens].copy_(k[:, :, : self.num_tokens])
-            vb[:, :, : self.num_tokens].copy_(v[:, :, : self.num_tokens])
-            new_keys.append(kb)
-            new_values.append(vb)
-        self.keys, self.values, self.capacity = new_keys, new_values, capacity
+    def _fill(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, room: int) -> None:
+        self.num_tokens = sum(int(keys[0].shape[-2]) for keys, _ in parts)
+        self.lock = threading.Lock()
+        self.keys, self.values, self.capacity = *_buffers(parts, self.num_tokens + room), self.num_tokens + room
 
     def ensure_capacity(self, num_positions: int) -> None:
         """Grow the buffers (one copy) if a call needs more than ``capacity`` positions; hold ``lock``."""
         if num_positions > self.capacity:
-            self._fill(self.keys, self.values, num_positions + DEFAULT_ROOM)
+            n, capacity = self.num_tokens, num_positions + DEFAULT_ROOM
+            self.keys, self.values = _buffers([([k[:, :, :n] for k in self.keys], [v[:, :, :n] for v in self.values])], capacity)
+            self.capacity = capacity
 
     def prefix(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of layer ``layer``'s cartridge keys and values ``[1, num_kv_heads, num_tokens, head_dim]``."""

@@ -407,7 +407,8 @@ class TransformersKvBackend(KvBackend):
         chunks compile reads them in (each new block on top of the ones before, then the tail), because where a
         prefill is cut changes the float sums: read in other chunks, a right cartridge would differ from its
         re-reading by float noise, and a wrong one could hide in that noise. Read in the same chunks, a right
-        cartridge equals its re-reading bit for bit (f32; the gate then needs no probe decoding). Probes and questions are answered greedily from the cartridge; the re-reading (a KvState of
+        cartridge equals its re-reading bit for bit (f32; the gate then needs no probe decoding). Probes and
+        questions are answered greedily from the cartridge; the re-reading (a KvState of
         its own, cropped back after each) reads each question with that answer in one teacher-forced pass: equal
         answers iff its greedy choice is the answer's token at every position (and an EOS where it stopped). Only a
         question whose answers differ is decoded on the re-reading too. So the new part is read once for all.
@@ -650,8 +651,8 @@ class _BlockLayer(DynamicLayer):
     """A cache layer holding the served KV of the parts computed or reused so far, one tensor per part.
 
     update() hands attention ONE concatenation of the held parts and the part being prefilled: contiguous and
-    exactly as long as they are, the very tensor a cache holding them pre-concatenated would give, made with one
-    copy instead of one per part held; it keeps the new states aside. commit() appends what the part serves
+    exactly as long as they are, the very tensor a cache holding them pre-concatenated would give (that cache paid
+    a second whole copy at every commit); it keeps the new states aside. commit() appends what the part serves
     (quantized and cast as stored), so the next part attends to exactly what a reused block would give it
     (blocks.py). Reused parts are held as they were read (no copy until attention needs them joined).
     """

@@ -34,8 +34,8 @@ checks and tokens re-read as text).
   text answer re-reads every memory with its question.
 - **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are, by id AND part
   digest, blocks that an earlier version of the same scope had verified, by a passing evaluation (full or
-  incremental) made under the active configuration since it became active (``figures["verified_blocks"]``), of a version
-  that never failed a full gate (a scheduled full gate that fails after an incremental pass withdraws it).
+  incremental) made under the active configuration since it became active (``figures["verified_blocks"]``), of a
+  version that never failed a full gate (a scheduled full gate that fails after an incremental pass withdraws it).
   Checks 1-4 as always; then, through ``KvBackend.verify_extension``, (a) the header's block ids are the chain of
   this version's own memories' token ids and its token count theirs; (b) the new part, from the first
   unverified block to the end, is re-read ONCE on top of the verified blocks and its KV compared position by
@@ -55,14 +55,16 @@ so a full gate would test those same bytes against the same tokens again). What 
 state is only the new part, and (b) checks it more tightly than probes can: every layer, every position, keys
 and values, against a recomputation by another code path (a plain cache, not compile's _BlockCache, part store and
 payload assembly; in compile's chunks, each new block then the tail, since where a prefill is cut changes the
-float sums and a right cartridge should equal its re-reading exactly, not to a tolerance). (c) and (d) still compare answers end to end, on questions about the new memories too, so a
+float sums and a right cartridge should equal its re-reading exactly, not to a tolerance). (c) and (d) still
+compare answers end to end, on questions about the new memories too, so a
 cartridge whose new part is wrong in a way the KV tolerance misses still fails on the answers it gives. The
 reference each probe is compared with is the text re-reading with the verified prefix taken as proven, which
 is what the full gate would re-read, to float reordering. The checks 1-4 are unchanged, so a tampered blob, an
 erased subject or a foreign key fails as before.
 
 When (b) finds the new part's KV equal to its re-reading bit for bit (``max_abs_diff == 0``: what a right f32
-cartridge gives, the append filling only the tail or completing blocks alike), the cartridge and the re-reading are the same state, so (c) and (d)
+cartridge gives, the append filling only the tail or completing blocks alike), the cartridge and the re-reading
+are the same state, so (c) and (d)
 would only compare two code paths on it: the probes are not decoded (``figures["incremental"]["by_construction"]``
 says so; fidelity is recorded as agreement 1, KL 0) and the cases are answered once, from the cartridge, for the
 accuracy check and the retrieval baseline. That keeps the gate of such an append at the cost of one re-read of the
@@ -76,8 +78,8 @@ whole log); after a configuration switch (only evaluations made since the active
 count, so the first version after a switch has no parent); when no parent is found (no blocks shared, a parent
 that never passed, a parent that passed under another configuration); and on a schedule: every
 ``MNESIO_GATE_FULL_EVERY``-th version gated incrementally since the scope's newest passing full gate (default 10;
-``figures["incremental"]["since_full"]`` counts them). An auto-refresh defers that scheduled full gate (``defer_full``): the version is gated
-incrementally and activated, so a new memory is served within seconds, and the full gate then runs on the version
+``figures["incremental"]["since_full"]`` counts them). An auto-refresh defers that scheduled full gate
+(``defer_full``): the version is gated incrementally and activated, so a new memory is served within seconds, and the full gate then runs on the version
 serving, off the refresh's path (services/refresh.py: ``scope_full_gate``); when it fails, the scope is rolled
 back to the version that served before. The count runs on until a full gate passes, so a lost or refused
 one is asked for again by the next refresh.
