@@ -18,7 +18,16 @@ its KV rounded to bf16 gives 1.3e-5, f32 KV and attention with bf16 matmuls 2.2e
 and matmul inputs are most of what is left). Upcasting the bf16 KV to run attention in f32 was not taken:
 the upcast alone cost 11.5 ms per layer at 8k tokens (more than the whole f32 attention, 4.2 ms).
 
-This is done with forward hooks on the standard modules (nn.Linear by name), so it works for Llama-style
+Exact matmul outputs (format 6). A bf16 matmul accumulates in f32 and rounds its output to bf16; that
+rounding was half of what the bf16 matmuls cost (f32 models with one rounding added at a time, 2 SQuAD scopes
+of articles 21-22 at 1k tokens, 24 answers, 404 positions, bench/results/kveval-bf16r/tune_bf16r.py: bf16
+weights 2.4e-5; + bf16 matmul inputs 8.1e-5; + bf16 matmul outputs 1.6e-4). So q/k/o/gate/up/down_proj now
+return their f32 accumulator (bf16_linear_f32_out: torch.mm's out_dtype on CUDA, a compensated pair of oneDNN
+matmuls on the CPU); v_proj's output is the bf16 KV, one rounding either way. bf16r's mean KL on those scopes:
+2.2e-4 with rounded outputs, 1.7e-4 with exact q/k/gate/up, 1.4e-4 with all but v_proj (chosen; 1.4e-4 with
+v_proj too); today's bf16: 1.2e-3.
+
+This is done with forward hooks on the standard modules (nn.Linear by name; the exact-output ones get their own forward), so it works for Llama-style
 models (Llama, Qwen2, Mistral: q_proj/k_proj/gate_proj/up_proj) with no copy of their forward code; it
 needs kvengine's attention (models.load_model always loads it) for the mixed query/value dtypes.
 """
@@ -29,6 +38,9 @@ import torch
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "bf16r": torch.bfloat16, "f16": torch.float16}
 RESIDUAL_F32_DTYPES = frozenset({"bf16r"})  # dtypes whose hidden stream stays float32 (module docstring)
 F32_OUTPUTS = ("q_proj", "k_proj", "gate_proj", "up_proj")  # outputs kept f32: rope, the SwiGLU product (Llama, Qwen2, Mistral names)
+# linear layers whose f32 output is the matmul's own f32 accumulator, not its bf16 rounding (module docstring);
+# v_proj is left out: its output is the bf16 KV, one rounding either way
+EXACT_OUTPUTS = ("q_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 # -- bf16 with an f32 residual stream ---------------------------------------------------------------
@@ -52,6 +64,33 @@ def _cast_output(dtype: torch.dtype):
     return hook
 
 
+def bf16_linear_f32_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` from bf16 ``x`` and ``weight``, returned in float32 without rounding to bf16.
+
+    A bf16 matmul accumulates in f32 and rounds its output to bf16. On CUDA, torch.mm's ``out_dtype`` returns
+    the f32 accumulator. The CPU has no such kernel in torch, so the output is compensated: oneDNN's linear
+    with a fused "add" post-op, which is applied to the f32 accumulator before the output is rounded, gives
+    ``r = bf16(x W^T - y)`` for the rounded output ``y``; ``y + r`` is the accumulator to ~2^-17 of |y|
+    instead of 2^-9. Two bf16 matmuls, still cheaper than one in f32 (measured 0.24 + 0.20 ms against 0.75 ms
+    for a [13, 576] x [576, 1536] product on one core). Deterministic: the same kernels on the same shapes.
+    """
+    if x.device.type == "cuda":
+        y = torch.mm(x.reshape(-1, x.shape[-1]), weight.T, out_dtype=torch.float32).reshape(*x.shape[:-1], weight.shape[0])
+        return y if bias is None else y + bias.float()
+    if x.device.type == "cpu" and torch.backends.mkldnn.is_available():
+        y = torch.nn.functional.linear(x, weight, bias)
+        r = torch.ops.mkldnn._linear_pointwise.binary(x, y.neg(), weight, bias, "add")
+        return y.float() + r.float()
+    return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+def _exact_output_forward(module: torch.nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return bf16_linear_f32_out(x.to(module.weight.dtype), module.weight, module.bias)
+
+    return forward
+
+
 def residual_f32(model: torch.nn.Module, *, matmul_dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     """Make a float32 ``model`` a bf16r model in place (module docstring) and return it.
 
@@ -64,6 +103,9 @@ def residual_f32(model: torch.nn.Module, *, matmul_dtype: torch.dtype = torch.bf
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and module is not head:
             module.to(matmul_dtype)
+            if name.endswith(EXACT_OUTPUTS):
+                module.forward = _exact_output_forward(module)
+                continue
             module.register_forward_pre_hook(_cast_input(matmul_dtype))
             if name.endswith(F32_OUTPUTS):
                 module.register_forward_hook(_cast_output(torch.float32))

@@ -26,8 +26,9 @@ def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
     original = torch.from_numpy(a)
     parts = quantize(original, quant, axis=axis)
     back = dequantize(parts, quant, torch.float32, axis=axis)
+    bits, int_zero = quant_module.AXIS_BITS[(quant, axis)], quant_module.INT_ZERO[(quant, axis)]
     assert back.shape == original.shape and parts["q"].dtype == torch.uint8
-    assert parts["q"].shape[-1] == (original.shape[-1] // 2 if quant == "q4" else original.shape[-1])
+    assert parts["q"].shape[-1] == original.shape[-1] * bits // 8  # packed: 8 codes in `bits` bytes
     rot = hadamard(original.shape[-1]) if quant_module.ROTATE[(quant, axis)] else None
     # the grid bounds hold in the rotated space (format 3); H is orthonormal, so the L2 error carries over
     x = original @ rot if rot is not None else original
@@ -40,9 +41,13 @@ def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
         assert abs(err - err_rot) <= 1e-3 * err_rot + slack, (err, err_rot, slack)
         back = back_rot.float()
     scale, zero = expand(parts["scale"], axis, x.shape, quant), expand(parts["zero"], axis, x.shape, quant)
-    levels = 255 if quant == "q8" else 15
+    levels = 2**bits - 1
+    edge = 0.0
+    if int_zero:  # the grid starts `zero` codes below 0 (and holds 0): its ends are within half a step of the group's
+        assert parts["zero"].dtype == torch.uint8
+        zero, edge = -zero * scale, scale / 2
     tol = 1e-6 * x.abs().amax() * (x.shape[-1] if rot is not None else 1)  # float32 rounding (and of the rotations)
-    assert torch.all(zero <= x) and torch.all(x <= zero + scale * levels + tol)  # every value is inside its grid
+    assert torch.all(zero - edge <= x + tol) and torch.all(x <= zero + scale * levels + edge + tol)  # inside its grid
     # and the grid is tight: one float16 rounding of the zero point and of the step at most
     assert torch.all(scale <= (x.abs().amax() * 2 + x.abs().amax() * 2**-10) / levels * (1 + 2**-10) + F16_TINY)
     assert torch.all((x - back).abs() <= scale / 2 * (1 + 1e-5) + tol)
@@ -76,7 +81,42 @@ def test_it_keeps_zeros_and_constant_groups_exact(monkeypatch):
     x[0, 1] = 0.5
     for quant in ("q8", "q4"):
         for axis in ("token", "channel"):
-            assert torch.equal(dequantize(quantize(x, quant, axis=axis), quant, torch.float32, axis=axis), x)
+            back = dequantize(quantize(x, quant, axis=axis), quant, torch.float32, axis=axis)
+            assert torch.equal(back[0, 0], x[0, 0])  # zeros, always
+            if quant_module.INT_ZERO[(quant, axis)]:  # a grid from 0: a constant lands within half a step
+                assert torch.allclose(back[0, 1], x[0, 1], rtol=0, atol=0.5 / 15 / 2 * 1.01)
+            else:  # a float16 minimum: the constant is the zero point itself
+                assert torch.equal(back, x)
+
+
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+def test_packing_round_trips_and_keeps_the_nibble_layout_for_4_bits(bits):
+    from kvengine.quant import pack, unpack
+
+    q = torch.randint(0, 2**bits, (2, 3, 7, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
+    packed = pack(q, bits)
+    assert packed.shape == (2, 3, 7, 64 * bits // 8) and packed.dtype == torch.uint8
+    assert torch.equal(unpack(packed, bits), q)
+    if bits == 4:  # format 5's layout: the even channel in the low nibble
+        assert torch.equal(packed, q[..., 0::2] | (q[..., 1::2] << 4))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack(q[..., :12], 5)
+
+
+def test_q4_keys_get_five_bits_and_a_fifth_of_the_error_of_four():
+    # format 6: q4's keys carry most of its divergence, so they get 5 bits (module docstring)
+    assert quant_module.AXIS_BITS[("q4", "channel")] == 5 and quant_module.AXIS_BITS[("q4", "token")] == 4
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 256, 64) * torch.linspace(0.1, 8, 64)
+    five = (dequantize(quantize(x, "q4", axis="channel"), "q4", torch.float32, axis="channel") - x).pow(2).mean()
+    saved = dict(quant_module.AXIS_BITS)
+    try:
+        quant_module.AXIS_BITS[("q4", "channel")] = 4
+        four = (dequantize(quantize(x, "q4", axis="channel"), "q4", torch.float32, axis="channel") - x).pow(2).mean()
+    finally:
+        quant_module.AXIS_BITS.clear()
+        quant_module.AXIS_BITS.update(saved)
+    assert five < 0.3 * four  # half the step: a quarter of the squared error
 
 
 def test_rotation_is_orthonormal_and_quantization_inverts_it():

@@ -85,6 +85,48 @@ def test_residual_f32_keeps_the_stream_in_f32_and_matmuls_in_bf16():
         residual_f32(LlamaForCausalLM(config).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 13, 576), (2, 300, 96)])
+def test_bf16_linear_with_f32_output_is_the_accumulator_not_its_bf16_rounding(shape):
+    """bf16r's exact outputs: the product of the bf16 inputs to ~2^-16 of its size, where a bf16 output is off by ~2^-9."""
+    from kvengine.precision import bf16_linear_f32_out
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=g).to(torch.bfloat16)
+    w = torch.randn(160, shape[-1], generator=g).to(torch.bfloat16)
+    bias = torch.randn(160, generator=g).to(torch.bfloat16)
+    for b in (None, bias):
+        exact = x.double() @ w.double().T + (0 if b is None else b.double())
+        out = bf16_linear_f32_out(x, w, b)
+        assert out.dtype == torch.float32 and out.shape == (*shape[:-1], 160)
+        rounded = torch.nn.functional.linear(x, w, b).double()
+        scale = exact.abs().amax().item()
+        assert (out.double() - exact).abs().amax().item() < 2**-15 * scale
+        assert (rounded - exact).abs().amax().item() > 2**-11 * scale  # what it replaces: bf16 output rounding
+        assert torch.equal(bf16_linear_f32_out(x, w, b), out)  # deterministic
+
+
+def test_residual_f32_gives_exact_outputs_to_every_linear_but_v_proj_and_the_head():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvengine.attention import ATTN_IMPLEMENTATION
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    config._attn_implementation = ATTN_IMPLEMENTATION
+    model = residual_f32(LlamaForCausalLM(config).eval())
+    x = torch.randn(1, 5, 32)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    for module in (attn.q_proj, attn.k_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj):
+        out = module(x)
+        exact = x.to(torch.bfloat16).double() @ module.weight.double().T
+        assert out.dtype == torch.float32 and (out.double() - exact).abs().amax() < 1e-4 * exact.abs().amax()
+        assert not torch.equal(out, out.to(torch.bfloat16).float())  # not a bf16 value cast up
+    assert attn.v_proj(x).dtype == torch.bfloat16  # the KV's own dtype: one rounding either way
+    down = mlp.down_proj(torch.randn(1, 5, 64))
+    assert down.dtype == torch.float32
+
+
 @pytest.mark.model
 def test_teacher_forcing_feeds_the_reference_tokens(real_backend):
     """Row i of answer_logprobs is the distribution after the question and reference tokens 0..i-1."""
