@@ -105,6 +105,18 @@ def test_bf16_linear_with_f32_output_is_the_accumulator_not_its_bf16_rounding(sh
         assert torch.equal(bf16_linear_f32_out(x, w, b), out)  # deterministic
 
 
+def test_bf16_linear_with_f32_output_falls_back_to_an_f32_matmul_where_onednn_has_no_bf16(monkeypatch):
+    import kvengine.precision as precision
+
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(1, 7, 64, generator=g).to(torch.bfloat16), torch.randn(48, 64, generator=g).to(torch.bfloat16)
+    fast = precision.bf16_linear_f32_out(x, w)
+    monkeypatch.setattr(precision, "_onednn_bf16", lambda: False)
+    slow = precision.bf16_linear_f32_out(x, w)
+    assert torch.equal(slow, x.float() @ w.float().T)
+    assert (fast - slow).abs().amax() < 2**-15 * slow.abs().amax()
+
+
 def test_residual_f32_gives_exact_outputs_to_every_linear_but_v_proj_and_the_head():
     from transformers import LlamaConfig, LlamaForCausalLM
 
