@@ -34,6 +34,7 @@ needs kvengine's attention (models.load_model always loads it) for the mixed que
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
@@ -93,11 +94,9 @@ def _onednn_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _exact_output_forward(module: torch.nn.Linear):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return bf16_linear_f32_out(x.to(module.weight.dtype), module.weight, module.bias)
-
-    return forward
+def _exact_output_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """An exact-output linear's forward, bound to it as a method (so a deep copy of the model binds its copy)."""
+    return bf16_linear_f32_out(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 def residual_f32(model: torch.nn.Module, *, matmul_dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
@@ -113,7 +112,7 @@ def residual_f32(model: torch.nn.Module, *, matmul_dtype: torch.dtype = torch.bf
         if isinstance(module, torch.nn.Linear) and module is not head:
             module.to(matmul_dtype)
             if name.endswith(EXACT_OUTPUTS):
-                module.forward = _exact_output_forward(module)
+                module.forward = types.MethodType(_exact_output_forward, module)
                 continue
             module.register_forward_pre_hook(_cast_input(matmul_dtype))
             if name.endswith(F32_OUTPUTS):

@@ -137,6 +137,12 @@ def test_residual_f32_gives_exact_outputs_to_every_linear_but_v_proj_and_the_hea
     assert attn.v_proj(x).dtype == torch.bfloat16  # the KV's own dtype: one rounding either way
     down = mlp.down_proj(torch.randn(1, 5, 64))
     assert down.dtype == torch.float32
+    # a deep copy (how the backend makes variants) computes with its own weights, not the original's
+    import copy
+
+    other = copy.deepcopy(model)
+    other.model.layers[0].self_attn.q_proj.weight.data.zero_()
+    assert other.model.layers[0].self_attn.q_proj(x).abs().amax() == 0 and attn.q_proj(x).abs().amax() > 0
 
 
 @pytest.mark.model
