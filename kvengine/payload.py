@@ -6,8 +6,9 @@ Stored tensors of each part (a full block or the tail, blocks.py; the whole file
 
 - quant "none": ``k`` and ``v``;
 - q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``{kv}.exact`` (the leading positions,
-  unquantized), ``.q`` (codes, two per byte for q4), ``.scale`` and ``.zero`` (float16). Keys are quantized
-  per channel (their outliers sit in fixed channels), values per token (see quant.py).
+  unquantized), ``.q`` (packed codes: q8 one a byte; q4's keys 5 bits and values 4 bits, quant.pack), ``.scale``
+  (float16) and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are quantized per
+  channel (their outliers sit in fixed channels), values per token (see quant.py).
 Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]``, so a part's header names 2 or 8
 tensors, not 60 or 240 (a 256-token block's header would otherwise be ~20 KB).
 

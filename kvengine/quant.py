@@ -21,7 +21,8 @@ The values' zero point is an integer code (uint8, GPTQ-style: the grid holds 0, 
 always straddle), one byte instead of a float16's two, so q4 stays under 0.16x of f32 with the exact first
 positions and the headers of a 1k-token cartridge (5.0 bits gave 0.161 there). 9.1e-4 and 1.01e-3 are within
 the measure's noise on 802 positions (two encodings of the same grid gave 9.1e-4 and 9.6e-4). Codes are packed
-little-endian, 8 codes into ``bits`` bytes along head_dim (for 4 bits: the low nibble is the even channel).
+two 4-bit codes a byte along head_dim (the low nibble is the even channel, as in format 5); 5-bit codes keep
+their low 4 bits so and add their fifth bits as one bit plane (pack()).
 
 Format 5 (issue 13, "q8 that holds on data it was not tuned on"): q8's groups are 16 values long on both axes
 (keys: 16 consecutive tokens per channel; values: 16 consecutive head_dim values per token), 64 before;
@@ -68,7 +69,9 @@ an integer zero code), grouped 16 (q8, format 5) or 64 (q4, format 6; 32 before)
 
 The step is rounded *up* to float16 and the zero point *down*, so every value lies inside the grid and the
 round-trip error is at most half a step: ``|x - x̂| <= scale / 2`` with ``zero <= min(group)`` and
-``scale >= (max(group) - zero) / (2**bits - 1)``.
+``scale >= (max(group) - zero) / (2**bits - 1)``. With an integer zero code (q4's values) the grid runs from
+``-zero * scale`` over ``2**bits - 1`` steps with ``scale >= (max(group, 0) - min(group, 0)) / (2**bits - 1)``;
+its ends are within half a step of the group's extremes (the zero code is rounded), so the bound is the same.
 
 Sizes relative to float32 (scale + zero = 4 bytes a group): q8 = (16 + 4) / 64 = 0.3125 (format 5; 0.266
 with format 4's 64-value groups), q4 = ((40 + 4) + (32 + 3)) / 512 = 0.154 (format 6: 64 keys of 5 bits with a
@@ -147,19 +150,39 @@ def _check(quant: str, axis: str) -> int:
 
 
 def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack uint8 codes [..., D] of ``bits`` bits little-endian along the last axis: 8 codes into ``bits`` bytes.
+    """Pack uint8 codes [..., D] (D even) of 8, 5 or 4 bits along the last axis.
 
-    D has to be a multiple of 8 (head_dim is, in the models this serves); for 4 bits this is two codes a byte,
-    the even channel in the low nibble (format 5's layout).
+    4 bits: two codes a byte, the even channel in the low nibble (format 5's layout). 5 bits: the low 4 bits so,
+    then the fifth bits as one plane, 8 channels a byte (channel 8j + i in bit i of byte j; D padded with zero bits
+    to a multiple of 8): D/2 + ceil(D/8) bytes. Both are plain uint8 shifts, no wider temporaries.
     """
     if bits == 8:
         return q
+    if bits not in (4, 5):
+        raise ValueError(f"`bits` has to be 4, 5 or 8 but got {bits}")
     *lead, d = q.shape
+    if d % 2:
+        raise ValueError(f"`head_dim` has to be even for {bits}-bit packing but got {d}")
+    low = q & 0x0F
+    nibbles = low[..., 0::2] | (low[..., 1::2] << 4)
+    if bits == 4:
+        return nibbles
+    high = q >> 4
     if d % 8:
-        raise ValueError(f"`head_dim` has to be a multiple of 8 for {bits}-bit packing but got {d}")
-    word = (q.reshape(*lead, d // 8, 8).to(torch.int64) << (torch.arange(8, device=q.device) * bits)).sum(-1)
-    out = torch.stack([(word >> (8 * j)) & 0xFF for j in range(bits)], dim=-1).to(torch.uint8)
-    return out.reshape(*lead, d // 8 * bits)
+        high = torch.cat([high, high.new_zeros(*lead, -d % 8)], dim=-1)
+    high = high.reshape(*lead, high.shape[-1] // 8, 8)
+    plane = high[..., 0]
+    for i in range(1, 8):
+        plane = plane | (high[..., i] << i)
+    return torch.cat([nibbles, plane], dim=-1)
+
+
+def _five_bit_width(width: int) -> int:
+    """The D of a 5-bit packed row ``width`` bytes wide (D/2 + ceil(D/8) == width, D even)."""
+    for half in range(max(0, 4 * width // 5 - 2), 4 * width // 5 + 3):
+        if half + -(-half // 4) == width:
+            return 2 * half
+    raise ValueError(f"{width} bytes is not the width of a 5-bit packed row")
 
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -167,9 +190,18 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return packed
     *lead, width = packed.shape
-    word = (packed.reshape(*lead, width // bits, bits).to(torch.int64) << (torch.arange(bits, device=packed.device) * 8)).sum(-1)
-    q = torch.stack([(word >> (bits * i)) & (2**bits - 1) for i in range(8)], dim=-1).to(torch.uint8)
-    return q.reshape(*lead, width // bits * 8)
+    d = 2 * width if bits == 4 else _five_bit_width(width)
+    nibbles = packed[..., : d // 2]
+    q = torch.empty(*lead, d, dtype=torch.uint8, device=packed.device)
+    q[..., 0::2] = nibbles & 0x0F
+    q[..., 1::2] = nibbles >> 4
+    if bits == 5:  # each plane byte looked up as its 8 channels' fifth bits (16 or 0)
+        plane = packed[..., d // 2:].reshape(-1).int()
+        q |= _FIFTH_BITS.to(packed.device).index_select(0, plane).reshape(*lead, (width - d // 2) * 8)[..., :d]
+    return q
+
+
+_FIFTH_BITS = (((torch.arange(256)[:, None] >> torch.arange(8)) & 1) << 4).to(torch.uint8)  # byte -> 8 x (bit << 4)
 
 
 def _grouped(x: torch.Tensor, axis: str, quant: str) -> torch.Tensor:
@@ -203,7 +235,7 @@ def quantize(x: torch.Tensor, quant: str, *, axis: str) -> dict[str, torch.Tenso
     bits = _check(quant, axis)
     levels = 2**bits - 1
     x = x.float()
-    rot = _rotation(quant, axis, x.shape[-1])
+    rot = _rotation(quant, axis, x.shape[-1], x.device)
     if rot is not None:
         x = x @ rot  # spread outliers over the head_dim before grouping
     xg = _grouped(x, axis, quant)
@@ -239,8 +271,9 @@ def expand(param: torch.Tensor, axis: str, shape: torch.Size | tuple[int, ...], 
     return param.float().repeat_interleave(token_group(quant), dim=-1)[..., :t].transpose(-1, -2)  # (..., T, D)
 
 
-def _rotation(quant: str, axis: str, head_dim: int) -> torch.Tensor | None:
-    return hadamard(head_dim) if ROTATE[(quant, axis)] else None
+def _rotation(quant: str, axis: str, head_dim: int, device: torch.device) -> torch.Tensor | None:
+    rot = hadamard(head_dim) if ROTATE[(quant, axis)] else None
+    return None if rot is None else rot.to(device)
 
 
 def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *, axis: str) -> torch.Tensor:
@@ -251,7 +284,7 @@ def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *
         x = (q.float() - expand(parts["zero"], axis, q.shape, quant)) * expand(parts["scale"], axis, q.shape, quant)
     else:
         x = q.float() * expand(parts["scale"], axis, q.shape, quant) + expand(parts["zero"], axis, q.shape, quant)
-    rot = _rotation(quant, axis, x.shape[-1])
+    rot = _rotation(quant, axis, x.shape[-1], x.device)
     if rot is not None:
         x = x @ rot.T
     return x.to(dtype)

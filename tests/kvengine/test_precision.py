@@ -135,8 +135,9 @@ def test_residual_f32_gives_exact_outputs_to_every_linear_but_v_proj_and_the_hea
         assert out.dtype == torch.float32 and (out.double() - exact).abs().amax() < 1e-4 * exact.abs().amax()
         assert not torch.equal(out, out.to(torch.bfloat16).float())  # not a bf16 value cast up
     assert attn.v_proj(x).dtype == torch.bfloat16  # the KV's own dtype: one rounding either way
-    down = mlp.down_proj(torch.randn(1, 5, 64))
-    assert down.dtype == torch.float32
+    h = torch.randn(1, 5, 64)
+    down, exact = mlp.down_proj(h), h.to(torch.bfloat16).double() @ mlp.down_proj.weight.double().T
+    assert down.dtype == torch.float32 and (down.double() - exact).abs().amax() < 1e-4 * exact.abs().amax()
     # a deep copy (how the backend makes variants) computes with its own weights, not the original's
     import copy
 
