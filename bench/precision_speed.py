@@ -7,7 +7,8 @@ Per context: one scope of kv_speed's synthetic facts (bench/kv_speed.py memories
 (prefill tok/s); ``--reps`` answers of ``--answer-tokens`` tokens each from the cartridge (TTFT, end-to-end,
 ms per decoded token); "bf16 (enable_gqa decode)" repeats bf16 with single-token decoding routed the way it
 was before issue 16 (transformers' sdpa with enable_gqa), to show what the packed decode changed. Then
-``--probes`` questions answered by f32 and teacher-forced through q8, q4, bf16 and bf16r: mean / p95 KL,
+``--probes`` questions answered by f32 and teacher-forced through q8, q4, bf16, bf16r and bf16r with its matmul
+outputs rounded to bf16 as before format 6 (precision.EXACT_OUTPUTS emptied): mean / p95 KL,
 top-1 per position, identical answers. Results: bench/results/precision_speed.json and .md.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from kv_speed import machine_info, memories_for, probes
 
     import kvengine.attention as attention
+    import kvengine.precision as precision
     from kvengine import make_backend
     from kvengine.divergence import AnswerDivergence, DivergenceSummary
 
@@ -47,6 +49,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     f32 = make_backend("transformers", model=args.model, dtype="f32", device="cpu")
     backends = {"f32": f32, "bf16": f32.variant(dtype="bf16"), "bf16r": f32.variant(dtype="bf16r")}
+    exact = precision.EXACT_OUTPUTS  # format 6's exact matmul outputs, beside bf16r as it was before them
+    precision.EXACT_OUTPUTS = ()
+    try:
+        backends["bf16r (rounded outputs, format 5)"] = f32.variant(dtype="bf16r")
+    finally:
+        precision.EXACT_OUTPUTS = exact
     quants = {"q8": f32.variant(quant="q8"), "q4": f32.variant(quant="q4")}
     rows = []
     for target in args.contexts:
@@ -97,7 +105,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "| context (tokens) | precision | prefill (tok/s) | TTFT (s) | answer of N tokens (s) | decode (ms/token) |",
              "|---:|---|---:|---:|---:|---:|"]
     for row in result["rows"]:
-        for name in ("f32", "bf16", "bf16r", "bf16 (enable_gqa decode)"):
+        for name in ("f32", "bf16", "bf16r", "bf16r (rounded outputs, format 5)", "bf16 (enable_gqa decode)"):
+            if name not in row:
+                continue
             r = row[name]
             prefill = f"{r['prefill_tok_s']:.0f}" if "prefill_tok_s" in r else ""
             lines.append(f"| {row['num_tokens']} | {name} | {prefill} | {r['ttft_s']:.3f} | {r['e2e_s']:.2f} | {r['decode_ms_per_token']:.1f} |")

@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--scopes", type=int, default=2)
     p.add_argument("--questions", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--only", default="")
+    p.add_argument("--only", default="", help="semicolon-separated variant names")
     p.add_argument("--out", default="")
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -83,13 +83,15 @@ def main() -> None:
         "bf16r (rounded outputs)": bf16r_with(()),
         "bf16r, exact q,k,gate,up outputs": bf16r_with(("q_proj", "k_proj", "gate_proj", "up_proj")),
         "bf16r, exact outputs but v": bf16r_with(("q_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+        "bf16r, exact q,k,o outputs": bf16r_with(("q_proj", "k_proj", "o_proj")),
+        "bf16r, exact q,k,o,down outputs": bf16r_with(("q_proj", "k_proj", "o_proj", "down_proj")),
         "bf16r, exact outputs": bf16r_with(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
         "f32, bf16 weights": lambda: emulated(f32, weights=True, inputs=False, outputs=False),
         "f32, bf16 weights + inputs": lambda: emulated(f32, weights=True, inputs=True, outputs=False),
         "f32, bf16 weights + inputs + outputs": lambda: emulated(f32, weights=True, inputs=True, outputs=True),
         "f32, bf16 inputs + outputs": lambda: emulated(f32, weights=False, inputs=True, outputs=True),
     }
-    only = [n for n in a.only.split(",") if n]
+    only = [n for n in a.only.split(";") if n]
     results = {}
     for name, make in variants.items():
         if only and name not in only:
