@@ -452,7 +452,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--agree-tokens", type=int, default=12, help="max tokens of probe answers compared (default: %(default)s)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="model id or local directory (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: %(default)s)")
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="main precision (default: %(default)s)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "bf16r"],
+                   help="main precision; bf16r: bf16 matmuls and KV, f32 residual stream (default: %(default)s)")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for kv_speed.json/.md/.png (default: bench/results)")
     p.add_argument("--write-md", metavar="PATH", help="also regenerate the kvengine section of this markdown file (e.g. BENCHMARKS.md)")
