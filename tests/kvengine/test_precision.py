@@ -53,16 +53,22 @@ def test_nearest_rank_quantile():
     assert nearest_rank([3.0], 0.95) == 3.0 and nearest_rank([], 0.95) is None
 
 
-def test_residual_f32_keeps_the_stream_in_f32_and_matmuls_in_bf16():
+def _tiny_llama(num_layers: int):
+    """A float32 Llama of random weights (seeded), with kvengine's attention (bf16r needs it: mixed dtypes)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvengine.attention import ATTN_IMPLEMENTATION  # bf16r needs kvengine's attention (mixed dtypes)
+    from kvengine.attention import ATTN_IMPLEMENTATION
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
     config._attn_implementation = ATTN_IMPLEMENTATION
-    model = residual_f32(LlamaForCausalLM(config).eval())
+    return LlamaForCausalLM(config).eval()
+
+
+def test_residual_f32_keeps_the_stream_in_f32_and_matmuls_in_bf16():
+    model = residual_f32(_tiny_llama(2))
+    config = model.config
     layer = model.model.layers[0]
     assert layer.self_attn.q_proj.weight.dtype == torch.bfloat16 and layer.mlp.down_proj.weight.dtype == torch.bfloat16
     assert layer.input_layernorm.weight.dtype == torch.float32 and model.model.embed_tokens.weight.dtype == torch.float32
@@ -82,7 +88,7 @@ def test_residual_f32_keeps_the_stream_in_f32_and_matmuls_in_bf16():
     assert cache.layers[0].values.dtype == torch.bfloat16 and cache.layers[0].keys.dtype == torch.float32
     assert out.logits.dtype == torch.float32
     with pytest.raises(ValueError, match="float32"):
-        residual_f32(LlamaForCausalLM(config).to(torch.bfloat16))
+        residual_f32(_tiny_llama(1).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 576), (1, 13, 576), (2, 300, 96)])
@@ -118,15 +124,7 @@ def test_bf16_linear_with_f32_output_falls_back_to_an_f32_matmul_where_onednn_ha
 
 
 def test_residual_f32_gives_exact_outputs_to_every_linear_but_v_proj_and_the_head():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from kvengine.attention import ATTN_IMPLEMENTATION
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
-    config._attn_implementation = ATTN_IMPLEMENTATION
-    model = residual_f32(LlamaForCausalLM(config).eval())
+    model = residual_f32(_tiny_llama(1))
     x = torch.randn(1, 5, 32)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     for module in (attn.q_proj, attn.k_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj):

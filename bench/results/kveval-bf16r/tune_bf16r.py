@@ -8,17 +8,14 @@ today's bf16 and bf16r, on SQuAD scopes the final kveval run never sees (article
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import time
 
 import torch
 
+from bench.tuning import divergence, f32_references, parser
 from kvengine import make_backend
-from kvengine.divergence import AnswerDivergence, DivergenceSummary
-from kvengine.kveval.data import build_packed_scopes, load_squad, sample_questions
-from kvengine.kveval.runner import DEFAULT_QUESTION_TEMPLATE
 
 
 def _round_in(module, args):
@@ -48,28 +45,10 @@ def emulated(f32, *, weights: bool, inputs: bool, outputs: bool, only: tuple[str
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--squad-file", required=True)
-    p.add_argument("--skip", type=int, default=20)
-    p.add_argument("--scopes", type=int, default=2)
-    p.add_argument("--questions", type=int, default=24)
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--only", default="", help="semicolon-separated variant names")
-    p.add_argument("--out", default="")
-    a = p.parse_args()
+    a = parser(scopes=2, questions=24, only_sep=";").parse_args()
     torch.set_num_threads(1)
     f32 = make_backend("transformers", dtype="f32", device="cpu")
-    scopes = build_packed_scopes(load_squad(a.squad_file)[a.skip:], 1024, f32.count_tokens, num_scopes=a.scopes)
-    picked = sample_questions(scopes, a.questions, seed=1024)
-    print("scopes:", [(s.article, s.num_tokens) for s in scopes], "questions:", len(picked), flush=True)
-    refs = []
-    for scope in scopes:
-        cart = f32.compile(list(scope.paragraphs))
-        for s, q in picked:
-            if s is scope:
-                prompt = DEFAULT_QUESTION_TEMPLATE.format(question=q.question)
-                ans = f32.answer(cart, prompt, max_new_tokens=a.max_new_tokens)
-                refs.append((scope, prompt, ans.token_ids, f32.answer_logprobs(cart, prompt, ans.token_ids)))
+    refs = f32_references(f32, a)
     import kvengine.precision as precision
 
     def bf16r_with(exact_outputs):
@@ -98,14 +77,7 @@ def main() -> None:
             continue
         backend = make()
         start = time.perf_counter()
-        answers = []
-        for scope in scopes:
-            cart = backend.compile(list(scope.paragraphs))
-            for s, prompt, ids, ref_logp in refs:
-                if s is scope:
-                    answers.append(AnswerDivergence.of(ref_logp, backend.answer_logprobs(cart, prompt, ids), identical=False))
-        d = DivergenceSummary.of(answers).as_dict()
-        d.pop("identical")
+        d, _ = divergence(backend, refs)
         d["seconds"] = round(time.perf_counter() - start, 1)
         results[name] = d
         print(f"{name}: mean KL {d['mean_kl']:.3e} p95 {d['p95_kl']:.3e} first {d['first_token_mean_kl']:.3e} "
@@ -113,7 +85,7 @@ def main() -> None:
         del backend
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"scopes": [(s.article, s.num_tokens) for s in scopes], "questions": len(refs), "results": results}, f, indent=1)
+            json.dump({"scopes": [(s.article, s.num_tokens) for s in refs.scopes], "questions": len(refs.refs), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

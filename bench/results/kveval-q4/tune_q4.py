@@ -10,7 +10,6 @@ formats' bits per value (codes + group parameters) over f32's 32, the exact firs
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -19,10 +18,8 @@ import torch
 import kvengine.payload as payload
 import kvengine.quant as quant
 import kvengine.transformers_backend as tb
+from bench.tuning import divergence, f32_references, parser
 from kvengine import make_backend
-from kvengine.divergence import AnswerDivergence, DivergenceSummary
-from kvengine.kveval.data import build_packed_scopes, load_squad, sample_questions
-from kvengine.kveval.runner import DEFAULT_QUESTION_TEMPLATE
 
 ROPE = {"theta": 100000.0, "first": 0}  # set by main() from the model config, and per part by the patched part_store
 
@@ -170,59 +167,28 @@ tb.part_store = _part_store_at
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--squad-file", required=True)
-    p.add_argument("--skip", type=int, default=20, help="articles (file order) left out: the final run's")
-    p.add_argument("--scopes", type=int, default=4)
-    p.add_argument("--questions", type=int, default=48)
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--only", default="", help="comma-separated candidate names")
-    p.add_argument("--out", default="")
-    a = p.parse_args()
+    a = parser(scopes=4, questions=48, only_sep=";").parse_args()
     torch.set_num_threads(1)
     f32 = make_backend("transformers", dtype="f32", device="cpu")
     ROPE["theta"] = float(getattr(f32.model.config, "rope_theta", None) or f32.model.config.rope_parameters["rope_theta"])
-    articles = load_squad(a.squad_file)[a.skip:]
-    scopes = build_packed_scopes(articles, 1024, f32.count_tokens, num_scopes=a.scopes)
-    picked = sample_questions(scopes, a.questions, seed=1024)
-    print("scopes:", [(s.article, s.num_tokens) for s in scopes], "questions:", len(picked), flush=True)
-    refs, f32_sizes = [], {}
-    for scope in scopes:
-        cart = f32.compile(list(scope.paragraphs))
-        f32_sizes[scope.article] = len(f32.dumps(cart))
-        for s, q in picked:
-            if s is scope:
-                prompt = DEFAULT_QUESTION_TEMPLATE.format(question=q.question)
-                ans = f32.answer(cart, prompt, max_new_tokens=a.max_new_tokens)
-                refs.append((scope, prompt, ans.token_ids, f32.answer_logprobs(cart, prompt, ans.token_ids)))
+    refs = f32_references(f32, a)
     results = {}
-    only = [n for n in a.only.split(",") if n]
+    only = [n for n in a.only.split(";") if n]
     for name, (spec, bits) in CANDIDATES.items():
         if only and name not in only:
             continue
         patch(spec)
-        q4 = f32.variant(quant="q4")
         start = time.perf_counter()
-        answers, size, f32_size = [], 0, 0
-        for scope in scopes:
-            cart = q4.compile(list(scope.paragraphs))
-            if spec is None:
-                size += len(q4.dumps(cart))
-                f32_size += f32_sizes[scope.article]
-            for s, prompt, ids, ref_logp in refs:
-                if s is scope:
-                    answers.append(AnswerDivergence.of(ref_logp, q4.answer_logprobs(cart, prompt, ids), identical=False))
-        d = DivergenceSummary.of(answers).as_dict()
-        d.pop("identical")
+        d, size = divergence(f32.variant(quant="q4"), refs)
         d["bits_per_value"] = bits
-        d["size_vs_f32"] = size / f32_size if spec is None else None if bits is None else bits / 32
+        d["size_vs_f32"] = size if spec is None else None if bits is None else bits / 32  # a fake format's bytes mean nothing
         d["seconds"] = round(time.perf_counter() - start, 1)
         results[name] = d
         print(f"{name}: mean KL {d['mean_kl']:.3e} p95 {d['p95_kl']:.3e} max {d['max_kl']:.3e} first {d['first_token_mean_kl']:.3e} "
               f"top1 {100 * d['top1_per_position']:.2f}% ({d['num_positions']} pos) bits {bits} size {d['size_vs_f32']} {d['seconds']}s", flush=True)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"scopes": [(s.article, s.num_tokens) for s in scopes], "questions": len(refs), "results": results}, f, indent=1)
+            json.dump({"scopes": [(s.article, s.num_tokens) for s in refs.scopes], "questions": len(refs.refs), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
