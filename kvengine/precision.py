@@ -5,8 +5,9 @@ bf16 with an f32 residual stream ("bf16r")
 Today's bf16 holds the hidden state between blocks in bf16: every residual add rounds the stream to
 8 mantissa bits, 60 times over SmolLM2's 30 layers, and those errors compound. bf16r keeps in float32 the
 stream (embedding output, every residual add), every RMSNorm and its weight, the rotary embedding of
-queries and keys (q_proj/k_proj outputs are cast up before rope) and the SwiGLU product (gate_proj/up_proj
-outputs), and casts to bf16 only at the inputs of the matmuls: q/k/v/o and the MLP projections run in bf16
+queries and keys (q_proj/k_proj outputs are f32 before rope) and the SwiGLU product (gate_proj/up_proj
+outputs; since format 6 all these outputs are the matmuls' exact f32 accumulators, below), and casts to bf16
+only at the inputs of the matmuls: q/k/v/o and the MLP projections run in bf16
 (oneDNN accumulates in f32). The KV state is bf16 (the same 0.5x cartridge size: payload.build_payload
 casts the prefill's f32 keys), and attention runs in bf16 (attention.py casts the query and keys to the
 values' dtype). The LM head (tied to the embedding on SmolLM2) runs in f32 over the f32 final norm.
@@ -27,8 +28,9 @@ matmuls on the CPU); v_proj's output is the bf16 KV, one rounding either way. bf
 2.2e-4 with rounded outputs, 1.7e-4 with exact q/k/gate/up, 1.4e-4 with all but v_proj (chosen; 1.4e-4 with
 v_proj too); today's bf16: 1.2e-3.
 
-This is done with forward hooks on the standard modules (nn.Linear by name; the exact-output ones get their own forward), so it works for Llama-style
-models (Llama, Qwen2, Mistral: q_proj/k_proj/gate_proj/up_proj) with no copy of their forward code; it
+This is done with forward hooks on the standard modules (nn.Linear by name; the exact-output ones get their own
+forward), so it works for Llama-style models (Llama, Qwen2, Mistral: q_proj/k_proj/gate_proj/up_proj) with no
+copy of their forward code; it
 needs kvengine's attention (models.load_model always loads it) for the mixed query/value dtypes.
 """
 from __future__ import annotations
@@ -40,7 +42,9 @@ import torch
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "bf16r": torch.bfloat16, "f16": torch.float16}
 RESIDUAL_F32_DTYPES = frozenset({"bf16r"})  # dtypes whose hidden stream stays float32 (module docstring)
-F32_OUTPUTS = ("q_proj", "k_proj", "gate_proj", "up_proj")  # outputs kept f32: rope, the SwiGLU product (Llama, Qwen2, Mistral names)
+# outputs cast up to f32 (rope, the SwiGLU product) when they are not in EXACT_OUTPUTS: format 5's bf16r, which
+# bench/precision_speed.py and tune_bf16r.py still build (EXACT_OUTPUTS emptied) to compare against
+F32_OUTPUTS = ("q_proj", "k_proj", "gate_proj", "up_proj")
 # linear layers whose f32 output is the matmul's own f32 accumulator, not its bf16 rounding (module docstring);
 # v_proj is left out: its output is the bf16 KV, one rounding either way
 EXACT_OUTPUTS = ("q_proj", "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
