@@ -60,7 +60,8 @@ q8 64 rotated (1e-5, top-1 per position 100% against 99.7%) are both far below i
 64-value groups and its 0.266x size, with the rotation (until format 5, above). Format 2 (64-value groups, no rotation) is below.
 
 Both are asymmetric (a float16 zero point at the group minimum and a float16 step; q4's values since format 6:
-an integer zero code), grouped 16 (q8, format 5) or 64 (q4, format 6; 32 before) values at a time, and grouped the way each tensor's outliers run (as in KIVI, Liu et al. 2024):
+an integer zero code), grouped 16 (q8, format 5) or 64 (q4, format 6; 32 before) values at a time, and grouped
+the way each tensor's outliers run (as in KIVI, Liu et al. 2024):
 
 - keys: per channel, groups of ``GROUP_SIZE`` consecutive tokens (a few key channels carry large values at
   every position; per-token groups would spend the whole 8 or 4 bits' range on them). This cut the key
@@ -75,9 +76,10 @@ its ends are within half a step of the group's extremes (the zero code is rounde
 
 Sizes relative to float32 (scale + zero = 4 bytes a group): q8 = (16 + 4) / 64 = 0.3125 (format 5; 0.266
 with format 4's 64-value groups), q4 = ((40 + 4) + (32 + 3)) / 512 = 0.154 (format 6: 64 keys of 5 bits with a
-float16 step and zero, 64 values of 4 bits with a float16 step and a uint8 zero code; 0.156 before; key groups along tokens round the token count
-up to the group length for their parameters only, not for the codes). Rotated values must stay inside float16's range (65504; a rotation can grow a value
-sqrt(head_dim) times): quantize() raises ValueError otherwise; KV states are far smaller.
+float16 step and zero, 64 values of 4 bits with a float16 step and a uint8 zero code; 0.156 before; key groups
+along tokens round the token count up to the group length for their parameters only, not for the codes).
+Rotated values must stay inside float16's range (65504; a rotation can grow a value sqrt(head_dim) times):
+quantize() raises ValueError otherwise; KV states are far smaller.
 Work is done in float32 whatever the cartridge dtype, and dequantized values are cast to the serving dtype.
 
 Cartridges keep their first ``EXACT_PREFIX_TOKENS`` positions unquantized (quantize_kv / dequantize_kv).
@@ -253,8 +255,8 @@ def quantize(x: torch.Tensor, quant: str, *, axis: str) -> dict[str, torch.Tenso
         shifted = ((xg - zero.float().unsqueeze(-1)) / safe.unsqueeze(-1)).round()
     if x.numel() and not (x.abs().amax() < 65504 and torch.isfinite(zero).all() and torch.isfinite(scale).all()):
         raise ValueError("KV values are too large for float16 quantization parameters (|x| * sqrt(head_dim) must stay below 65504)")
-    q = torch.where(scale.float().unsqueeze(-1) > 0, shifted, zero.float().unsqueeze(-1) if INT_ZERO[(quant, axis)] else 0.0)
-    q = _ungrouped(q.clamp(0, levels).to(torch.uint8), axis, x.shape[-2]).contiguous()  # [..., T, D]
+    # a zero step means a constant group: its values sit on the zero point, which ``shifted`` already is there
+    q = _ungrouped(shifted.clamp(0, levels).to(torch.uint8), axis, x.shape[-2]).contiguous()  # [..., T, D]
     return {"q": pack(q, bits), "scale": scale, "zero": zero}
 
 
