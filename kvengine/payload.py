@@ -6,11 +6,13 @@ Stored tensors of each part (a full block or the tail, blocks.py; the whole file
 
 - quant "none": ``k`` and ``v``;
 - q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``{kv}.exact`` (the leading positions,
-  unquantized), ``.q`` (packed codes: q8 one a byte; q4's keys 5 bits and values 4 bits, quant.pack), ``.scale``
-  (float16) and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are quantized per
-  channel (their outliers sit in fixed channels), values per token (see quant.py).
-Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]``, so a part's header names 2 or 8
-tensors, not 60 or 240 (a 256-token block's header would otherwise be ~20 KB).
+  unquantized), ``.bits`` (uint8, each layer's code bits: q8 8; q4 a plan's, quant.bit_plan, since format 7),
+  ``.q`` (every layer's packed codes, quant.pack, flattened and concatenated in layer order: layers differ in
+  width), ``.scale`` (float16) and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are
+  quantized per channel (their outliers sit in fixed channels), values per token (see quant.py).
+Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]`` (``.q`` and ``.bits`` since format 7:
+see above), so a part's header names 2 or 10 tensors, not 60 or 300 (a 256-token block's header would otherwise
+be ~20 KB).
 
 A quantized cartridge serves its dequantized state, so compile() and loads() give the same answers. The names,
 dtypes and shapes here are the file format (format.py writes them): changing them changes cartridge bytes.
@@ -26,13 +28,13 @@ import torch
 from .errors import CorruptCartridgeError
 from .format import RawTensor, join_tensors
 from .kvcache import KvState
-from .quant import EXACT_PREFIX_TOKENS, dequantize_kv, quantize_kv
+from .quant import EXACT_PREFIX_TOKENS, KINDS, dequantize_kv, quantize_kv
 
 # torch dtype <-> safetensors dtype name, for every dtype a cartridge stores
 ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
 TORCH_FROM_ST = {name: dtype for dtype, name in ST_DTYPES.items()}
-QUANT_PARTS = ("exact", "q", "scale", "zero")  # see quant.quantize_kv
-QUANT_AXIS = {"k": "channel", "v": "token"}  # keys per channel, values per token (see quant.py)
+QUANT_PARTS = ("exact", "q", "scale", "zero", "bits")  # see quant.quantize_kv
+QUANT_AXIS = KINDS  # keys per channel, values per token (see quant.py)
 
 
 @dataclass
@@ -99,12 +101,15 @@ def quantized_names() -> list[str]:
 
 
 def quantize_layers(
-    keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], quant: str, *, exact: int = EXACT_PREFIX_TOKENS
+    keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], quant: str, *, exact: int = EXACT_PREFIX_TOKENS,
+    plan: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, RawTensor]:
-    """Quantize per-layer keys and values, stacked, into their stored parts (the first ``exact`` positions kept)."""
+    """Quantize per-layer keys and values, stacked, into their stored parts (the first ``exact`` positions kept),
+    each layer with its ``plan`` bits (quant.bit_plan; None: quant.AXIS_BITS')."""
     stored = {}
     for kv, tensors in (("k", keys), ("v", values)):
-        for part, part_tensor in quantize_kv(torch.stack(list(tensors)), quant, axis=QUANT_AXIS[kv], exact=exact).items():
+        bits = plan[kv] if plan is not None else None
+        for part, part_tensor in quantize_kv(torch.stack(list(tensors)), quant, axis=QUANT_AXIS[kv], exact=exact, bits=bits).items():
             stored[f"{kv}.{part}"] = to_raw(part_tensor)
     return stored
 
@@ -112,7 +117,8 @@ def quantize_layers(
 def dequantize_layers(
     stored: Mapping[str, RawTensor], num_layers: int, quant: str, dtype: torch.dtype, device: str
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Invert quantize_layers(): per-layer keys and values in ``dtype`` on ``device``; KeyError if a part is missing."""
+    """Invert quantize_layers(): per-layer keys and values in ``dtype`` on ``device``; KeyError if a part is missing,
+    ValueError if the parts do not fit each other."""
     out = []
     for kv in "kv":
         parts = {part: from_raw(stored[f"{kv}.{part}"]).to(device) for part in QUANT_PARTS}
@@ -124,7 +130,8 @@ def dequantize_layers(
 
 
 def part_store(
-    keys: list[torch.Tensor], values: list[torch.Tensor], *, quant: str, dtype: torch.dtype, device: str, first_position: int
+    keys: list[torch.Tensor], values: list[torch.Tensor], *, quant: str, dtype: torch.dtype, device: str, first_position: int,
+    plan: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[dict[str, RawTensor] | None, list[torch.Tensor], list[torch.Tensor]]:
     """One part's freshly computed KV: its stored tensors (None when unquantized) and what it serves.
 
@@ -136,7 +143,7 @@ def part_store(
     if quant == "none":
         return None, keys, values
     exact = max(0, EXACT_PREFIX_TOKENS - first_position)
-    stored = quantize_layers(keys, values, quant, exact=exact)
+    stored = quantize_layers(keys, values, quant, exact=exact, plan=plan)
     keys, values = dequantize_layers(stored, len(keys), quant, dtype, device)
     return stored, keys, values
 
@@ -154,6 +161,8 @@ def part_serve(
             keys, values = dequantize_layers(tensors, num_layers, quant, dtype, device)
     except KeyError as exc:
         raise CorruptCartridgeError(f"cartridge lacks the tensor {exc.args[0]!r}; the file is incomplete") from None
+    except ValueError as exc:
+        raise CorruptCartridgeError(f"cartridge part's quantized tensors do not fit each other: {exc}") from None
     if any(tensor.shape[-2] != num_tokens or tensor.dtype != dtype for tensor in keys + values):
         raise CorruptCartridgeError("cartridge tensors do not match the header's token counts and dtype")
     expected = quantized_names() if quant != "none" else ["k", "v"]

@@ -1,4 +1,17 @@
-"""KV quantization for stored cartridges: q8 (8-bit) and q4 (4-bit values, 5-bit keys, bit-packed).
+"""KV quantization for stored cartridges: q8 (8-bit) and q4 (4-bit values, 5-bit keys on average, bit-packed).
+
+Format 7 (issue 16, "q4 that holds"): q4's bits differ by layer, spent where the divergence is, the total kept.
+On format 6's q4, quantizing one of SmolLM2's 30 layers alone (keys at 4 bits or values at 3, the rest exact) gave
+a mean KL per position from 1.5e-6 to 7.1e-4: layers 18 and 23 carried ~60% of the keys' divergence and ~40% of
+the values' (bench/results/kveval-q4/calibrate_q4.py, sensitivity_k.json / sensitivity_v.json; articles 21-24).
+A plan moves bits between layers, keys and values by those measurements, at the same total bits, so the same
+size (calibrate_q4.py's allocate: a bit quarters a layer's divergence; greedy moves while they lower the sum):
+SmolLM2's keys get 3-7 bits, its values 3-6. On held-out articles (25-28 and 29-32) that lowered the fake-quantized
+mean KL from 8.3e-4 to 5.6e-4 and from 1.05e-3 to 5.8e-4 (validate_skip24.json, validate_skip28.json). A plan
+belongs to one model's weights (q4_plans.json, keyed by the weights fingerprint): bit_plan() gives every other
+model format 6's uniform 5 and 4 bits. Each quantized part stores its layers' bits ("bits"), so a cartridge decodes
+without the plan; its codes are packed per layer (pack(): bits * head_dim / 8 bytes a row, format 6's layout
+at 4 and 5 bits) and concatenated in layer order.
 
 Format 6 (issue 16, "q4 that holds"): q4 spends its bits where the error is. Measured with the teacher-forced
 divergence on 4 budget-1024 SQuAD scopes of articles 21-24 (never those of the 200-question kveval run), 48
@@ -74,7 +87,7 @@ round-trip error is at most half a step: ``|x - x̂| <= scale / 2`` with ``zero 
 ``-zero * scale`` over ``2**bits - 1`` steps with ``scale >= (max(group, 0) - min(group, 0)) / (2**bits - 1)``;
 its ends are within half a step of the group's extremes (the zero code is rounded), so the bound is the same.
 
-Sizes relative to float32 (scale + zero = 4 bytes a group): q8 = (16 + 4) / 64 = 0.3125 (format 5; 0.266
+Sizes relative to float32 (scale + zero = 4 bytes a group; q4's are its average bits since format 7): q8 = (16 + 4) / 64 = 0.3125 (format 5; 0.266
 with format 4's 64-value groups), q4 = ((40 + 4) + (32 + 3)) / 512 = 0.154 (format 6: 64 keys of 5 bits with a
 float16 step and zero, 64 values of 4 bits with a float16 step and a uint8 zero code; 0.156 before; key groups
 along tokens round the token count up to the group length for their parameters only, not for the codes).
@@ -93,6 +106,12 @@ disagreements with f32 on kv_speed's 52 probes into none, and 2 of 64 on SQuAD s
 """
 from __future__ import annotations
 
+import functools
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
 import torch
 
 EXACT_PREFIX_TOKENS = 4  # leading positions kept in the cartridge's own dtype (see the module docstring)
@@ -108,6 +127,33 @@ AXIS_BITS = {("q8", "token"): 8, ("q8", "channel"): 8, ("q4", "token"): 4, ("q4"
 INT_ZERO = {("q8", "token"): False, ("q8", "channel"): False, ("q4", "token"): True, ("q4", "channel"): False}
 # rotate along head_dim by an orthonormal Hadamard matrix before grouping (when head_dim is a power of two)
 ROTATE: dict[tuple[str, str], bool] = {(q, axis): True for q in BITS for axis in AXES}
+KINDS = {"k": "channel", "v": "token"}  # a cartridge's stored kinds and their axes: keys per channel, values per token
+PLANS_FILE = Path(__file__).with_name("q4_plans.json")  # q4's calibrated per-layer bits, by weights fingerprint (format 7)
+PLAN_BITS = range(2, 9)  # the bits a plan may give a layer's keys or values
+
+
+@functools.cache
+def _plans() -> dict[str, dict]:
+    with PLANS_FILE.open(encoding="utf-8") as f:
+        return json.load(f)["plans"]
+
+
+def bit_plan(quant: str, num_layers: int, weights_fingerprint: str = "") -> dict[str, tuple[int, ...]]:
+    """Per layer, the bits of each stored kind ("k": keys, "v": values) of a ``quant`` cartridge.
+
+    q4 (format 7): the plan calibrated for these exact weights in q4_plans.json (bench/results/kveval-q4/
+    calibrate_q4.py: each layer's measured divergence decides its bits, the total kept), else every layer at
+    AXIS_BITS (keys 5, values 4). q8: 8 everywhere. ValueError if a plan does not fit the model.
+    """
+    _check(quant, "token")
+    plan = {kind: (AXIS_BITS[(quant, axis)],) * num_layers for kind, axis in KINDS.items()}
+    found = _plans().get(weights_fingerprint) if quant == "q4" else None
+    if found is None:
+        return plan
+    calibrated = {kind: tuple(int(b) for b in found[kind]) for kind in KINDS}
+    if any(len(bits) != num_layers or not set(bits) <= set(PLAN_BITS) for bits in calibrated.values()):
+        raise ValueError(f"the q4 plan for weights {weights_fingerprint[:12]} does not fit a {num_layers}-layer model ({PLANS_FILE.name})")
+    return calibrated
 
 
 def group_size(head_dim: int, quant: str = "q8") -> int:
@@ -143,48 +189,41 @@ def _f16_down(v: torch.Tensor) -> torch.Tensor:
     return torch.where(h.float() > v, torch.nextafter(h, torch.full_like(h, float("-inf"))), h)
 
 
-def _check(quant: str, axis: str) -> int:
+def _check(quant: str, axis: str, bits: int | None = None) -> int:
+    """The bits of a code: ``bits`` (a plan's: 2-8, q8's only 8) or AXIS_BITS'; ValueError for anything else."""
     if quant not in BITS:
         raise ValueError(f"`quant` has to be one of {list(BITS)} but got {quant!r}")
     if axis not in AXES:
         raise ValueError(f"`axis` has to be one of {list(AXES)} but got {axis!r}")
-    return AXIS_BITS[(quant, axis)]
+    if bits is None:
+        return AXIS_BITS[(quant, axis)]
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in PLAN_BITS or (quant == "q8" and bits != 8):
+        raise ValueError(f"`bits` has to be {'8' if quant == 'q8' else 'one of 2-8'} for {quant} but got {bits!r}")
+    return bits
 
 
 def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack uint8 codes [..., D] (D even) of 8, 5 or 4 bits along the last axis.
+    """Pack uint8 codes [..., D] of ``bits`` bits (1-8; D a multiple of 8 below 8 bits) along the last axis.
 
-    4 bits: two codes a byte, the even channel in the low nibble (format 5's layout). 5 bits: the low 4 bits so,
-    then the fifth bits as one plane, 8 channels a byte (channel 8j + i in bit i of byte j; D padded with zero bits
-    to a multiple of 8): D/2 + ceil(D/8) bytes. Both are plain uint8 shifts, no wider temporaries.
+    8 bits: one a byte. From 4 bits: the low 4 bits two codes a byte, the even channel in the low nibble (format
+    5's layout), then bits 4.. as one bit plane each; below 4: a plane per bit. A plane holds channel 8j + i in
+    bit i of byte j. Either way a row is bits * D / 8 bytes (format 6's 4 and 5 bits are this layout).
     """
     if bits == 8:
         return q
-    if bits not in (4, 5):
-        raise ValueError(f"`bits` has to be 4, 5 or 8 but got {bits}")
+    if not 1 <= bits < 8:
+        raise ValueError(f"`bits` has to be 1-8 but got {bits}")
     *lead, d = q.shape
-    if d % 2:
-        raise ValueError(f"`head_dim` has to be even for {bits}-bit packing but got {d}")
-    low = q & 0x0F
-    nibbles = low[..., 0::2] | (low[..., 1::2] << 4)
-    if bits == 4:
-        return nibbles
-    high = q >> 4
     if d % 8:
-        high = torch.cat([high, high.new_zeros(*lead, -d % 8)], dim=-1)
-    high = high.reshape(*lead, high.shape[-1] // 8, 8)
-    plane = high[..., 0]
-    for i in range(1, 8):
-        plane = plane | (high[..., i] << i)
-    return torch.cat([nibbles, plane], dim=-1)
-
-
-def _five_bit_width(width: int) -> int:
-    """The D of a 5-bit packed row ``width`` bytes wide (D/2 + ceil(D/8) == width, D even)."""
-    for half in range(max(0, 4 * width // 5 - 2), 4 * width // 5 + 3):
-        if half + -(-half // 4) == width:
-            return 2 * half
-    raise ValueError(f"{width} bytes is not the width of a 5-bit packed row")
+        raise ValueError(f"`head_dim` has to be a multiple of 8 for {bits}-bit packing but got {d}")
+    rows = []
+    if bits >= 4:
+        low = q & 0x0F
+        rows.append(low[..., 0::2] | (low[..., 1::2] << 4))
+    for bit in range(4 if bits >= 4 else 0, bits):
+        plane = ((q >> bit) & 1).reshape(*lead, d // 8, 8)
+        rows.append((plane << _BIT_SHIFTS.to(q.device)).sum(-1, dtype=torch.uint8))
+    return torch.cat(rows, dim=-1)
 
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -192,18 +231,26 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return packed
     *lead, width = packed.shape
-    d = 2 * width if bits == 4 else _five_bit_width(width)
-    nibbles = packed[..., : d // 2]
-    q = torch.empty(*lead, d, dtype=torch.uint8, device=packed.device)
-    q[..., 0::2] = nibbles & 0x0F
-    q[..., 1::2] = nibbles >> 4
-    if bits == 5:  # each plane byte looked up as its 8 channels' fifth bits (16 or 0)
-        plane = packed[..., d // 2:].reshape(-1).int()
-        q |= _FIFTH_BITS.to(packed.device).index_select(0, plane).reshape(*lead, (width - d // 2) * 8)[..., :d]
+    if not 1 <= bits < 8 or width % bits:  # bits * D / 8 bytes, D a multiple of 8
+        raise ValueError(f"{width} bytes is not a row of {bits}-bit codes")
+    d = 8 * width // bits
+    q = torch.zeros(*lead, d, dtype=torch.uint8, device=packed.device)
+    offset = 0
+    if bits >= 4:
+        nibbles = packed[..., : d // 2]
+        q[..., 0::2] = nibbles & 0x0F
+        q[..., 1::2] = nibbles >> 4
+        offset = d // 2
+    table = _PLANE_BITS.to(packed.device)
+    for bit in range(4 if bits >= 4 else 0, bits):  # each plane byte looked up as its 8 channels' bits
+        plane = packed[..., offset : offset + d // 8].reshape(-1).int()
+        q |= table.index_select(0, plane).reshape(*lead, d) << bit
+        offset += d // 8
     return q
 
 
-_FIFTH_BITS = (((torch.arange(256)[:, None] >> torch.arange(8)) & 1) << 4).to(torch.uint8)  # byte -> 8 x (bit << 4)
+_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)
+_PLANE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).to(torch.uint8)  # byte -> its 8 bits
 
 
 def _grouped(x: torch.Tensor, axis: str, quant: str) -> torch.Tensor:
@@ -228,13 +275,14 @@ def _ungrouped(xg: torch.Tensor, axis: str, num_tokens: int) -> torch.Tensor:
     return xt.transpose(-1, -2)
 
 
-def quantize(x: torch.Tensor, quant: str, *, axis: str) -> dict[str, torch.Tensor]:
+def quantize(x: torch.Tensor, quant: str, *, axis: str, bits: int | None = None) -> dict[str, torch.Tensor]:
     """Quantize ``x`` [..., num_tokens, head_dim] into parts "q" (packed codes), "scale" (float16) and "zero".
 
     "zero" is the group's float16 minimum, or (INT_ZERO) the uint8 code that stands for 0 on a grid from
     min(group, 0) to max(group, 0). Either way every value lies within half a step of its dequantized value.
+    ``bits``: the codes' bits (a plan's, bit_plan()); None: AXIS_BITS'.
     """
-    bits = _check(quant, axis)
+    bits = _check(quant, axis, bits)
     levels = 2**bits - 1
     x = x.float()
     rot = _rotation(quant, axis, x.shape[-1], x.device)
@@ -260,9 +308,9 @@ def quantize(x: torch.Tensor, quant: str, *, axis: str) -> dict[str, torch.Tenso
     return {"q": pack(q, bits), "scale": scale, "zero": zero}
 
 
-def codes(parts: dict[str, torch.Tensor], quant: str, axis: str) -> torch.Tensor:
+def codes(parts: dict[str, torch.Tensor], quant: str, axis: str, bits: int | None = None) -> torch.Tensor:
     """The integer codes [..., T, D] (unpacked)."""
-    return unpack(parts["q"], _check(quant, axis))
+    return unpack(parts["q"], _check(quant, axis, bits))
 
 
 def expand(param: torch.Tensor, axis: str, shape: torch.Size | tuple[int, ...], quant: str = "q8") -> torch.Tensor:
@@ -278,10 +326,9 @@ def _rotation(quant: str, axis: str, head_dim: int, device: torch.device) -> tor
     return None if rot is None else rot.to(device)
 
 
-def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *, axis: str) -> torch.Tensor:
-    """Invert quantize(): return [..., T, head_dim] in ``dtype``."""
-    _check(quant, axis)
-    q = codes(parts, quant, axis)
+def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *, axis: str, bits: int | None = None) -> torch.Tensor:
+    """Invert quantize() (with the same ``bits``): return [..., T, head_dim] in ``dtype``."""
+    q = codes(parts, quant, axis, bits)
     if INT_ZERO[(quant, axis)]:
         x = (q.float() - expand(parts["zero"], axis, q.shape, quant)) * expand(parts["scale"], axis, q.shape, quant)
     else:
@@ -292,14 +339,66 @@ def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *
     return x.to(dtype)
 
 
-def quantize_kv(x: torch.Tensor, quant: str, *, axis: str, exact: int = EXACT_PREFIX_TOKENS) -> dict[str, torch.Tensor]:
-    """quantize() all but the first ``exact`` positions of ``x`` [..., T, D]; part "exact" keeps those as they are."""
+def quantize_kv(
+    x: torch.Tensor, quant: str, *, axis: str, exact: int = EXACT_PREFIX_TOKENS, bits: Sequence[int] | None = None
+) -> dict[str, torch.Tensor]:
+    """quantize() all but the first ``exact`` positions of ``x`` [layers, ..., T, D], layer i with ``bits[i]`` bits
+    (None: AXIS_BITS' for all). Parts: "exact" (those positions as they are), "bits" (uint8, per layer), "scale"
+    and "zero" (stacked by layer) and "q": every layer's packed codes (quant.pack), flattened and concatenated
+    in layer order (a plan's layers differ in width, format 7). Layers with equal bits are quantized together.
+    """
     exact = min(exact, x.shape[-2])
-    parts = quantize(x[..., exact:, :], quant, axis=axis)
-    parts["exact"] = x[..., :exact, :].contiguous()
-    return parts
+    bits = tuple(bits) if bits is not None else (AXIS_BITS[(quant, axis)],) * x.shape[0]
+    if len(bits) != x.shape[0]:
+        raise ValueError(f"`bits` has to give each of the {x.shape[0]} layers its bits but gives {len(bits)}")
+    rest = x[:, ..., exact:, :]
+    flat: list[torch.Tensor | None] = [None] * len(bits)
+    scale: torch.Tensor | None = None
+    zero: torch.Tensor | None = None
+    for b in sorted(set(bits)):
+        index = [i for i, layer_bits in enumerate(bits) if layer_bits == b]
+        parts = quantize(rest if len(index) == len(bits) else rest[index], quant, axis=axis, bits=b)
+        if scale is None or zero is None:
+            scale = parts["scale"].new_empty(len(bits), *parts["scale"].shape[1:])
+            zero = parts["zero"].new_empty(len(bits), *parts["zero"].shape[1:])
+        scale[index], zero[index] = parts["scale"], parts["zero"]
+        for row, i in enumerate(index):
+            flat[i] = parts["q"][row].reshape(-1)
+    assert scale is not None and zero is not None  # at least one layer
+    return {
+        "exact": x[:, ..., :exact, :].contiguous(), "q": torch.cat(flat),  # type: ignore[arg-type]
+        "scale": scale, "zero": zero, "bits": torch.tensor(bits, dtype=torch.uint8),
+    }
 
 
 def dequantize_kv(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *, axis: str) -> torch.Tensor:
-    """Invert quantize_kv(): the exact positions followed by the dequantized rest, [..., T, D] in ``dtype``."""
-    return torch.cat([parts["exact"].to(dtype), dequantize(parts, quant, dtype, axis=axis)], dim=-2)
+    """Invert quantize_kv(): the exact positions followed by the dequantized rest, [layers, ..., T, D] in ``dtype``.
+
+    ValueError if the parts do not fit each other (layer count, bits, byte count).
+    """
+    exact, packed = parts["exact"], parts["q"].reshape(-1)
+    num_layers, lead, d = exact.shape[0], tuple(exact.shape[1:-2]), exact.shape[-1]
+    bits = [int(b) for b in parts["bits"].tolist()]
+    if len(bits) != num_layers or parts["scale"].shape[0] != num_layers or parts["zero"].shape[0] != num_layers:
+        raise ValueError(f"quantized parts disagree on the layer count ({num_layers} exact, {len(bits)} bits)")
+    for b in set(bits):
+        _check(quant, axis, b)
+    widths = [d if b == 8 else b * d // 8 for b in bits]
+    per_token = math.prod(lead) * sum(widths)
+    num_tokens = packed.numel() // per_token if per_token else 0
+    if num_tokens * per_token != packed.numel():
+        raise ValueError(f"{packed.numel()} code bytes are not a whole number of positions of {per_token} bytes")
+    chunks = packed.split([math.prod(lead) * num_tokens * w for w in widths])
+    out = torch.empty(num_layers, *lead, exact.shape[-2] + num_tokens, d, dtype=dtype, device=packed.device)
+    out[..., : exact.shape[-2], :] = exact
+    for b in sorted(set(bits)):
+        index = [i for i, layer_bits in enumerate(bits) if layer_bits == b]
+        width = d if b == 8 else b * d // 8
+        if len(index) == num_layers:  # one width: the codes are already [layers, ..., T, width]
+            group = {"q": packed.view(num_layers, *lead, num_tokens, width), "scale": parts["scale"], "zero": parts["zero"]}
+            out[..., exact.shape[-2]:, :] = dequantize(group, quant, dtype, axis=axis, bits=b)
+            break
+        group = {"q": torch.stack([chunks[i] for i in index]).view(len(index), *lead, num_tokens, width),
+                 "scale": parts["scale"][index], "zero": parts["zero"][index]}
+        out[index, ..., exact.shape[-2]:, :] = dequantize(group, quant, dtype, axis=axis, bits=b)
+    return out

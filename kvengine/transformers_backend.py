@@ -65,6 +65,7 @@ from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
+from .quant import bit_plan
 
 DEFAULT_FIDELITY_TOKENS = 16  # fidelity()'s answer length when the caller gives none
 
@@ -119,6 +120,7 @@ class TransformersKvBackend(KvBackend):
             device=device,
             max_context_tokens=self.max_context_tokens,
         )
+        self._plan = self._bit_plan(quant)
 
     def variant(self, *, dtype: str | None = None, quant: str | None = None) -> TransformersKvBackend:
         """A backend for the same model with another dtype and/or quant, sharing the weights when dtype is equal."""
@@ -132,7 +134,16 @@ class TransformersKvBackend(KvBackend):
             other.model = cast_model(copy.deepcopy(self.model), dtype).eval()
             other._batching = {"lock": threading.Lock(), "batcher": None}  # another model: its own batcher
         other._description = dataclasses.replace(self._description, dtype=dtype, quant=quant)
+        other._plan = other._bit_plan(quant)
         return other
+
+    def _bit_plan(self, quant: str) -> dict[str, tuple[int, ...]] | None:
+        """Each layer's code bits for keys and values when quantized (quant.bit_plan: q4's calibrated plan for these
+        weights, if any); None when not quantized."""
+        if quant == "none":
+            return None
+        num_layers = self.model.config.get_text_config().num_hidden_layers
+        return bit_plan(quant, num_layers, self._description.weights_fingerprint)
 
     # -- contract ---------------------------------------------------------------------------------
     def describe(self) -> BackendDescription:
@@ -192,7 +203,9 @@ class TransformersKvBackend(KvBackend):
             for index in range(num_reused, num_blocks + 1):  # the last one is the tail
                 begin, end = bounds[index], bounds[index + 1]
                 keys, values = self._prefill_part(ids[begin:end], cache)
-                part_stored, keys, values = part_store(keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device, first_position=begin)
+                part_stored, keys, values = part_store(
+                    keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device, first_position=begin, plan=self._plan
+                )
                 if index < num_blocks:  # the tail is the last part: nothing attends to it here
                     cache.commit(keys, values)
                 served.append((keys, values))

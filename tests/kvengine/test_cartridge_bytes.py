@@ -42,31 +42,34 @@ MEMORIES = [
 # (its f32 matmuls split across threads in another order), so they are pinned per thread count: a rebuild is
 # byte-identical only under the thread count of the compile. The AMD (Zen 3) pins of format 5 were dropped: they
 # can no longer match, and no AMD machine was at hand to record format 6's.
+# FORMAT_VERSION 7 (issue 16: q4's bits per layer from a calibrated plan; every quantized part stores its layers' bits
+# and its codes flattened by layer) changed every digest again: recomputed on 2026-11-30 on the same Intel Xeon kind,
+# 1 and 2 threads, with the same pattern (tiny models and SmolLM2's bf16r alike, SmolLM2's f32/q8/q4 per thread count).
 TINY_XEON = {
-    "qwen2:f32:none": "57e6f2b7c43e539fe5d3b5f73038183e867514c7d806f615f71857ca1c319670",
-    "qwen2:f32:q8": "009b82e2aac5d02e21edd615cd0510224318173018b1a20aa4cc5946cd15f9bd",
-    "qwen2:f32:q4": "bf9bbae62861fa4bea0ab5643bfdb9bbf4d2c3fe840c3d7b853cf0aca4b6cf1b",
-    "qwen2:bf16:none": "6609478639a47b3ef277e15548caa086000b6d0f4e464b7c5e3d84217e4180c6",
-    "qwen2:bf16:q8": "8837dca3dd271832b9e99f3d2537daa7ed41672c85224a73bd3faef7a7d2a95e",
-    "qwen2:bf16:q4": "bf23c73cdcd8a65fdc060cd3d408058a99a7b2a206d10f05e9687eb9d3761ae8",
-    "gpt2:f32:none": "5a44c0798ec4518e2a30b30d23b7b946d928b42ca8a238a9f05d266e748a08e2",
-    "gpt2:f32:q8": "a0be5a46d6dad7a3c1e334d2c373decd90e14e935a5b1f6fe25dacbf0bceed70",
-    "gpt2:f32:q4": "90ae769698abfe903ca1c03478f34195c86d32f57afeac1b393f71ffa7eb5a8a",
-    "gpt2:bf16:none": "0e1ad9a6d0ce1f1173fe799462b3d330732d53cf6558364ef4d407ce7e3ed191",
-    "gpt2:bf16:q8": "82963120425f126d65bb232fd85218fc51b4ab4e6ac39186088f733d79a479f5",
-    "gpt2:bf16:q4": "4e413052a04745d81b72e61a2b66a5d72394957dc1efd8ab49348071cf75bd98",
+    "qwen2:f32:none": "5d22a32eaa6d38ab0a6114022c7fa22662622feecadb3ec04d10a2f550b867e6",
+    "qwen2:f32:q8": "c0454443d299955c037dccaa0bdbbaa8e7f4358bdf9e2d8c849cf98cb79b933f",
+    "qwen2:f32:q4": "92a37c2793e3a35b95d6a5957c01cad5571d1d5e02cd5fdc77a4eb280bc45bab",
+    "qwen2:bf16:none": "51653c02088d25ed4cc2f9fa1f660248502eb9845dcfe346ca17141475ade125",
+    "qwen2:bf16:q8": "01d556859a61eb206b9c9e022a2fc89c36ef767edd61aa8b2aae9e7439203157",
+    "qwen2:bf16:q4": "fc57c0961e7fa6f27192df92321f0f38c1398faa9a43dd4eef6b77fe96d5246b",
+    "gpt2:f32:none": "645fd40ff1dc6e9e096dc9a643d614a926828d14c846fe551abade9d852cd02a",
+    "gpt2:f32:q8": "a321e84425ce08a3599fce3112c9794c4a4caec08df81c499bc108ce8795271a",
+    "gpt2:f32:q4": "9957b22b87b612faba38821c50a4fda53da02b1963a46fb8fba553f7fdbad7fd",
+    "gpt2:bf16:none": "91892736db30009c7e7d95c878b4910810c7e1ee9e9374d9b3e51b1db624edd0",
+    "gpt2:bf16:q8": "c8ccf94cecc20c8daee16e4bb868900dfc5c7daf8152102b6a0f73cc8dd201a6",
+    "gpt2:bf16:q4": "6bd98aca5035ebe43618494969dc05402cfa8f10a99c0ac6cfb9a8300e8074ef",
 }
 SMOLLM2_XEON_1_THREAD = {
-    "none": "7159e29270f11db0f70e0d173e99e1228fb043a7d30ef453de34672b83ffd4b7",
-    "q8": "f74f1b50369c1a0f6cf980700015a1cd77e1dfc6952b0a736dd3bf562445af7a",
-    "q4": "5a41d7fadef5c41b5ab964e9e87b7f344d63c5dd612588f5e062a5d84078ed9b",
-    "bf16r": "f55b52612ecd9169f143a4387b5217cf7152605eefe109c0506c004b700bfd58",
+    "none": "9f96ed47ee75187b57ffc0bbfd3ab8806d697e68bbc92a9e59a8fdfa345f5506",
+    "q8": "555af191bfe7c35b4bb02b74034ee98d2940377ecd2cced053ee928b23115f28",
+    "q4": "dd420829e244d9a3d7da7b9b8e852ba49948d16a72f840d96849bb8d272130bd",
+    "bf16r": "7767d925c80bbe17d01f1e763fed12a0ce33714a95b0b7cc5d6b6b29cae1dc66",
 }
 SMOLLM2_XEON_2_THREADS = {
-    "none": "c75f01eae7c46845beb2282b9040afee97f9b6ee102cefecdb66b882a884cc12",
-    "q8": "effa2f5d74b9595b2df5f949ab190fb4bdaf0020800d0eec28c9eeef00e2da2f",
-    "q4": "94c3419df630f36aaf8822429bc9b1a926bba78d8b0ca6977b1bcdadacce7048",
-    "bf16r": "f55b52612ecd9169f143a4387b5217cf7152605eefe109c0506c004b700bfd58",
+    "none": "71430f3116309a7043b4a575370122c0b4018a049af1531624ef7385099a3588",
+    "q8": "bd5057d2754c042bd05074a6332668ae27ccfda62886888ec8424fc2273a6768",
+    "q4": "0ec818f9b43b85113ad287020c65a07fc9a32f617f67b2697c83cef25586bde5",
+    "bf16r": "7767d925c80bbe17d01f1e763fed12a0ce33714a95b0b7cc5d6b6b29cae1dc66",
 }
 
 

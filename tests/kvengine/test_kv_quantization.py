@@ -29,7 +29,7 @@ def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
     bits, int_zero = quant_module.AXIS_BITS[(quant, axis)], quant_module.INT_ZERO[(quant, axis)]
     assert back.shape == original.shape and parts["q"].dtype == torch.uint8
     d = original.shape[-1]
-    assert parts["q"].shape[-1] == {8: d, 4: d // 2, 5: d // 2 + -(-d // 8)}[bits]  # packed (quant.pack)
+    assert parts["q"].shape[-1] == bits * d // 8  # packed (quant.pack)
     rot = hadamard(original.shape[-1]) if quant_module.ROTATE[(quant, axis)] else None
     # the grid bounds hold in the rotated space (format 3); H is orthonormal, so the L2 error carries over
     x = original @ rot if rot is not None else original
@@ -90,27 +90,79 @@ def test_it_keeps_zeros_exact_and_constant_groups_exact_or_within_half_a_step(mo
                 assert torch.equal(back, x)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
-@pytest.mark.parametrize("head_dim", [64, 20, 12, 2])
-def test_packing_round_trips_and_keeps_the_nibble_layout_for_4_bits(bits, head_dim):
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("head_dim", [64, 16, 8])
+def test_packing_round_trips_in_bits_times_head_dim_over_8_bytes_and_keeps_format_5s_nibbles(bits, head_dim):
     from kvengine.quant import pack, unpack
 
     q = torch.randint(0, 2**bits, (2, 3, 7, head_dim), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
     packed = pack(q, bits)
-    width = {8: head_dim, 4: head_dim // 2, 5: head_dim // 2 + -(-head_dim // 8)}[bits]
-    assert packed.shape == (2, 3, 7, width) and packed.dtype == torch.uint8
+    assert packed.shape == (2, 3, 7, bits * head_dim // 8) and packed.dtype == torch.uint8
     assert torch.equal(unpack(packed, bits), q)
     assert unpack(pack(q[:, :, :0], bits), bits).shape == (2, 3, 0, head_dim)  # no tokens
-    if bits in (4, 5):  # format 5's layout for the low 4 bits: the even channel in the low nibble
+    planes = 0
+    if 4 <= bits < 8:  # format 5's layout for the low 4 bits: the even channel in the low nibble
         low = q & 0x0F
         assert torch.equal(packed[..., : head_dim // 2], low[..., 0::2] | (low[..., 1::2] << 4))
-    if bits == 5:  # then the fifth bits, channel 8j + i in bit i of byte j
-        assert ((packed[..., head_dim // 2] >> 1) & 1).tolist() == ((q[..., 1] >> 4) & 1).tolist()
-    if bits != 8:
-        with pytest.raises(ValueError, match="even"):
-            pack(torch.zeros(1, 1, 7, dtype=torch.uint8), bits)
-    with pytest.raises(ValueError, match="bits"):
-        pack(q, 6)
+        planes = head_dim // 2
+    if bits < 8:  # then one plane per further bit, channel 8j + i in bit i of byte j
+        first = 4 if bits >= 4 else 0
+        for bit in range(first, bits):
+            start = planes + (bit - first) * head_dim // 8
+            assert ((packed[..., start] >> 1) & 1).tolist() == ((q[..., 1] >> bit) & 1).tolist()
+            last = start + head_dim // 8 - 1  # the plane's last byte: channel head_dim - 1 in its bit 7
+            assert ((packed[..., last] >> 7) & 1).tolist() == ((q[..., -1] >> bit) & 1).tolist()
+        with pytest.raises(ValueError, match="multiple of 8"):
+            pack(torch.zeros(1, 1, 12, dtype=torch.uint8), bits)
+        with pytest.raises(ValueError, match="row"):
+            unpack(torch.zeros(1, 1, bits * 8 + 1, dtype=torch.uint8), bits) if bits > 1 else unpack(packed, 9)
+
+
+def test_a_plan_gives_each_layer_its_bits_and_its_error():
+    from kvengine.quant import dequantize_kv, quantize_kv
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 2, 150, 64) * torch.linspace(0.1, 8, 64)  # [layers, 1, heads, tokens, head_dim]
+    for axis in ("token", "channel"):
+        parts = quantize_kv(x, "q4", axis=axis, bits=[3, 8, 5, 3])
+        assert parts["bits"].tolist() == [3, 8, 5, 3] and parts["q"].dim() == 1
+        assert parts["q"].numel() == 2 * (150 - 4) * (3 + 8 + 5 + 3) * 64 // 8  # each layer's width, no padding
+        back = dequantize_kv(parts, "q4", torch.float32, axis=axis)
+        assert back.shape == x.shape
+        err = [(back[i, ..., 4:, :] - x[i, ..., 4:, :]).pow(2).mean() for i in range(4)]
+        assert err[1] < err[2] / 16 < err[0] / 64  # 3 more bits: 1/64 of the squared error, or less
+        uniform = quantize_kv(x, "q4", axis=axis)
+        five = 5 if axis == "channel" else 4
+        assert uniform["bits"].tolist() == [five] * 4
+        with pytest.raises(ValueError, match="layers"):
+            quantize_kv(x, "q4", axis=axis, bits=[4, 4])
+        with pytest.raises(ValueError, match="bits"):
+            quantize_kv(x, "q8", axis=axis, bits=[4, 8, 8, 8])  # q8 is 8 bits everywhere
+        with pytest.raises(ValueError, match="bits"):
+            quantize_kv(x, "q4", axis=axis, bits=[1, 4, 4, 4])
+        cut = dict(parts, q=parts["q"][:-1])  # a byte short: refused, not read as other positions
+        with pytest.raises(ValueError, match="whole number"):
+            dequantize_kv(cut, "q4", torch.float32, axis=axis)
+        with pytest.raises(ValueError, match="layer count"):
+            dequantize_kv(dict(parts, bits=parts["bits"][:3]), "q4", torch.float32, axis=axis)
+
+
+def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(monkeypatch, tmp_path):
+    import json
+
+    from kvengine.quant import bit_plan
+
+    plans = json.loads(quant_module.PLANS_FILE.read_text())["plans"]
+    assert plans, "q4_plans.json holds SmolLM2's calibrated plan"
+    for fingerprint, plan in plans.items():
+        got = bit_plan("q4", len(plan["k"]), fingerprint)
+        assert got == {"k": tuple(plan["k"]), "v": tuple(plan["v"])}
+        # the size stays format 6's: the same bits in total, only placed where the divergence is
+        assert sum(got["k"]) + sum(got["v"]) == len(plan["k"]) * (5 + 4)
+        assert bit_plan("q8", len(plan["k"]), fingerprint) == {"k": (8,) * len(plan["k"]), "v": (8,) * len(plan["k"])}
+        with pytest.raises(ValueError, match="does not fit"):
+            bit_plan("q4", len(plan["k"]) + 1, fingerprint)
+    assert bit_plan("q4", 2, "another model") == {"k": (5, 5), "v": (4, 4)}
 
 
 def test_q4_keys_get_five_bits_and_about_a_quarter_of_the_squared_error_of_four():

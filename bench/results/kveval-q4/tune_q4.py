@@ -137,7 +137,7 @@ def patch(spec: dict | None) -> None:
     def dequantize_kv(parts, q, dtype, *, axis):
         return torch.cat([parts["exact"].to(dtype), parts["deq"].to(dtype)], dim=-2)
 
-    def quantize_layers(keys, values, q, *, exact=quant.EXACT_PREFIX_TOKENS):
+    def quantize_layers(keys, values, q, *, exact=quant.EXACT_PREFIX_TOKENS, plan=None):  # a candidate's bits, not a plan's
         out = {}
         for kv, t in (("k", keys), ("v", values)):
             for part, tensor in quantize_kv(torch.stack(list(t)), q, axis=payload.QUANT_AXIS[kv], exact=exact).items():
