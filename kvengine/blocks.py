@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from .base import CartridgeHeader, canonical_json
 from .format import FORMAT_VERSION, BlockRef, write_block_part, write_tail_part
+from .plans import calibrated_plan
 
 BLOCK_SIZE = 256  # tokens per full block (transformers backend); a multiple of every quantization group length
 # A lookup of stored block parts by block id (None: not stored). compile() reuses the longest run of
@@ -66,8 +67,14 @@ class TrustedPart:
 
 
 def key_digest(compat_key: dict[str, str]) -> str:
-    """The digest of a compatibility key and the file format version (a block id's and a version's key)."""
-    return hashlib.sha256(canonical_json({**compat_key, "format_version": FORMAT_VERSION}).encode()).hexdigest()
+    """The digest of a compatibility key and the file format version (a block id's and a version's key), and of q4's
+    calibrated bits per layer when the weights have a plan (quant.calibrated_plan): a block quantized under another
+    plan gets another id, so a recalibration never mixes old blocks into a new version."""
+    key: dict = {**compat_key, "format_version": FORMAT_VERSION}
+    plan = calibrated_plan(compat_key.get("quant", ""), compat_key.get("weights_fingerprint", ""))
+    if plan is not None:
+        key["bit_plan"] = plan
+    return hashlib.sha256(canonical_json(key).encode()).hexdigest()
 
 
 def block_id(*, parent: str, key: str, block_size: int, first_position: int, token_ids: Sequence[int]) -> str:

@@ -28,7 +28,7 @@ import torch
 from .errors import CorruptCartridgeError
 from .format import RawTensor, join_tensors
 from .kvcache import KvState
-from .quant import EXACT_PREFIX_TOKENS, KINDS, dequantize_kv, quantize_kv
+from .quant import EXACT_PREFIX_TOKENS, INT_ZERO, KINDS, dequantize_kv, group_size, quantize_kv, token_group
 
 # torch dtype <-> safetensors dtype name, for every dtype a cartridge stores
 ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
@@ -148,11 +148,39 @@ def part_store(
     return stored, keys, values
 
 
+def _check_stored(tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, kv_shape: tuple[int, int]) -> None:
+    """Refuse a part whose tensors' dtypes and shapes are not the ones the model and the header imply, before any is
+    decoded (a forged ``head_dim`` would otherwise size a Hadamard matrix, a forged ``bits`` the code split)."""
+    heads, head_dim = kv_shape
+    if quant == "none":
+        for kv in "kv":
+            if tensors[kv].shape != (num_layers, 1, heads, num_tokens, head_dim):
+                raise CorruptCartridgeError(f"cartridge tensor {kv!r} has the shape {tensors[kv].shape}, not the model's")
+        return
+    for kv, axis in KINDS.items():
+        exact = tensors[f"{kv}.exact"]
+        bits = tensors[f"{kv}.bits"]
+        if len(exact.shape) != 5 or exact.shape[:3] != (num_layers, 1, heads) or exact.shape[4] != head_dim or exact.shape[3] > num_tokens:
+            raise CorruptCartridgeError(f"cartridge tensor {kv + '.exact'!r} has the shape {exact.shape}, not the model's")
+        if bits.dtype != "U8" or bits.shape != (num_layers,) or tensors[f"{kv}.q"].dtype != "U8" or len(tensors[f"{kv}.q"].shape) != 1:
+            raise CorruptCartridgeError(f"cartridge tensors {kv + '.bits'!r} and {kv + '.q'!r} are not one uint8 row each")
+        rest = num_tokens - exact.shape[3]
+        groups = (head_dim, -(-rest // token_group(quant))) if axis == "channel" else (rest, head_dim // group_size(head_dim, quant))
+        zero_dtype = "U8" if INT_ZERO[(quant, axis)] else "F16"
+        for name, dtype in (("scale", "F16"), ("zero", zero_dtype)):
+            raw = tensors[f"{kv}.{name}"]
+            if raw.dtype != dtype or raw.shape != (num_layers, 1, heads, *groups):
+                raise CorruptCartridgeError(f"cartridge tensor {kv + '.' + name!r} is {raw.dtype} {raw.shape}, not the format's")
+
+
 def part_serve(
-    tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, dtype: torch.dtype, device: str
+    tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, dtype: torch.dtype, device: str,
+    kv_shape: tuple[int, int],
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The served keys and values of one stored part; CorruptCartridgeError if its tensors do not fit."""
+    """The served keys and values of one stored part; CorruptCartridgeError if its tensors do not fit (``kv_shape``:
+    the model's KV heads and head_dim)."""
     try:
+        _check_stored(tensors, num_layers=num_layers, num_tokens=num_tokens, quant=quant, kv_shape=kv_shape)
         if quant == "none":
             keys, values = (list(from_raw(tensors[kv]).to(device).unbind(0)) for kv in "kv")
             if len(keys) != num_layers or len(values) != num_layers:
@@ -161,7 +189,9 @@ def part_serve(
             keys, values = dequantize_layers(tensors, num_layers, quant, dtype, device)
     except KeyError as exc:
         raise CorruptCartridgeError(f"cartridge lacks the tensor {exc.args[0]!r}; the file is incomplete") from None
-    except ValueError as exc:
+    except CorruptCartridgeError:
+        raise
+    except (ValueError, RuntimeError, IndexError, TypeError, ZeroDivisionError, OverflowError) as exc:  # what the checks missed
         raise CorruptCartridgeError(f"cartridge part's quantized tensors do not fit each other: {exc}") from None
     if any(tensor.shape[-2] != num_tokens or tensor.dtype != dtype for tensor in keys + values):
         raise CorruptCartridgeError("cartridge tensors do not match the header's token counts and dtype")

@@ -106,13 +106,12 @@ disagreements with f32 on kv_speed's 52 probes into none, and 2 of 64 on SQuAD s
 """
 from __future__ import annotations
 
-import functools
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
+
+from .plans import PLANS_FILE, calibrated_plan
 
 EXACT_PREFIX_TOKENS = 4  # leading positions kept in the cartridge's own dtype (see the module docstring)
 GROUP_SIZE = 16  # q8's group length, both axes (format 5; 64 before; q4's is Q4_GROUP_SIZE; module docstring)
@@ -128,14 +127,7 @@ INT_ZERO = {("q8", "token"): False, ("q8", "channel"): False, ("q4", "token"): T
 # rotate along head_dim by an orthonormal Hadamard matrix before grouping (when head_dim is a power of two)
 ROTATE: dict[tuple[str, str], bool] = {(q, axis): True for q in BITS for axis in AXES}
 KINDS = {"k": "channel", "v": "token"}  # a cartridge's stored kinds and their axes: keys per channel, values per token
-PLANS_FILE = Path(__file__).with_name("q4_plans.json")  # q4's calibrated per-layer bits, by weights fingerprint (format 7)
 PLAN_BITS = range(2, 9)  # the bits a plan may give a layer's keys or values
-
-
-@functools.cache
-def _plans() -> dict[str, dict]:
-    with PLANS_FILE.open(encoding="utf-8") as f:
-        return json.load(f)["plans"]
 
 
 def bit_plan(quant: str, num_layers: int, weights_fingerprint: str = "") -> dict[str, tuple[int, ...]]:
@@ -147,7 +139,7 @@ def bit_plan(quant: str, num_layers: int, weights_fingerprint: str = "") -> dict
     """
     _check(quant, "token")
     plan = {kind: (AXIS_BITS[(quant, axis)],) * num_layers for kind, axis in KINDS.items()}
-    found = _plans().get(weights_fingerprint) if quant == "q4" else None
+    found = calibrated_plan(quant, weights_fingerprint)
     if found is None:
         return plan
     calibrated = {kind: tuple(int(b) for b in found[kind]) for kind in KINDS}

@@ -120,6 +120,9 @@ class TransformersKvBackend(KvBackend):
             device=device,
             max_context_tokens=self.max_context_tokens,
         )
+        text = self.model.config.get_text_config()
+        heads = text.num_attention_heads
+        self.kv_shape = (getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or text.hidden_size // heads)
         self._plan = self._bit_plan(quant)
 
     def variant(self, *, dtype: str | None = None, quant: str | None = None) -> TransformersKvBackend:
@@ -142,6 +145,8 @@ class TransformersKvBackend(KvBackend):
         weights, if any); None when not quantized."""
         if quant == "none":
             return None
+        if quant == "q4" and self.kv_shape[1] % 8:
+            raise ConfigError(f"quant 'q4' packs codes 8 channels a byte: it needs a head_dim that is a multiple of 8, not {self.kv_shape[1]}")
         num_layers = self.model.config.get_text_config().num_hidden_layers
         return bit_plan(quant, num_layers, self._description.weights_fingerprint)
 
@@ -192,7 +197,10 @@ class TransformersKvBackend(KvBackend):
                     data.data if trusted else data, block_id=block_id_, first_position=first, num_tokens=size, compat_key=compat,
                     digest_checked=trusted,
                 )
-                keys, values = part_serve(tensors, num_layers=num_layers, num_tokens=size, quant=self.quant, dtype=self.torch_dtype, device=self.device)
+                keys, values = part_serve(
+                    tensors, num_layers=num_layers, num_tokens=size, quant=self.quant, dtype=self.torch_dtype, device=self.device,
+                    kv_shape=self.kv_shape,
+                )
                 refs.append(ref)
                 served.append((keys, values))
                 stored.append(dict(tensors) if self.quant != "none" else None)
@@ -600,7 +608,10 @@ class TransformersKvBackend(KvBackend):
         with torch.inference_mode():
             for index, tensors in enumerate([*blocks, tail]):
                 num = bounds[index + 1] - bounds[index]
-                served.append(part_serve(tensors, num_layers=num_layers, num_tokens=num, quant=self.quant, dtype=self.torch_dtype, device=self.device))
+                served.append(part_serve(
+                    tensors, num_layers=num_layers, num_tokens=num, quant=self.quant, dtype=self.torch_dtype, device=self.device,
+                    kv_shape=self.kv_shape,
+                ))
             stored = [dict(tensors) for tensors in [*blocks, tail]] if self.quant != "none" else None
             payload = payload_of(served, stored, bounds)
         return Cartridge(header=header, payload=payload)

@@ -128,7 +128,10 @@ def test_a_plan_gives_each_layer_its_bits_and_its_error():
         assert parts["bits"].tolist() == [3, 8, 5, 3] and parts["q"].dim() == 1
         assert parts["q"].numel() == 2 * (150 - 4) * (3 + 8 + 5 + 3) * 64 // 8  # each layer's width, no padding
         back = dequantize_kv(parts, "q4", torch.float32, axis=axis)
-        assert back.shape == x.shape
+        assert back.shape == x.shape and torch.equal(back[..., :4, :], x[..., :4, :])
+        for i, b in enumerate([3, 8, 5, 3]):  # each layer is what quantizing it alone with its bits gives
+            alone = dequantize(quantize(x[i, ..., 4:, :], "q4", axis=axis, bits=b), "q4", torch.float32, axis=axis, bits=b)
+            assert torch.allclose(back[i, ..., 4:, :], alone, atol=1e-5 * x.abs().amax())
         err = [(back[i, ..., 4:, :] - x[i, ..., 4:, :]).pow(2).mean() for i in range(4)]
         assert err[1] < err[2] / 16 < err[0] / 64  # 3 more bits: 1/64 of the squared error, or less
         uniform = quantize_kv(x, "q4", axis=axis)
@@ -147,9 +150,11 @@ def test_a_plan_gives_each_layer_its_bits_and_its_error():
             dequantize_kv(dict(parts, bits=parts["bits"][:3]), "q4", torch.float32, axis=axis)
 
 
-def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(monkeypatch, tmp_path):
+def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(monkeypatch):
     import json
 
+    import kvengine.plans
+    from kvengine.blocks import key_digest
     from kvengine.quant import bit_plan
 
     plans = json.loads(quant_module.PLANS_FILE.read_text())["plans"]
@@ -163,6 +168,51 @@ def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(m
         with pytest.raises(ValueError, match="does not fit"):
             bit_plan("q4", len(plan["k"]) + 1, fingerprint)
     assert bit_plan("q4", 2, "another model") == {"k": (5, 5), "v": (4, 4)}
+    # a plan is part of a block's key: after a recalibration no block of the old plan is reused (blocks.py)
+    fingerprint = next(iter(plans))
+    compat = {"backend": "transformers", "weights_fingerprint": fingerprint, "quant": "q4"}
+    before = {q: key_digest({**compat, "quant": q}) for q in ("q4", "q8")}
+    recalibrated = {fingerprint: {"k": [5] * 30, "v": [4] * 30}}
+    monkeypatch.setattr(kvengine.plans, "_plans", lambda: recalibrated)
+    assert key_digest(compat) != before["q4"] and key_digest({**compat, "quant": "q8"}) == before["q8"]
+    # a plan file that does not fit the model or the format is refused, not half-applied
+    for broken in ({"k": [5] * 29, "v": [4] * 30}, {"k": [9] * 30, "v": [4] * 30}, {"k": [5] * 30, "v": [1] * 30}):
+        monkeypatch.setattr(kvengine.plans, "_plans", lambda broken=broken: {fingerprint: broken})
+        with pytest.raises(ValueError, match="does not fit"):
+            bit_plan("q4", 30, fingerprint)
+
+
+def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
+    from kvengine.errors import CorruptCartridgeError
+    from kvengine.format import RawTensor
+    from kvengine.payload import part_serve, quantize_layers
+
+    torch.manual_seed(0)
+    keys = [torch.randn(1, 2, 40, 16) for _ in range(3)]
+    values = [torch.randn(1, 2, 40, 16) for _ in range(3)]
+    plan = {"k": (3, 6, 5), "v": (4, 3, 4)}
+    stored = quantize_layers(keys, values, "q4", exact=4, plan=plan)
+
+    def serve(tensors):
+        return part_serve(tensors, num_layers=3, num_tokens=40, quant="q4", dtype=torch.float32, device="cpu", kv_shape=(2, 16))
+
+    served_keys, _ = serve(stored)
+    assert len(served_keys) == 3 and served_keys[0].shape == (1, 2, 40, 16)
+    f32_bits = RawTensor("F32", (3,), torch.tensor([3.9, 6.2, 5.5]).numpy().tobytes())
+    forgeries = {
+        "float bits": {"k.bits": f32_bits},
+        "bits of another shape": {"k.bits": RawTensor("U8", (3, 1), bytes([3, 6, 5]))},
+        "bits that do not fit the codes": {"k.bits": RawTensor("U8", (3,), bytes([8, 8, 8]))},
+        "bits out of range": {"v.bits": RawTensor("U8", (3,), bytes([0, 9, 4]))},
+        "a huge head_dim": {"k.exact": RawTensor("F32", (3, 1, 2, 0, 65536), b"")},
+        "another head count": {"v.exact": RawTensor("F32", (3, 1, 3, 4, 16), bytes(3 * 3 * 4 * 16 * 4))},
+        "fewer key groups": {"k.scale": RawTensor("F16", (3, 1, 2, 16, 0), b"")},
+        "no value groups": {"v.zero": RawTensor("U8", (3, 1, 2, 36, 0), b"")},
+        "signed codes": {"k.q": RawTensor("I8", stored["k.q"].shape, stored["k.q"].data)},
+    }
+    for forged in forgeries.values():
+        with pytest.raises(CorruptCartridgeError):
+            serve({**stored, **forged})
 
 
 def test_q4_keys_get_five_bits_and_about_a_quarter_of_the_squared_error_of_four():

@@ -196,4 +196,5 @@ def test_q4_stores_smollm2s_calibrated_bits_per_layer_and_refuses_forged_ones(re
     # bits that do not fit the stored codes are refused as corrupt, not read as other numbers
     wrong = dict(tail, **{"k.bits": RawTensor("U8", (num_layers,), bytes([8] * num_layers))})
     with pytest.raises(CorruptCartridgeError, match="do not fit"):
-        part_serve(wrong, num_layers=num_layers, num_tokens=c4.header.num_tokens, quant="q4", dtype=q4.torch_dtype, device="cpu")
+        part_serve(wrong, num_layers=num_layers, num_tokens=c4.header.num_tokens, quant="q4", dtype=q4.torch_dtype, device="cpu",
+                   kv_shape=q4.kv_shape)

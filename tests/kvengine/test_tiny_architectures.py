@@ -160,3 +160,25 @@ def test_an_incremental_compile_is_byte_identical_to_one_from_scratch_in_every_d
                 stored.update({ref.block_id: data for ref, data in parts.blocks})
                 loaded = backend.load_parts(parts.tail, stored.get)
                 assert backend.dumps(loaded) == backend.dumps(scratch)
+
+
+def test_kv_shape_is_the_cartridges_and_q4_refuses_a_head_dim_it_cannot_pack(tiny, tmp_path):
+    keys, _ = tiny.compile(MEMORIES).payload.state.prefix(0)
+    assert tiny.kv_shape == (keys.shape[1], keys.shape[3])  # what part_serve checks stored parts against
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from tests.kvengine.conftest import _tokenizer
+
+    torch.manual_seed(0)
+    tok = _tokenizer(chat=True)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    odd = make_backend("transformers", model=str(tmp_path), dtype="f32", device="cpu")  # head_dim 12
+    assert odd.kv_shape == (2, 12) and odd.variant(quant="q8").kv_shape == (2, 12)
+    with pytest.raises(ConfigError, match="multiple of 8"):
+        odd.variant(quant="q4")
+    with pytest.raises(ConfigError, match="multiple of 8"):
+        make_backend("transformers", model=str(tmp_path), quant="q4", device="cpu")

@@ -1,0 +1,27 @@
+"""q4's calibrated bits per layer (format 7), by the model's weights fingerprint: read from q4_plans.json.
+
+Torch-free, so blocks.key_digest (which the model-free web process imports) can key blocks by the plan they were
+quantized under. quant.bit_plan turns a plan into each layer's bits; bench/results/kveval-q4/calibrate_q4.py writes
+the file (quant.py's docstring says how a plan is chosen).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+PLANS_FILE = Path(__file__).with_name("q4_plans.json")
+KINDS = ("k", "v")  # keys, values
+
+
+@functools.cache
+def _plans() -> dict[str, dict]:
+    with PLANS_FILE.open(encoding="utf-8") as f:
+        return json.load(f)["plans"]
+
+
+def calibrated_plan(quant: str, weights_fingerprint: str) -> dict[str, list[int]] | None:
+    """The calibrated bits per layer {"k": [...], "v": [...]} of ``quant`` for these weights, or None (uniform bits).
+    Part of a block's key (blocks.key_digest): blocks quantized under another plan are never reused."""
+    found = _plans().get(weights_fingerprint) if quant == "q4" else None
+    return None if found is None else {kind: list(found[kind]) for kind in KINDS}
