@@ -106,6 +106,7 @@ disagreements with f32 on kv_speed's 52 probes into none, and 2 of 64 on SQuAD s
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -314,7 +315,13 @@ def expand(param: torch.Tensor, axis: str, shape: torch.Size | tuple[int, ...], 
 
 
 def _rotation(quant: str, axis: str, head_dim: int, device: torch.device) -> torch.Tensor | None:
-    rot = hadamard(head_dim) if ROTATE[(quant, axis)] else None
+    return _hadamard_on(head_dim, str(device)) if ROTATE[(quant, axis)] else None
+
+
+@functools.lru_cache(maxsize=8)
+def _hadamard_on(head_dim: int, device: str) -> torch.Tensor | None:
+    """hadamard() on ``device``, built once (a plan quantizes a part in several calls, one per bit width); read-only."""
+    rot = hadamard(head_dim)
     return None if rot is None else rot.to(device)
 
 
