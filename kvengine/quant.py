@@ -387,16 +387,15 @@ def dequantize_kv(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype
     num_tokens = packed.numel() // per_token if per_token else 0
     if num_tokens * per_token != packed.numel():
         raise ValueError(f"{packed.numel()} code bytes are not a whole number of positions of {per_token} bytes")
+    if len(set(bits)) == 1:  # one width (q8, a uniform q4): the codes are already [layers, ..., T, width]
+        group = {"q": packed.view(num_layers, *lead, num_tokens, widths[0]), "scale": parts["scale"], "zero": parts["zero"]}
+        return torch.cat([exact.to(dtype), dequantize(group, quant, dtype, axis=axis, bits=bits[0])], dim=-2)
     chunks = packed.split([math.prod(lead) * num_tokens * w for w in widths])
     out = torch.empty(num_layers, *lead, exact.shape[-2] + num_tokens, d, dtype=dtype, device=packed.device)
     out[..., : exact.shape[-2], :] = exact
     for b in sorted(set(bits)):
         index = [i for i, layer_bits in enumerate(bits) if layer_bits == b]
         width = d if b == 8 else b * d // 8
-        if len(index) == num_layers:  # one width: the codes are already [layers, ..., T, width]
-            group = {"q": packed.view(num_layers, *lead, num_tokens, width), "scale": parts["scale"], "zero": parts["zero"]}
-            out[..., exact.shape[-2]:, :] = dequantize(group, quant, dtype, axis=axis, bits=b)
-            break
         group = {"q": torch.stack([chunks[i] for i in index]).view(len(index), *lead, num_tokens, width),
                  "scale": parts["scale"][index], "zero": parts["zero"][index]}
         out[index, ..., exact.shape[-2]:, :] = dequantize(group, quant, dtype, axis=axis, bits=b)
