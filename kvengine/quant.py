@@ -8,8 +8,8 @@ A plan moves bits between layers, keys and values by those measurements, at the 
 size (calibrate_q4.py's allocate: a bit quarters a layer's divergence; greedy moves while they lower the sum):
 SmolLM2's keys get 3-7 bits, its values 3-6. On held-out articles (25-28 and 29-32) that lowered the fake-quantized
 mean KL from 8.3e-4 to 5.6e-4 and from 1.05e-3 to 5.8e-4 (validate_skip24.json, validate_skip28.json). A plan
-belongs to one model's weights (q4_plans.json, keyed by the weights fingerprint): bit_plan() gives every other
-model format 6's uniform 5 and 4 bits. Each quantized part stores its layers' bits ("bits"), so a cartridge decodes
+belongs to one model's weights (q4_plans.json, keyed by the weights fingerprint; plans.py): bit_plan() gives every
+other model format 6's uniform 5 and 4 bits, and a plan is part of a block's key (blocks.key_digest). Each quantized part stores its layers' bits ("bits"), so a cartridge decodes
 without the plan; its codes are packed per layer (pack(): bits * head_dim / 8 bytes a row, format 6's layout
 at 4 and 5 bits) and concatenated in layer order.
 
