@@ -44,7 +44,8 @@ import kvengine.payload as payload  # noqa: E402
 import kvengine.quant as quant  # noqa: E402
 from bench.tuning import divergence, f32_references  # noqa: E402
 
-SPEC: dict[tuple[str, int], dict] = {}  # (kind, layer) -> tune_q4.fake kwargs; a layer not named stays exact
+# (kind, layer, head or None: all its heads) -> tune_q4.fake kwargs; what is not named stays exact (heads_q4.py names heads)
+SPEC: dict[tuple[str, int, int | None], dict] = {}
 UNIFORM = {kind: quant.AXIS_BITS[("q4", axis)] for kind, axis in quant.KINDS.items()}  # format 6's bits
 LOWEST = {"k": 3, "v": 3}
 
@@ -61,10 +62,11 @@ def quantize_layers(keys, values, q, *, exact=quant.EXACT_PREFIX_TOKENS, plan=No
         e = min(exact, x.shape[-2])
         rest = x[..., e:, :].float()
         served = rest.clone()
-        for layer in range(x.shape[0]):
-            kw = SPEC.get((kind, layer))
-            if kw is not None:
+        for (spec_kind, layer, head), kw in SPEC.items():
+            if spec_kind == kind and head is None:
                 served[layer] = tune_q4.fake(rest[layer], axis=quant.KINDS[kind], **kw)
+            elif spec_kind == kind:
+                served[layer][:, head] = tune_q4.fake(rest[layer][:, head], axis=quant.KINDS[kind], **kw)
         out[f"{kind}.exact"] = payload.to_raw(x[..., :e, :].contiguous())
         out[f"{kind}.served"] = payload.to_raw(served.contiguous())
     return out
@@ -111,7 +113,7 @@ def measure(a: argparse.Namespace) -> None:
            "mean_kl": []}
     for layer in range(f32.model.config.num_hidden_layers):
         SPEC.clear()
-        SPEC[(a.kind, layer)] = _fake_kwargs(a.kind, bits)
+        SPEC[(a.kind, layer, None)] = _fake_kwargs(a.kind, bits)
         start = time.perf_counter()
         d, _ = divergence(f32.variant(quant="q4"), refs)
         out["mean_kl"].append(d["mean_kl"])
@@ -143,7 +145,7 @@ def validate(a: argparse.Namespace) -> None:
     results = {}
     for name, bits in (("uniform (format 6)", {k: (UNIFORM[k],) * num_layers for k in "kv"}), ("plan (format 7)", plan)):
         SPEC.clear()
-        SPEC.update({(kind, layer): _fake_kwargs(kind, b) for kind in "kv" for layer, b in enumerate(bits[kind])})
+        SPEC.update({(kind, layer, None): _fake_kwargs(kind, b) for kind in "kv" for layer, b in enumerate(bits[kind])})
         d, _ = divergence(f32.variant(quant="q4"), refs)
         results[name] = d
         print(f"{name}: mean KL {d['mean_kl']:.3e} p95 {d['p95_kl']:.3e} top1 {100 * d['top1_per_position']:.2f}%", flush=True)

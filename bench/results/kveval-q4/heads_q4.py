@@ -8,56 +8,45 @@ allocate, a per-head plan is predicted 1.5x below the per-layer plan (not measur
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/heads_q4.py --squad-file /tmp/squad.json \\
         --kind k --out bench/results/kveval-q4/sensitivity_heads_k.json     # and --kind v
 """
+from __future__ import annotations
+
+import argparse
 import json
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).parent))
+import calibrate_q4  # noqa: E402  (this directory's fake-quantizing stand-ins and references)
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-import tune_q4 as T
+from bench.tuning import divergence  # noqa: E402
 
-import kvengine.payload as payload
-import kvengine.quant as quant
-from bench.tuning import divergence, f32_references, parser
-from kvengine import make_backend
 
-SPEC = {}
-
-def quantize_layers(keys, values, q, *, exact=quant.EXACT_PREFIX_TOKENS, plan=None):
-    out = {}
-    for kind, t in (("k", keys), ("v", values)):
-        x = torch.stack(list(t))
-        e = min(exact, x.shape[-2])
-        rest = x[..., e:, :].float()
-        served = rest.clone()
-        for (k2, layer, head), kw in SPEC.items():
-            if k2 == kind:
-                served[layer][:, head] = T.fake(rest[layer][:, head], axis=quant.KINDS[kind], **kw)
-        out[f"{kind}.exact"] = payload.to_raw(x[..., :e, :].contiguous())
-        out[f"{kind}.served"] = payload.to_raw(served.contiguous())
-    return out
-
-def dequantize_layers(stored, num_layers, q, dtype, device):
-    return tuple(list(torch.cat([payload.from_raw(stored[f"{k}.{p}"]).to(dtype) for p in ("exact", "served")], dim=-2).unbind(0)) for k in "kv")
-
-payload.quantize_layers, payload.dequantize_layers = quantize_layers, dequantize_layers
-
-def main():
-    p = parser(scopes=4, questions=48, only_sep=";")
-    p.add_argument("--kind", required=True)
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--squad-file", required=True)
+    p.add_argument("--skip", type=int, default=20)
+    p.add_argument("--scopes", type=int, default=4)
+    p.add_argument("--questions", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--kind", choices=["k", "v"], required=True)
+    p.add_argument("--layers", default="", help="comma-separated layers (default: all)")
+    p.add_argument("--out", required=True)
     a = p.parse_args()
-    torch.set_num_threads(1)
-    f32 = make_backend("transformers", dtype="f32", device="cpu")
-    refs = f32_references(f32, a)
+    f32, refs = calibrate_q4._backend_and_refs(a)
     bits = 4 if a.kind == "k" else 3
+    layers = [int(x) for x in a.layers.split(",")] if a.layers else range(f32.model.config.num_hidden_layers)
+    heads = f32.kv_shape[0]
     res = {}
-    for layer in range(30):
-        for head in range(3):
-            SPEC.clear()
-            SPEC[(a.kind, layer, head)] = dict(bits=bits, group=64, int_zero=(a.kind == "v"))
+    for layer in layers:
+        for head in range(heads):
+            calibrate_q4.SPEC.clear()
+            calibrate_q4.SPEC[(a.kind, layer, head)] = calibrate_q4._fake_kwargs(a.kind, bits)
             d, _ = divergence(f32.variant(quant="q4"), refs)
             res[f"{layer},{head}"] = d["mean_kl"]
             print(a.kind, layer, head, f"{d['mean_kl']:.3e}", flush=True)
-            json.dump(res, open(a.out, "w"))
+            Path(a.out).write_text(json.dumps({"kind": a.kind, "bits": bits, "scopes": [[s.article, s.num_tokens] for s in refs.scopes],
+                                               "questions": len(refs.refs), "mean_kl_by_layer_head": res}, indent=1))
 
-main()
+
+if __name__ == "__main__":
+    main()
