@@ -6,9 +6,9 @@ Stored tensors of each part (a full block or the tail, blocks.py; the whole file
 
 - quant "none": ``k`` and ``v``;
 - q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``{kv}.exact`` (the leading positions,
-  unquantized), ``.bits`` (uint8, each layer's code bits: q8 8; q4 a plan's, quant.bit_plan, since format 7),
-  ``.q`` (every layer's packed codes, quant.pack, flattened and concatenated in layer order: layers differ in
-  width), ``.scale`` (float16) and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are
+  unquantized), ``.bits`` (uint8 [num_layers, num_kv_heads], each head's code bits: q8 8; q4 a plan's,
+  quant.bit_plan, per layer since format 7, per head since format 8), ``.q`` (every head's packed codes,
+  quant.pack, flattened and concatenated in (layer, head) order: heads differ in width), ``.scale`` (float16) and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are
   quantized per channel (their outliers sit in fixed channels), values per token (see quant.py).
 Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]`` (``.q`` and ``.bits`` since format 7:
 see above), so a part's header names 2 or 10 tensors, not 60 or 300 (a 256-token block's header would otherwise
@@ -102,10 +102,10 @@ def quantized_names() -> list[str]:
 
 def quantize_layers(
     keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], quant: str, *, exact: int = EXACT_PREFIX_TOKENS,
-    plan: Mapping[str, Sequence[int]] | None = None,
+    plan: Mapping[str, Sequence] | None = None,
 ) -> dict[str, RawTensor]:
     """Quantize per-layer keys and values, stacked, into their stored parts (the first ``exact`` positions kept),
-    each layer with its ``plan`` bits (quant.bit_plan; None: quant.AXIS_BITS')."""
+    each layer's heads with their ``plan`` bits (quant.bit_plan; None: quant.AXIS_BITS')."""
     stored = {}
     for kv, tensors in (("k", keys), ("v", values)):
         bits = plan[kv] if plan is not None else None
@@ -131,7 +131,7 @@ def dequantize_layers(
 
 def part_store(
     keys: list[torch.Tensor], values: list[torch.Tensor], *, quant: str, dtype: torch.dtype, device: str, first_position: int,
-    plan: Mapping[str, Sequence[int]] | None = None,
+    plan: Mapping[str, Sequence] | None = None,
 ) -> tuple[dict[str, RawTensor] | None, list[torch.Tensor], list[torch.Tensor]]:
     """One part's freshly computed KV: its stored tensors (None when unquantized) and what it serves.
 
@@ -162,7 +162,7 @@ def _check_stored(tensors: Mapping[str, RawTensor], *, num_layers: int, num_toke
         bits = tensors[f"{kv}.bits"]
         if len(exact.shape) != 5 or exact.shape[:3] != (num_layers, 1, heads) or exact.shape[4] != head_dim or exact.shape[3] > num_tokens:
             raise CorruptCartridgeError(f"cartridge tensor {kv + '.exact'!r} has the shape {exact.shape}, not the model's")
-        if bits.dtype != "U8" or bits.shape != (num_layers,) or tensors[f"{kv}.q"].dtype != "U8" or len(tensors[f"{kv}.q"].shape) != 1:
+        if bits.dtype != "U8" or bits.shape != (num_layers, heads) or tensors[f"{kv}.q"].dtype != "U8" or len(tensors[f"{kv}.q"].shape) != 1:
             raise CorruptCartridgeError(f"cartridge tensors {kv + '.bits'!r} and {kv + '.q'!r} are not one uint8 row each")
         rest = num_tokens - exact.shape[3]
         groups = (head_dim, -(-rest // token_group(quant))) if axis == "channel" else (rest, head_dim // group_size(head_dim, quant))

@@ -1,7 +1,8 @@
-"""q4's calibrated bits per layer (format 7), by the model's weights fingerprint: read from q4_plans.json.
+"""q4's calibrated bits per layer and KV head (format 8; per layer in format 7), by the model's weights fingerprint:
+read from q4_plans.json.
 
 Torch-free, so blocks.key_digest (which the model-free web process imports) can key blocks by the plan they were
-quantized under. quant.bit_plan turns a plan into each layer's bits; bench/results/kveval-q4/calibrate_q4.py writes
+quantized under. quant.bit_plan turns a plan into each head's bits; bench/results/kveval-q4/calibrate_q4.py writes
 the file (quant.py's docstring says how a plan is chosen).
 """
 from __future__ import annotations
@@ -20,8 +21,9 @@ def _plans() -> dict[str, dict]:
         return json.load(f)["plans"]
 
 
-def calibrated_plan(quant: str, weights_fingerprint: str) -> dict[str, list[int]] | None:
-    """The calibrated bits per layer {"k": [...], "v": [...]} of ``quant`` for these weights, or None (uniform bits).
+def calibrated_plan(quant: str, weights_fingerprint: str) -> dict[str, list] | None:
+    """The calibrated bits {"k": [...], "v": [...]} of ``quant`` for these weights, or None (uniform bits): per layer,
+    a list of each KV head's bits (or one number for all of them).
     Part of a block's key (blocks.key_digest): blocks quantized under another plan are never reused."""
     found = _plans().get(weights_fingerprint) if quant == "q4" else None
-    return None if found is None else {kind: list(found[kind]) for kind in KINDS}
+    return None if found is None else {kind: list(found.get(kind) or []) for kind in KINDS}  # quant.bit_plan checks it

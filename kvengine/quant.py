@@ -131,21 +131,28 @@ KINDS = {"k": "channel", "v": "token"}  # a cartridge's stored kinds and their a
 PLAN_BITS = range(2, 9)  # the bits a plan may give a layer's keys or values
 
 
-def bit_plan(quant: str, num_layers: int, weights_fingerprint: str = "") -> dict[str, tuple[int, ...]]:
-    """Per layer, the bits of each stored kind ("k": keys, "v": values) of a ``quant`` cartridge.
+def bit_plan(quant: str, num_layers: int, num_heads: int, weights_fingerprint: str = "") -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Per layer and KV head, the bits of each stored kind ("k": keys, "v": values) of a ``quant`` cartridge.
 
-    q4 (format 7): the plan calibrated for these exact weights in q4_plans.json (bench/results/kveval-q4/
-    calibrate_q4.py: each layer's measured divergence decides its bits, the total kept), else every layer at
-    AXIS_BITS (keys 5, values 4). q8: 8 everywhere. ValueError if a plan does not fit the model.
+    q4 (format 8): the plan calibrated for these exact weights in q4_plans.json (bench/results/kveval-q4/
+    calibrate_q4.py: each head's measured divergence decides its bits, the total kept; a plan may also give a
+    whole layer one number), else every head at AXIS_BITS (keys 5, values 4). q8: 8 everywhere. ValueError if a
+    plan does not fit the model.
     """
     _check(quant, "token")
-    plan = {kind: (AXIS_BITS[(quant, axis)],) * num_layers for kind, axis in KINDS.items()}
+    plan = {kind: ((AXIS_BITS[(quant, axis)],) * num_heads,) * num_layers for kind, axis in KINDS.items()}
     found = calibrated_plan(quant, weights_fingerprint)
     if found is None:
         return plan
-    calibrated = {kind: tuple(int(b) for b in found[kind]) for kind in KINDS}
-    if any(len(bits) != num_layers or not set(bits) <= set(PLAN_BITS) for bits in calibrated.values()):
-        raise ValueError(f"the q4 plan for weights {weights_fingerprint[:12]} does not fit a {num_layers}-layer model ({PLANS_FILE.name})")
+    try:
+        calibrated = {kind: tuple(tuple(int(b) for b in (layer if isinstance(layer, list) else [layer] * num_heads)) for layer in found[kind])
+                      for kind in KINDS}
+    except (KeyError, TypeError, ValueError):  # a kind missing, a number that is not one
+        calibrated = {}
+    if not calibrated or any(len(bits) != num_layers or any(len(layer) != num_heads or not set(layer) <= set(PLAN_BITS) for layer in bits)
+                             for bits in calibrated.values()):
+        raise ValueError(f"the q4 plan for weights {weights_fingerprint[:12]} does not fit a {num_layers}-layer model with "
+                         f"{num_heads} KV heads ({PLANS_FILE.name})")
     return calibrated
 
 
@@ -338,65 +345,91 @@ def dequantize(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *
     return x.to(dtype)
 
 
+def _unit_bits(bits: Sequence | torch.Tensor | None, quant: str, axis: str, num_layers: int, heads: int) -> torch.Tensor:
+    """``bits`` as a uint8 [layers, heads] tensor: None (AXIS_BITS' everywhere), one number per layer (all its heads)
+    or a row per layer of one number per head. ValueError if it does not fit or holds a width the format lacks."""
+    if bits is None:
+        return torch.full((num_layers, heads), AXIS_BITS[(quant, axis)], dtype=torch.uint8)
+    rows = [row.tolist() if isinstance(row, torch.Tensor) else row for row in bits]
+    if len(rows) != num_layers:
+        raise ValueError(f"`bits` has to give each of the {num_layers} layers its bits but gives {len(rows)}")
+    table = [list(row) if isinstance(row, (list, tuple)) else [row] * heads for row in rows]
+    if any(len(row) != heads for row in table):
+        raise ValueError(f"`bits` has to give a layer one number or one for each of its {heads} heads")
+    for row in table:
+        for b in row:
+            _check(quant, axis, b)
+    return torch.tensor(table, dtype=torch.uint8)
+
+
 def quantize_kv(
-    x: torch.Tensor, quant: str, *, axis: str, exact: int = EXACT_PREFIX_TOKENS, bits: Sequence[int] | None = None
+    x: torch.Tensor, quant: str, *, axis: str, exact: int = EXACT_PREFIX_TOKENS, bits: Sequence | None = None
 ) -> dict[str, torch.Tensor]:
-    """quantize() all but the first ``exact`` positions of ``x`` [layers, ..., T, D], layer i with ``bits[i]`` bits
-    (None: AXIS_BITS' for all). Parts: "exact" (those positions as they are), "bits" (uint8, per layer), "scale"
-    and "zero" (stacked by layer) and "q": every layer's packed codes (quant.pack), flattened and concatenated
-    in layer order (a plan's layers differ in width, format 7). Layers with equal bits are quantized together.
+    """quantize() all but the first ``exact`` positions of ``x`` [layers, ..., T, D], each head (each row of the
+    lead axes ``...``) of layer i with its own bits: ``bits`` per layer (a number, or one per head), None: AXIS_BITS'.
+
+    Parts: "exact" (those positions as they are), "bits" (uint8 [layers, heads], format 8), "scale" and "zero"
+    (stacked as the heads are) and "q": every head's packed codes [T, bits * D / 8] (quant.pack), flattened and
+    concatenated in (layer, head) order (their widths differ). Heads with equal bits are quantized together.
     """
     exact = min(exact, x.shape[-2])
-    bits = tuple(bits) if bits is not None else (AXIS_BITS[(quant, axis)],) * x.shape[0]
-    if len(bits) != x.shape[0]:
-        raise ValueError(f"`bits` has to give each of the {x.shape[0]} layers its bits but gives {len(bits)}")
-    rest = x[:, ..., exact:, :]
-    flat: list[torch.Tensor | None] = [None] * len(bits)
+    num_layers, lead, (t, d) = x.shape[0], tuple(x.shape[1:-2]), x.shape[-2:]
+    heads = math.prod(lead)
+    table = _unit_bits(bits, quant, axis, num_layers, heads)
+    flat_bits = table.reshape(-1).tolist()
+    units = x[..., exact:, :].reshape(num_layers * heads, t - exact, d)
+    flat: list[torch.Tensor | None] = [None] * len(flat_bits)
     scale: torch.Tensor | None = None
     zero: torch.Tensor | None = None
-    for b in sorted(set(bits)):
-        index = [i for i, layer_bits in enumerate(bits) if layer_bits == b]
-        parts = quantize(rest if len(index) == len(bits) else rest[index], quant, axis=axis, bits=b)
+    for b in sorted(set(flat_bits)):
+        index = [i for i, unit_bits in enumerate(flat_bits) if unit_bits == b]
+        parts = quantize(units if len(index) == len(flat_bits) else units[index], quant, axis=axis, bits=b)
         if scale is None or zero is None:
-            scale = parts["scale"].new_empty(len(bits), *parts["scale"].shape[1:])
-            zero = parts["zero"].new_empty(len(bits), *parts["zero"].shape[1:])
+            scale = parts["scale"].new_empty(len(flat_bits), *parts["scale"].shape[1:])
+            zero = parts["zero"].new_empty(len(flat_bits), *parts["zero"].shape[1:])
         scale[index], zero[index] = parts["scale"], parts["zero"]
         for row, i in enumerate(index):
             flat[i] = parts["q"][row].reshape(-1)
-    assert scale is not None and zero is not None  # at least one layer
+    assert scale is not None and zero is not None  # at least one head
     return {
-        "exact": x[:, ..., :exact, :].contiguous(), "q": torch.cat(flat),  # type: ignore[arg-type]
-        "scale": scale, "zero": zero, "bits": torch.tensor(bits, dtype=torch.uint8),
+        "exact": x[..., :exact, :].contiguous(), "q": torch.cat(flat),  # type: ignore[arg-type]
+        "scale": scale.reshape(num_layers, *lead, *scale.shape[1:]), "zero": zero.reshape(num_layers, *lead, *zero.shape[1:]),
+        "bits": table,
     }
 
 
 def dequantize_kv(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype, *, axis: str) -> torch.Tensor:
     """Invert quantize_kv(): the exact positions followed by the dequantized rest, [layers, ..., T, D] in ``dtype``.
 
-    ValueError if the parts do not fit each other (layer count, bits, byte count).
+    ValueError if the parts do not fit each other (layer or head count, bits, byte count).
     """
     exact, packed = parts["exact"], parts["q"].reshape(-1)
     num_layers, lead, d = exact.shape[0], tuple(exact.shape[1:-2]), exact.shape[-1]
-    bits = [int(b) for b in parts["bits"].tolist()]
-    if len(bits) != num_layers or parts["scale"].shape[0] != num_layers or parts["zero"].shape[0] != num_layers:
-        raise ValueError(f"quantized parts disagree on the layer count ({num_layers} exact, {len(bits)} bits)")
+    heads = math.prod(lead)
+    if tuple(parts["bits"].shape) != (num_layers, heads):
+        raise ValueError(f"quantized parts disagree on the layer or head count ({num_layers} x {heads} exact, bits {tuple(parts['bits'].shape)})")
+    if parts["scale"].shape[: 1 + len(lead)] != exact.shape[:-2] or parts["zero"].shape[: 1 + len(lead)] != exact.shape[:-2]:
+        raise ValueError("quantized parts disagree on the layer or head count (scale, zero)")
+    bits = [int(b) for b in parts["bits"].reshape(-1).tolist()]
     for b in set(bits):
         _check(quant, axis, b)
     widths = [d if b == 8 else b * d // 8 for b in bits]
-    per_token = math.prod(lead) * sum(widths)
+    per_token = sum(widths)
     num_tokens = packed.numel() // per_token if per_token else 0
     if num_tokens * per_token != packed.numel():
         raise ValueError(f"{packed.numel()} code bytes are not a whole number of positions of {per_token} bytes")
     if len(set(bits)) == 1:  # one width (q8, a uniform q4): the codes are already [layers, ..., T, width]
         group = {"q": packed.view(num_layers, *lead, num_tokens, widths[0]), "scale": parts["scale"], "zero": parts["zero"]}
         return torch.cat([exact.to(dtype), dequantize(group, quant, dtype, axis=axis, bits=bits[0])], dim=-2)
-    chunks = packed.split([math.prod(lead) * num_tokens * w for w in widths])
+    chunks = packed.split([num_tokens * w for w in widths])
+    scales = parts["scale"].reshape(len(bits), *parts["scale"].shape[1 + len(lead):])
+    zeros = parts["zero"].reshape(len(bits), *parts["zero"].shape[1 + len(lead):])
     out = torch.empty(num_layers, *lead, exact.shape[-2] + num_tokens, d, dtype=dtype, device=packed.device)
     out[..., : exact.shape[-2], :] = exact
+    rest = out.view(len(bits), exact.shape[-2] + num_tokens, d)[:, exact.shape[-2]:]  # per head, a view of ``out``
     for b in sorted(set(bits)):
-        index = [i for i, layer_bits in enumerate(bits) if layer_bits == b]
+        index = [i for i, unit_bits in enumerate(bits) if unit_bits == b]
         width = d if b == 8 else b * d // 8
-        group = {"q": torch.stack([chunks[i] for i in index]).view(len(index), *lead, num_tokens, width),
-                 "scale": parts["scale"][index], "zero": parts["zero"][index]}
-        out[index, ..., exact.shape[-2]:, :] = dequantize(group, quant, dtype, axis=axis, bits=b)
+        group = {"q": torch.stack([chunks[i] for i in index]).view(len(index), num_tokens, width), "scale": scales[index], "zero": zeros[index]}
+        rest[index] = dequantize(group, quant, dtype, axis=axis, bits=b)
     return out

@@ -140,15 +140,15 @@ class TransformersKvBackend(KvBackend):
         other._plan = other._bit_plan(quant)
         return other
 
-    def _bit_plan(self, quant: str) -> dict[str, tuple[int, ...]] | None:
-        """Each layer's code bits for keys and values when quantized (quant.bit_plan: q4's calibrated plan for these
-        weights, if any); None when not quantized."""
+    def _bit_plan(self, quant: str) -> dict[str, tuple[tuple[int, ...], ...]] | None:
+        """Each layer's and KV head's code bits for keys and values when quantized (quant.bit_plan: q4's calibrated
+        plan for these weights, if any); None when not quantized."""
         if quant == "none":
             return None
         if quant == "q4" and self.kv_shape[1] % 8:
             raise ConfigError(f"quant 'q4' packs codes 8 channels a byte: it needs a head_dim that is a multiple of 8, not {self.kv_shape[1]}")
         num_layers = self.model.config.get_text_config().num_hidden_layers
-        return bit_plan(quant, num_layers, self._description.weights_fingerprint)
+        return bit_plan(quant, num_layers, self.kv_shape[0], self._description.weights_fingerprint)
 
     # -- contract ---------------------------------------------------------------------------------
     def describe(self) -> BackendDescription:

@@ -124,8 +124,8 @@ def test_a_plan_gives_each_layer_its_bits_and_its_error():
     torch.manual_seed(0)
     x = torch.randn(4, 1, 2, 150, 64) * torch.linspace(0.1, 8, 64)  # [layers, 1, heads, tokens, head_dim]
     for axis in ("token", "channel"):
-        parts = quantize_kv(x, "q4", axis=axis, bits=[3, 8, 5, 3])
-        assert parts["bits"].tolist() == [3, 8, 5, 3] and parts["q"].dim() == 1
+        parts = quantize_kv(x, "q4", axis=axis, bits=[3, 8, 5, 3])  # one number per layer: all its heads
+        assert parts["bits"].tolist() == [[3, 3], [8, 8], [5, 5], [3, 3]] and parts["q"].dim() == 1
         assert parts["q"].numel() == 2 * (150 - 4) * (3 + 8 + 5 + 3) * 64 // 8  # each layer's width, no padding
         back = dequantize_kv(parts, "q4", torch.float32, axis=axis)
         assert back.shape == x.shape and torch.equal(back[..., :4, :], x[..., :4, :])
@@ -136,9 +136,11 @@ def test_a_plan_gives_each_layer_its_bits_and_its_error():
         assert err[1] < err[2] / 16 < err[0] / 64  # 3 more bits: 1/64 of the squared error, or less
         uniform = quantize_kv(x, "q4", axis=axis)
         five = 5 if axis == "channel" else 4
-        assert uniform["bits"].tolist() == [five] * 4
+        assert uniform["bits"].tolist() == [[five] * 2] * 4
         with pytest.raises(ValueError, match="layers"):
             quantize_kv(x, "q4", axis=axis, bits=[4, 4])
+        with pytest.raises(ValueError, match="heads"):
+            quantize_kv(x, "q4", axis=axis, bits=[[4, 4, 4], 4, 4, 4])
         with pytest.raises(ValueError, match="bits"):
             quantize_kv(x, "q8", axis=axis, bits=[4, 8, 8, 8])  # q8 is 8 bits everywhere
         with pytest.raises(ValueError, match="bits"):
@@ -146,8 +148,36 @@ def test_a_plan_gives_each_layer_its_bits_and_its_error():
         cut = dict(parts, q=parts["q"][:-1])  # a byte short: refused, not read as other positions
         with pytest.raises(ValueError, match="whole number"):
             dequantize_kv(cut, "q4", torch.float32, axis=axis)
-        with pytest.raises(ValueError, match="layer count"):
+        with pytest.raises(ValueError, match="layer or head count"):
             dequantize_kv(dict(parts, bits=parts["bits"][:3]), "q4", torch.float32, axis=axis)
+        with pytest.raises(ValueError, match="layer or head count"):
+            dequantize_kv(dict(parts, bits=parts["bits"][:, :1]), "q4", torch.float32, axis=axis)
+
+
+def test_a_plan_gives_each_head_its_bits_and_its_error():
+    # format 8: a layer's KV heads differ in sensitivity up to 470x (SmolLM2's layer 18 keys), so a plan names each
+    from kvengine.quant import dequantize_kv, quantize_kv
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 1, 3, 90, 64) * torch.linspace(0.1, 8, 64)  # [layers, 1, heads, tokens, head_dim]
+    plan = [[3, 8, 5], [6, 6, 6], [2, 7, 4]]
+    for axis in ("token", "channel"):
+        parts = quantize_kv(x, "q4", axis=axis, bits=plan)
+        assert parts["bits"].tolist() == plan and parts["bits"].dtype == torch.uint8
+        assert parts["q"].numel() == (90 - 4) * sum(map(sum, plan)) * 64 // 8  # each head's width, no padding
+        assert parts["scale"].shape[:3] == (3, 1, 3) and parts["zero"].shape[:3] == (3, 1, 3)
+        back = dequantize_kv(parts, "q4", torch.float32, axis=axis)
+        assert back.shape == x.shape and torch.equal(back[..., :4, :], x[..., :4, :])
+        err = {}
+        for layer, row in enumerate(plan):
+            for head, b in enumerate(row):  # each head is what quantizing it alone with its bits gives
+                alone = dequantize(quantize(x[layer, 0, head, 4:], "q4", axis=axis, bits=b), "q4", torch.float32, axis=axis, bits=b)
+                assert torch.allclose(back[layer, 0, head, 4:], alone, atol=1e-5 * x.abs().amax()), (layer, head)
+                err[b] = (back[layer, 0, head, 4:] - x[layer, 0, head, 4:]).pow(2).mean()
+        assert err[8] < err[5] / 16 < err[2] / 64  # 3 more bits: 1/64 of the squared error, or less
+        # the codes run head by head in (layer, head) order: head (0, 1)'s 8-bit codes follow head (0, 0)'s 3-bit ones
+        start = (90 - 4) * 3 * 64 // 8
+        assert torch.equal(parts["q"][start : start + (90 - 4) * 64], quantize(x[0, 0, 1, 4:], "q4", axis=axis, bits=8)["q"].reshape(-1))
 
 
 def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(monkeypatch):
@@ -160,14 +190,16 @@ def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(m
     plans = json.loads(quant_module.PLANS_FILE.read_text())["plans"]
     assert plans, "q4_plans.json holds SmolLM2's calibrated plan"
     for fingerprint, plan in plans.items():
-        got = bit_plan("q4", len(plan["k"]), fingerprint)
-        assert got == {"k": tuple(plan["k"]), "v": tuple(plan["v"])}
+        layers, heads = len(plan["k"]), len(plan["k"][0])  # format 8: per layer, a list of each KV head's bits
+        got = bit_plan("q4", layers, heads, fingerprint)
+        assert got == {kind: tuple(tuple(row) for row in plan[kind]) for kind in "kv"}
         # the size stays format 6's: the same bits in total, only placed where the divergence is
-        assert sum(got["k"]) + sum(got["v"]) == len(plan["k"]) * (5 + 4)
-        assert bit_plan("q8", len(plan["k"]), fingerprint) == {"k": (8,) * len(plan["k"]), "v": (8,) * len(plan["k"])}
-        with pytest.raises(ValueError, match="does not fit"):
-            bit_plan("q4", len(plan["k"]) + 1, fingerprint)
-    assert bit_plan("q4", 2, "another model") == {"k": (5, 5), "v": (4, 4)}
+        assert sum(map(sum, got["k"])) + sum(map(sum, got["v"])) == layers * heads * (5 + 4)
+        assert bit_plan("q8", layers, heads, fingerprint) == {kind: ((8,) * heads,) * layers for kind in "kv"}
+        for wrong in ((layers + 1, heads), (layers, heads + 1)):
+            with pytest.raises(ValueError, match="does not fit"):
+                bit_plan("q4", *wrong, fingerprint)
+    assert bit_plan("q4", 2, 3, "another model") == {"k": ((5, 5, 5),) * 2, "v": ((4, 4, 4),) * 2}
     # a plan is part of a block's key: after a recalibration no block of the old plan is reused (blocks.py)
     fingerprint = next(iter(plans))
     compat = {"backend": "transformers", "weights_fingerprint": fingerprint, "quant": "q4"}
@@ -175,11 +207,16 @@ def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(m
     recalibrated = {fingerprint: {"k": [5] * 30, "v": [4] * 30}}
     monkeypatch.setattr(kvengine.plans, "_plans", lambda: recalibrated)
     assert key_digest(compat) != before["q4"] and key_digest({**compat, "quant": "q8"}) == before["q8"]
+    # a plan may give a whole layer one number (format 7's plans): every head of it gets those bits
+    monkeypatch.setattr(kvengine.plans, "_plans", lambda: {fingerprint: {"k": [5, [3, 6, 7]], "v": [4, 4]}})
+    assert bit_plan("q4", 2, 3, fingerprint) == {"k": ((5, 5, 5), (3, 6, 7)), "v": ((4, 4, 4), (4, 4, 4))}
     # a plan file that does not fit the model or the format is refused, not half-applied
-    for broken in ({"k": [5] * 29, "v": [4] * 30}, {"k": [9] * 30, "v": [4] * 30}, {"k": [5] * 30, "v": [1] * 30}):
+    for broken in ({"k": [5] * 29, "v": [4] * 30}, {"k": [9] * 30, "v": [4] * 30}, {"k": [5] * 30, "v": [1] * 30},
+                   {"k": [[5, 5]] * 30, "v": [4] * 30}, {"k": [[5, 5, 9]] * 30, "v": [4] * 30}, {"k": ["five"] * 30, "v": [4] * 30},
+                   {"k": [[5, [5], 5]] * 30, "v": [4] * 30}, {"k": [5] * 30}):
         monkeypatch.setattr(kvengine.plans, "_plans", lambda broken=broken: {fingerprint: broken})
         with pytest.raises(ValueError, match="does not fit"):
-            bit_plan("q4", 30, fingerprint)
+            bit_plan("q4", 30, 3, fingerprint)
 
 
 def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
@@ -190,7 +227,7 @@ def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
     torch.manual_seed(0)
     keys = [torch.randn(1, 2, 40, 16) for _ in range(3)]
     values = [torch.randn(1, 2, 40, 16) for _ in range(3)]
-    plan = {"k": (3, 6, 5), "v": (4, 3, 4)}
+    plan = {"k": ((3, 6), (5, 5), (2, 8)), "v": ((4, 4), (3, 7), (4, 4))}
     stored = quantize_layers(keys, values, "q4", exact=4, plan=plan)
 
     def serve(tensors):
@@ -198,12 +235,13 @@ def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
 
     served_keys, _ = serve(stored)
     assert len(served_keys) == 3 and served_keys[0].shape == (1, 2, 40, 16)
-    f32_bits = RawTensor("F32", (3,), torch.tensor([3.9, 6.2, 5.5]).numpy().tobytes())
+    f32_bits = RawTensor("F32", (3, 2), torch.tensor([3.9, 6.2, 5.5, 5, 2, 8]).numpy().tobytes())
     forgeries = {
         "float bits": {"k.bits": f32_bits},
-        "bits of another shape": {"k.bits": RawTensor("U8", (3, 1), bytes([3, 6, 5]))},
-        "bits that do not fit the codes": {"k.bits": RawTensor("U8", (3,), bytes([8, 8, 8]))},
-        "bits out of range": {"v.bits": RawTensor("U8", (3,), bytes([0, 9, 4]))},
+        "bits per layer (format 7's shape)": {"k.bits": RawTensor("U8", (3,), bytes([3, 6, 5]))},
+        "bits of another shape": {"k.bits": RawTensor("U8", (2, 3), bytes([3, 6, 5, 5, 2, 8]))},
+        "bits that do not fit the codes": {"k.bits": RawTensor("U8", (3, 2), bytes([8] * 6))},
+        "bits out of range": {"v.bits": RawTensor("U8", (3, 2), bytes([0, 9, 4, 4, 4, 4]))},
         "a huge head_dim": {"k.exact": RawTensor("F32", (3, 1, 2, 0, 65536), b"")},
         "another head count": {"v.exact": RawTensor("F32", (3, 1, 3, 4, 16), bytes(3 * 3 * 4 * 16 * 4))},
         "fewer key groups": {"k.scale": RawTensor("F16", (3, 1, 2, 16, 0), b"")},

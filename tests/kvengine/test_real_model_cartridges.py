@@ -173,28 +173,29 @@ def test_q8_and_q4_cartridges_are_small_and_q8_answers_like_f32(real_backend, ca
     assert q4.answer(q4.loads(d4), QUESTIONS[0], max_new_tokens=6).token_ids == q4.answer(c4, QUESTIONS[0], max_new_tokens=6).token_ids
 
 
-def test_q4_stores_smollm2s_calibrated_bits_per_layer_and_refuses_forged_ones(real_backend):
+def test_q4_stores_smollm2s_calibrated_bits_per_head_and_refuses_forged_ones(real_backend):
     from kvengine.format import RawTensor
     from kvengine.payload import from_raw, part_serve
     from kvengine.quant import bit_plan
 
     q4 = real_backend.variant(quant="q4")
-    num_layers = real_backend.model.config.num_hidden_layers
-    plan = bit_plan("q4", num_layers, real_backend.describe().weights_fingerprint)
-    assert plan["k"] != (5,) * num_layers and plan["v"] != (4,) * num_layers  # calibrated (kvengine/q4_plans.json)
+    num_layers, heads = real_backend.model.config.num_hidden_layers, q4.kv_shape[0]
+    plan = bit_plan("q4", num_layers, heads, real_backend.describe().weights_fingerprint)
+    assert all(len(set(row)) > 1 for row in (plan["k"][18], plan["k"][23]))  # calibrated per head (kvengine/q4_plans.json)
     c4 = q4.compile(MEMORIES)
     (tail,) = c4.payload.part_tensors()  # ~190 tokens: the tail is the only part
-    assert from_raw(tail["k.bits"]).tolist() == list(plan["k"]) and from_raw(tail["v.bits"]).tolist() == list(plan["v"])
+    assert from_raw(tail["k.bits"]).tolist() == [list(r) for r in plan["k"]] and from_raw(tail["v.bits"]).tolist() == [list(r) for r in plan["v"]]
     data = q4.dumps(c4)
-    # a forger who moves a bit between two layers keeps the byte count: the digest refuses it, not the shapes
-    i, j = next((i, j) for i in range(num_layers) for j in range(num_layers) if plan["k"][i] > plan["k"][j])
-    forged = list(plan["k"])
+    # a forger who moves a bit between two heads keeps the byte count: the digest refuses it, not the shapes
+    flat = [b for row in plan["k"] for b in row]
+    i, j = next((i, j) for i in range(len(flat)) for j in range(len(flat)) if flat[i] > flat[j])
+    forged = list(flat)
     forged[i], forged[j] = forged[i] - 1, forged[j] + 1
-    assert data.count(bytes(plan["k"])) == 1
+    assert data.count(bytes(flat)) == 1
     with pytest.raises(CorruptCartridgeError):
-        q4.loads(data.replace(bytes(plan["k"]), bytes(forged)))
+        q4.loads(data.replace(bytes(flat), bytes(forged)))
     # bits that do not fit the stored codes are refused as corrupt, not read as other numbers
-    wrong = dict(tail, **{"k.bits": RawTensor("U8", (num_layers,), bytes([8] * num_layers))})
+    wrong = dict(tail, **{"k.bits": RawTensor("U8", (num_layers, heads), bytes([8] * num_layers * heads))})
     with pytest.raises(CorruptCartridgeError, match="do not fit"):
         part_serve(wrong, num_layers=num_layers, num_tokens=c4.header.num_tokens, quant="q4", dtype=q4.torch_dtype, device="cpu",
                    kv_shape=q4.kv_shape)

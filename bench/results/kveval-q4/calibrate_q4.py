@@ -79,22 +79,62 @@ def dequantize_layers(stored, num_layers, q, dtype, device):
     )
 
 
-def allocate(sensitivity: dict[str, list[float]], measured_bits: dict[str, int]) -> dict[str, list[int]]:
-    """Greedy bit moves between (kind, layer) units at a constant total (the module docstring's step 2)."""
-    units = [(kind, layer) for kind in ("k", "v") for layer in range(len(sensitivity[kind]))]
-    bits = {u: UNIFORM[u[0]] for u in units}
+Unit = tuple[str, int, "int | None"]  # (kind, layer, KV head or None: the whole layer)
 
-    def err(u: tuple[str, int], b: int) -> float:
-        return sensitivity[u[0]][u[1]] * 4.0 ** (measured_bits[u[0]] - b)
+
+def allocate(sensitivity: dict[Unit, float], measured_bits: dict[str, int], lowest: dict[str, int] = LOWEST) -> dict[Unit, int]:
+    """Greedy bit moves between units (a layer's keys or values, or one head's) at a constant total (step 2)."""
+    bits = {u: UNIFORM[u[0]] for u in sensitivity}
+
+    def err(u: Unit, b: int) -> float:
+        return sensitivity[u] * 4.0 ** (measured_bits[u[0]] - b)
 
     while True:
-        gain, up = max((err(u, bits[u]) - err(u, bits[u] + 1), u) for u in units if bits[u] < 8)
-        loss, down = min((err(u, bits[u] - 1) - err(u, bits[u]), u) for u in units if bits[u] > LOWEST[u[0]])
+        gain, up = max((err(u, bits[u]) - err(u, bits[u] + 1), u) for u in bits if bits[u] < 8)
+        loss, down = min((err(u, bits[u] - 1) - err(u, bits[u]), u) for u in bits if bits[u] > lowest[u[0]])
         if up == down or gain <= loss:
             break
         bits[up] += 1
         bits[down] -= 1
-    return {kind: [bits[(kind, layer)] for layer in range(len(sensitivity[kind]))] for kind in ("k", "v")}
+    return bits
+
+
+def predicted(sensitivity: dict[Unit, float], measured_bits: dict[str, int], bits: dict[Unit, int]) -> float:
+    """The additive model's mean KL of ``bits``."""
+    return sum(s * 4.0 ** (measured_bits[u[0]] - bits[u]) for u, s in sensitivity.items())
+
+
+def load_sensitivities(files: list[str]) -> tuple[dict[Unit, float], dict[str, int]]:
+    """measure's (per layer) or heads_q4.py's (per head) JSON files, one per kind: sensitivity per unit, measured bits."""
+    sens: dict[Unit, float] = {}
+    measured: dict[str, int] = {}
+    for f in files:
+        found = json.loads(Path(f).read_text())
+        kind = found["kind"]
+        measured[kind] = found["bits"]
+        if "mean_kl_by_layer_head" in found:
+            for key, s in found["mean_kl_by_layer_head"].items():
+                layer, head = (int(x) for x in key.split(","))
+                sens[(kind, layer, head)] = s
+        else:
+            sens.update({(kind, layer, None): s for layer, s in enumerate(found["mean_kl"])})
+    return sens, measured
+
+
+def as_plan(bits: dict[Unit, int]) -> dict[str, list]:
+    """Units' bits as q4_plans.json holds them: per kind, a list by layer of ints (per layer) or of lists by head."""
+    plan: dict[str, list] = {}
+    for kind in ("k", "v"):
+        layers = sorted({u[1] for u in bits if u[0] == kind})
+        per_head = any(u[2] is not None for u in bits)
+        plan[kind] = [[b for (k, layer, head), b in sorted(bits.items(), key=lambda x: x[0][2]) if k == kind and layer == i]
+                      if per_head else bits[(kind, i, None)] for i in layers]
+    return plan
+
+
+def spec_of(bits: dict[Unit, int]) -> dict[Unit, dict]:
+    """SPEC entries that fake-quantize every unit at its bits."""
+    return {u: _fake_kwargs(u[0], b) for u, b in bits.items()}
 
 
 def _backend_and_refs(a: argparse.Namespace):
@@ -124,30 +164,39 @@ def measure(a: argparse.Namespace) -> None:
 def allocate_command(a: argparse.Namespace) -> None:
     from kvengine import make_backend
 
-    found = {json.loads(Path(f).read_text())["kind"]: json.loads(Path(f).read_text()) for f in a.sensitivities}
-    plan = allocate({k: found[k]["mean_kl"] for k in "kv"}, {k: found[k]["bits"] for k in "kv"})
-    predicted = {name: sum(found[k]["mean_kl"][i] * 4.0 ** (found[k]["bits"] - b) for k in "kv" for i, b in enumerate(bits[k]))
-                 for name, bits in (("uniform", {k: [UNIFORM[k]] * len(plan[k]) for k in "kv"}), ("plan", plan))}
-    print("keys  ", plan["k"], "\nvalues", plan["v"], "\npredicted mean KL (additive):", {k: f"{v:.3e}" for k, v in predicted.items()})
-    assert sum(plan["k"]) + sum(plan["v"]) == len(plan["k"]) * (UNIFORM["k"] + UNIFORM["v"])  # the size is format 6's
+    sens, measured = load_sensitivities(a.sensitivities)
+    bits = allocate(sens, measured, {k: a.lowest for k in "kv"})
+    uniform = {u: UNIFORM[u[0]] for u in sens}
+    plan = as_plan(bits)
+    print("keys  ", plan["k"], "\nvalues", plan["v"], "\npredicted mean KL (additive):",
+          {name: f"{predicted(sens, measured, b):.3e}" for name, b in (("uniform", uniform), ("plan", bits))})
+    assert sum(bits.values()) == sum(uniform.values())  # the size is format 6's
     fingerprint = make_backend("transformers", dtype="f32", device="cpu").describe().weights_fingerprint
     plans = json.loads(quant.PLANS_FILE.read_text()) if quant.PLANS_FILE.exists() else {"plans": {}}
-    plans["plans"][fingerprint] = {"model": a.model_name, "k": plan["k"], "v": plan["v"], "calibrated_on": found["k"]["scopes"],
-                                   "command": "bench/results/kveval-q4/calibrate_q4.py"}
-    text = json.dumps(plans, indent=1)  # innermost lists on one line: a plan reads as two rows of 30 numbers
+    plans["plans"][fingerprint] = {"model": a.model_name, "k": plan["k"], "v": plan["v"], "calibrated_on": json.loads(Path(a.sensitivities[0]).read_text())["scopes"],
+                                   "lowest_bits": a.lowest, "command": "bench/results/kveval-q4/calibrate_q4.py"}
+    text = json.dumps(plans, indent=1)  # innermost lists on one line
     quant.PLANS_FILE.write_text(re.sub(r"\[\s+([^\[\]]*?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text) + "\n")
 
 
 def validate(a: argparse.Namespace) -> None:
+    """Fake-quantized, on held-out articles: uniform bits, then each ``--plan`` (sensitivity files -> allocate)."""
     f32, refs = _backend_and_refs(a)
-    num_layers = f32.model.config.num_hidden_layers
-    plan = quant.bit_plan("q4", num_layers, f32.describe().weights_fingerprint)
+    num_layers, heads = f32.model.config.num_hidden_layers, f32.kv_shape[0]
+    candidates = {"uniform (format 6)": {(k, layer, None): UNIFORM[k] for k in "kv" for layer in range(num_layers)}}
+    for spec in a.plan:  # NAME=LOWEST:FILE_K,FILE_V
+        name, rest = spec.split("=", 1)
+        lowest, files = rest.split(":", 1)
+        sens, measured = load_sensitivities(files.split(","))
+        candidates[name] = allocate(sens, measured, {k: int(lowest) for k in "kv"})
+        print(name, as_plan(candidates[name]), f"predicted {predicted(sens, measured, candidates[name]):.3e}", flush=True)
     results = {}
-    for name, bits in (("uniform (format 6)", {k: (UNIFORM[k],) * num_layers for k in "kv"}), ("plan (format 7)", plan)):
+    for name, bits in candidates.items():
+        assert sum(b * (1 if u[2] is not None else heads) for u, b in bits.items()) == num_layers * heads * sum(UNIFORM.values())
         SPEC.clear()
-        SPEC.update({(kind, layer, None): _fake_kwargs(kind, b) for kind in "kv" for layer, b in enumerate(bits[kind])})
+        SPEC.update(spec_of(bits))
         d, _ = divergence(f32.variant(quant="q4"), refs)
-        results[name] = d
+        results[name] = {**d, "plan": as_plan(bits)}
         print(f"{name}: mean KL {d['mean_kl']:.3e} p95 {d['p95_kl']:.3e} top1 {100 * d['top1_per_position']:.2f}%", flush=True)
     Path(a.out).write_text(json.dumps({"scopes": [(s.article, s.num_tokens) for s in refs.scopes], "questions": len(refs.refs),
                                        "results": results}, indent=1))
@@ -169,8 +218,10 @@ def main() -> None:
     al = sub.add_parser("allocate", help="the plan from both kinds' sensitivities, into kvengine/q4_plans.json")
     al.add_argument("--sensitivities", nargs=2, required=True)
     al.add_argument("--model-name", default="smollm2-135m-instruct")
+    al.add_argument("--lowest", type=int, default=3, help="the fewest bits a unit may get")
     v = sub.add_parser("validate", help="uniform against the plan on held-out articles")
     v.add_argument("--out", required=True)
+    v.add_argument("--plan", action="append", default=[], help="NAME=LOWEST:SENS_K.json,SENS_V.json (per layer or per head)")
     a = p.parse_args()
     {"measure": measure, "allocate": allocate_command, "validate": validate}[a.command](a)
 
