@@ -1,30 +1,36 @@
-"""Calibrate q4's bits per layer (format 7) by the teacher-forced divergence on SQuAD scopes the final run never sees.
+"""Calibrate q4's bits per layer (format 7) or per KV head (format 8) by the teacher-forced divergence on SQuAD scopes
+the final run never sees.
 
 Why: on format 6's q4 (keys 5 bits, values 4, every layer alike) two of SmolLM2's 30 layers (18 and 23) carried
-about 60% of the keys' divergence and 40% of the values', and the least sensitive layers 1/300 of the most's. Spending
-the same bits unevenly, where the divergence is, lowers it without a larger cartridge.
+about 60% of the keys' divergence and 40% of the values', and the least sensitive layers 1/300 of the most's; within
+a layer, its three KV heads differ up to 470x. Spending the same bits unevenly, where the divergence is, lowers it
+without a larger cartridge.
 
 Method (as llama.cpp's importance-matrix quantization spends bits by measured sensitivity):
 
 1. ``measure``: for each layer and kind (keys at ``--key-bits``, values at ``--value-bits``), fake-quantize that layer's
    kind alone (tune_q4.fake: the format's rotation, groups and float16 parameters), every other layer exact, and take
    the mean KL per position of f32's greedy answers, teacher-forced (bench/tuning.py). That is the layer's
-   sensitivity s at those bits.
-2. ``allocate``: model each unit's divergence as ``s * 4**(bits_measured - bits)`` (a bit halves the step: a quarter
-   of the squared error), start from format 6's uniform bits and move single bits from the unit that loses least to
-   the one that gains most while that lowers the sum; the total bits (so the size) stay format 6's. Bits stay in
-   3..8 (the 4**-bits model is not trusted further from the measured bits).
-3. ``validate``: uniform against the plan on other held-out articles (``--skip``), fake-quantized the same way.
+   sensitivity s at those bits. heads_q4.py does the same per (layer, KV head).
+2. ``allocate``: model each unit's (a layer's keys or values, or one head's) divergence as ``s * 4**(bits_measured -
+   bits)`` (a bit halves the step: a quarter of the squared error), start from format 6's uniform bits and move
+   single bits from the unit that loses least to the one that gains most while that lowers the sum; the total bits
+   (so the size) stay format 6's. Bits stay in ``--lowest``..8 (3 by default: the 4**-bits model is not trusted
+   further from the measured bits; 2 was predicted only 3% lower).
+3. ``validate``: uniform against each ``--plan`` on other held-out articles (``--skip``), fake-quantized the same way.
 
 The plan is written to kvengine/q4_plans.json under the model's weights fingerprint: a plan is for those weights
-only (bit_plan gives any other model format 6's uniform bits).
+only (bit_plan gives any other model format 6's uniform bits). Format 8's is the per-head one.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/calibrate_q4.py --squad-file /tmp/squad.json \
         measure --kind k --out bench/results/kveval-q4/sensitivity_k.json      # and --kind v (two processes)
-    PYTHONPATH=. .venv/bin/python bench/results/kveval-q4/calibrate_q4.py allocate \
-        --sensitivities bench/results/kveval-q4/sensitivity_k.json bench/results/kveval-q4/sensitivity_v.json
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/calibrate_q4.py --squad-file /tmp/squad.json \
-        --skip 24 validate --out bench/results/kveval-q4/validate_skip24.json   # and --skip 28
+        --skip 24 validate --out bench/results/kveval-q4/validate_heads_skip24.json \
+        --plan "per layer (format 7)=3:bench/results/kveval-q4/sensitivity_k.json,bench/results/kveval-q4/sensitivity_v.json" \
+        --plan "per head=3:bench/results/kveval-q4/sensitivity_heads_k.json,bench/results/kveval-q4/sensitivity_heads_v.json"
+        # and --skip 28 (validate_skip{24,28}.json are format 7's: uniform against the per-layer plan)
+    PYTHONPATH=. .venv/bin/python bench/results/kveval-q4/calibrate_q4.py allocate \
+        --sensitivities bench/results/kveval-q4/sensitivity_heads_k.json bench/results/kveval-q4/sensitivity_heads_v.json
 """
 from __future__ import annotations
 

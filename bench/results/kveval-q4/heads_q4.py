@@ -1,9 +1,10 @@
-"""Exploratory (not used by the engine): each (layer, KV head)'s q4 sensitivity, for a per-head plan later.
+"""Each (layer, KV head)'s q4 sensitivity: what format 8's per-head plan is allocated from (calibrate_q4.py allocate).
 
 One head of one layer quantized alone (keys at 4 bits or values at 3, tune_q4.fake), everything else exact, on
 calibrate_q4.py's scopes (articles 21-24): sensitivity_heads_{k,v}.json. Per head, the sums match the per-layer
 figures (sensitivity_{k,v}.json) within 14%. With the same additive model and total bits as calibrate_q4.py's
-allocate, a per-head plan is predicted 1.5x below the per-layer plan (not measured; see BENCHMARKS.md).
+allocate, a per-head plan was predicted 1.55x below the per-layer plan; on held-out articles it measured 1.13-1.24x
+(calibrate_q4.py validate, validate_heads_skip{24,28}.json).
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/heads_q4.py --squad-file /tmp/squad.json \\
         --kind k --out bench/results/kveval-q4/sensitivity_heads_k.json     # and --kind v
