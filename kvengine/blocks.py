@@ -68,7 +68,7 @@ class TrustedPart:
 
 def key_digest(compat_key: dict[str, str]) -> str:
     """The digest of a compatibility key and the file format version (a block id's and a version's key), and of q4's
-    calibrated bits per layer when the weights have a plan (plans.calibrated_plan): a block quantized under another
+    calibrated bits per KV head when the weights have a plan (plans.calibrated_plan): a block quantized under another
     plan gets another id, so a recalibration never mixes old blocks into a new version."""
     key: dict = {**compat_key, "format_version": FORMAT_VERSION}
     plan = calibrated_plan(compat_key.get("quant", ""), compat_key.get("weights_fingerprint", ""))

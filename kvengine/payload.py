@@ -28,7 +28,7 @@ import torch
 from .errors import CorruptCartridgeError
 from .format import RawTensor, join_tensors
 from .kvcache import KvState
-from .quant import EXACT_PREFIX_TOKENS, INT_ZERO, KINDS, dequantize_kv, group_size, quantize_kv, token_group
+from .quant import EXACT_PREFIX_TOKENS, INT_ZERO, KINDS, code_bytes, dequantize_kv, group_size, quantize_kv, token_group
 
 # torch dtype <-> safetensors dtype name, for every dtype a cartridge stores
 ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8", torch.uint8: "U8", torch.int64: "I64"}
@@ -148,23 +148,35 @@ def part_store(
     return stored, keys, values
 
 
-def _check_stored(tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, kv_shape: tuple[int, int]) -> None:
-    """Refuse a part whose tensors' dtypes and shapes are not the ones the model and the header imply, before any is
-    decoded (a forged ``head_dim`` would otherwise size a Hadamard matrix, a forged ``bits`` the code split)."""
+def _check_stored(
+    tensors: Mapping[str, RawTensor], *, num_layers: int, num_tokens: int, quant: str, kv_shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """Refuse a part whose tensors' dtypes, shapes and code bytes are not the ones the model, the header and its own
+    bits imply, before any is decoded (a forged ``head_dim`` would otherwise size a Hadamard matrix, a forged
+    ``bits`` the code split, a short ``q`` be broadcast over the positions)."""
     heads, head_dim = kv_shape
+    kv_dtype = ST_DTYPES[dtype]
     if quant == "none":
         for kv in "kv":
-            if tensors[kv].shape != (num_layers, 1, heads, num_tokens, head_dim):
-                raise CorruptCartridgeError(f"cartridge tensor {kv!r} has the shape {tensors[kv].shape}, not the model's")
+            if tensors[kv].dtype != kv_dtype or tensors[kv].shape != (num_layers, 1, heads, num_tokens, head_dim):
+                raise CorruptCartridgeError(f"cartridge tensor {kv!r} is {tensors[kv].dtype} {tensors[kv].shape}, not the model's")
         return
     for kv, axis in KINDS.items():
         exact = tensors[f"{kv}.exact"]
-        bits = tensors[f"{kv}.bits"]
-        if len(exact.shape) != 5 or exact.shape[:3] != (num_layers, 1, heads) or exact.shape[4] != head_dim or exact.shape[3] > num_tokens:
-            raise CorruptCartridgeError(f"cartridge tensor {kv + '.exact'!r} has the shape {exact.shape}, not the model's")
-        if bits.dtype != "U8" or bits.shape != (num_layers, heads) or tensors[f"{kv}.q"].dtype != "U8" or len(tensors[f"{kv}.q"].shape) != 1:
-            raise CorruptCartridgeError(f"cartridge tensors {kv + '.bits'!r} and {kv + '.q'!r} are not one uint8 row each")
+        bits, codes = tensors[f"{kv}.bits"], tensors[f"{kv}.q"]
+        if (exact.dtype != kv_dtype or len(exact.shape) != 5 or exact.shape[:3] != (num_layers, 1, heads) or exact.shape[4] != head_dim
+                or exact.shape[3] > num_tokens):
+            raise CorruptCartridgeError(f"cartridge tensor {kv + '.exact'!r} is {exact.dtype} {exact.shape}, not the model's")
+        if bits.dtype != "U8" or bits.shape != (num_layers, heads) or codes.dtype != "U8" or len(codes.shape) != 1:
+            raise CorruptCartridgeError(f"cartridge tensors {kv + '.bits'!r} and {kv + '.q'!r} are not uint8 [layers, heads] and a uint8 row")
         rest = num_tokens - exact.shape[3]
+        try:
+            widths = [code_bytes(b, head_dim, quant, axis) for b in bytes(bits.data)]
+        except ValueError as exc:
+            raise CorruptCartridgeError(f"cartridge tensor {kv + '.bits'!r} holds bits the format lacks: {exc}") from None
+        if codes.shape[0] != rest * sum(widths):
+            raise CorruptCartridgeError(f"cartridge tensor {kv + '.q'!r} holds {codes.shape[0]} code bytes, not the {rest * sum(widths)} of "
+                                        f"{rest} positions at its bits")
         groups = (head_dim, -(-rest // token_group(quant))) if axis == "channel" else (rest, head_dim // group_size(head_dim, quant))
         zero_dtype = "U8" if INT_ZERO[(quant, axis)] else "F16"
         for name, dtype in (("scale", "F16"), ("zero", zero_dtype)):
@@ -180,7 +192,7 @@ def part_serve(
     """The served keys and values of one stored part; CorruptCartridgeError if its tensors do not fit (``kv_shape``:
     the model's KV heads and head_dim)."""
     try:
-        _check_stored(tensors, num_layers=num_layers, num_tokens=num_tokens, quant=quant, kv_shape=kv_shape)
+        _check_stored(tensors, num_layers=num_layers, num_tokens=num_tokens, quant=quant, kv_shape=kv_shape, dtype=dtype)
         if quant == "none":
             keys, values = (list(from_raw(tensors[kv]).to(device).unbind(0)) for kv in "kv")
             if len(keys) != num_layers or len(values) != num_layers:

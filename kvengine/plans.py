@@ -26,4 +26,8 @@ def calibrated_plan(quant: str, weights_fingerprint: str) -> dict[str, list] | N
     a list of each KV head's bits (or one number for all of them).
     Part of a block's key (blocks.key_digest): blocks quantized under another plan are never reused."""
     found = _plans().get(weights_fingerprint) if quant == "q4" else None
-    return None if found is None else {kind: list(found.get(kind) or []) for kind in KINDS}  # quant.bit_plan checks it
+    if found is None:
+        return None
+    if not isinstance(found, dict):  # quant.bit_plan refuses what does not fit; this keeps key_digest from crashing
+        return {kind: [] for kind in KINDS}
+    return {kind: list(found[kind]) if isinstance(found.get(kind), list) else [] for kind in KINDS}

@@ -137,7 +137,7 @@ INT_ZERO = {("q8", "token"): False, ("q8", "channel"): False, ("q4", "token"): T
 # rotate along head_dim by an orthonormal Hadamard matrix before grouping (when head_dim is a power of two)
 ROTATE: dict[tuple[str, str], bool] = {(q, axis): True for q in BITS for axis in AXES}
 KINDS = {"k": "channel", "v": "token"}  # a cartridge's stored kinds and their axes: keys per channel, values per token
-PLAN_BITS = range(2, 9)  # the bits a plan may give a layer's keys or values
+PLAN_BITS = range(2, 9)  # the bits a plan may give a KV head's keys or values
 
 
 def bit_plan(quant: str, num_layers: int, num_heads: int, weights_fingerprint: str = "") -> dict[str, tuple[tuple[int, ...], ...]]:
@@ -153,13 +153,10 @@ def bit_plan(quant: str, num_layers: int, num_heads: int, weights_fingerprint: s
     found = calibrated_plan(quant, weights_fingerprint)
     if found is None:
         return plan
-    try:
-        calibrated = {kind: tuple(tuple(int(b) for b in (layer if isinstance(layer, list) else [layer] * num_heads)) for layer in found[kind])
-                      for kind in KINDS}
-    except (KeyError, TypeError, ValueError):  # a kind missing, a number that is not one
-        calibrated = {}
-    if not calibrated or any(len(bits) != num_layers or any(len(layer) != num_heads or not set(layer) <= set(PLAN_BITS) for layer in bits)
-                             for bits in calibrated.values()):
+    # exactly ints (JSON's 5.9, "5" or true are not bits), per layer one or a list of one per head
+    calibrated = {kind: tuple(tuple(layer if isinstance(layer, list) else [layer] * num_heads) for layer in found[kind]) for kind in KINDS}
+    if any(len(bits) != num_layers or any(len(layer) != num_heads or any(type(b) is not int or b not in PLAN_BITS for b in layer) for layer in bits)
+           for bits in calibrated.values()):
         raise ValueError(f"the q4 plan for weights {weights_fingerprint[:12]} does not fit a {num_layers}-layer model with "
                          f"{num_heads} KV heads ({PLANS_FILE.name})")
     return calibrated
@@ -209,6 +206,11 @@ def _check(quant: str, axis: str, bits: int | None = None) -> int:
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in PLAN_BITS or (quant == "q8" and bits != 8):
         raise ValueError(f"`bits` has to be {'8' if quant == 'q8' else 'one of 2-8'} for {quant} but got {bits!r}")
     return bits
+
+
+def code_bytes(bits: int, head_dim: int, quant: str, axis: str) -> int:
+    """The bytes of one position's packed codes of one head at ``bits`` (pack()); ValueError for bits the format lacks."""
+    return head_dim if _check(quant, axis, bits) == 8 else bits * head_dim // 8
 
 
 def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -420,9 +422,7 @@ def dequantize_kv(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype
     if parts["scale"].shape[: 1 + len(lead)] != exact.shape[:-2] or parts["zero"].shape[: 1 + len(lead)] != exact.shape[:-2]:
         raise ValueError("quantized parts disagree on the layer or head count (scale, zero)")
     bits = [int(b) for b in parts["bits"].reshape(-1).tolist()]
-    for b in set(bits):
-        _check(quant, axis, b)
-    widths = [d if b == 8 else b * d // 8 for b in bits]
+    widths = [code_bytes(b, d, quant, axis) for b in bits]
     per_token = sum(widths)
     num_tokens = packed.numel() // per_token if per_token else 0
     if num_tokens * per_token != packed.numel():

@@ -30,7 +30,8 @@ from core.errors import Conflict, MnesioError
 from kvengine import ContextTooLongError, EmptyInputError
 from kvengine.base import canonical_json
 from kvengine.blocks import CartridgeParts
-from kvengine.format import FORMAT_VERSION, BlockRef, read_tail_part
+from kvengine.blocks import key_digest as engine_key_digest
+from kvengine.format import BlockRef, read_tail_part
 from memories.models import Subject
 from memories.selectors import log_head as current_log_head
 from memories.selectors import memory_keys_forgotten_lock, scope_head, scope_memories_open
@@ -118,8 +119,10 @@ def compile_input(*, scope, head: int) -> CompileInput:
 
 
 def key_digest(compat_key: dict[str, str]) -> str:
-    """The digest of a compatibility key (plus the file format version)."""
-    return _sha256(canonical_json({**compat_key, "format_version": FORMAT_VERSION}))
+    """The digest of a compatibility key, the file format version and q4's calibrated plan (kvengine.blocks.key_digest):
+    a version compiled under another plan is not the one a compile after a recalibration finds (_existing), nor one
+    whose gate an incremental gate builds on."""
+    return engine_key_digest(compat_key)
 
 
 def compile_parts(*, backend, data: CompileInput, scope=None) -> tuple[Any, CartridgeParts]:

@@ -172,7 +172,7 @@ def test_a_plan_gives_each_head_its_bits_and_its_error():
         for layer, row in enumerate(plan):
             for head, b in enumerate(row):  # each head is what quantizing it alone with its bits gives
                 alone = dequantize(quantize(x[layer, 0, head, 4:], "q4", axis=axis, bits=b), "q4", torch.float32, axis=axis, bits=b)
-                assert torch.allclose(back[layer, 0, head, 4:], alone, atol=1e-5 * x.abs().amax()), (layer, head)
+                assert torch.equal(back[layer, 0, head, 4:], alone), (layer, head)
                 err[b] = (back[layer, 0, head, 4:] - x[layer, 0, head, 4:]).pow(2).mean()
         assert err[8] < err[5] / 16 < err[2] / 64  # 3 more bits: 1/64 of the squared error, or less
         # the codes run head by head in (layer, head) order: head (0, 1)'s 8-bit codes follow head (0, 0)'s 3-bit ones
@@ -213,10 +213,13 @@ def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(m
     # a plan file that does not fit the model or the format is refused, not half-applied
     for broken in ({"k": [5] * 29, "v": [4] * 30}, {"k": [9] * 30, "v": [4] * 30}, {"k": [5] * 30, "v": [1] * 30},
                    {"k": [[5, 5]] * 30, "v": [4] * 30}, {"k": [[5, 5, 9]] * 30, "v": [4] * 30}, {"k": ["five"] * 30, "v": [4] * 30},
-                   {"k": [[5, [5], 5]] * 30, "v": [4] * 30}, {"k": [5] * 30}):
+                   {"k": [[5, [5], 5]] * 30, "v": [4] * 30}, {"k": [5] * 30}, {"k": [5.9] * 30, "v": [4] * 30},
+                   {"k": ["5"] * 30, "v": [4] * 30}, {"k": [True] * 30, "v": [4] * 30}, {"k": [[5.5, 5, 5]] * 30, "v": [4] * 30},
+                   {"k": [float("inf")] * 30, "v": [4] * 30}, {"k": 5, "v": [4] * 30}, {"k": "5" * 30, "v": [4] * 30}, [5] * 30, "plan"):
         monkeypatch.setattr(kvengine.plans, "_plans", lambda broken=broken: {fingerprint: broken})
         with pytest.raises(ValueError, match="does not fit"):
             bit_plan("q4", 30, 3, fingerprint)
+        assert len(key_digest(compat)) == 64  # the model-free web process keys blocks by it: it must not crash
 
 
 def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
@@ -247,10 +250,23 @@ def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
         "fewer key groups": {"k.scale": RawTensor("F16", (3, 1, 2, 16, 0), b"")},
         "no value groups": {"v.zero": RawTensor("U8", (3, 1, 2, 36, 0), b"")},
         "signed codes": {"k.q": RawTensor("I8", stored["k.q"].shape, stored["k.q"].data)},
+        # one position's codes, a whole number of positions: broadcast over all 36 they would decode as 36 positions
+        "one position of value codes": {"v.q": RawTensor("U8", (sum(map(sum, plan["v"])) * 2,), bytes(stored["v.q"].data)[: sum(map(sum, plan["v"])) * 2])},
+        "a position too many": {"k.q": RawTensor("U8", (stored["k.q"].shape[0] + sum(map(sum, plan["k"])) * 2,),
+                                                 bytes(stored["k.q"].data) + bytes(sum(map(sum, plan["k"])) * 2))},
+        "exact positions in another dtype": {"k.exact": RawTensor("F16", (3, 1, 2, 4, 16), bytes(3 * 2 * 4 * 16 * 2))},
     }
-    for forged in forgeries.values():
+    for name, forged in forgeries.items():
         with pytest.raises(CorruptCartridgeError):
             serve({**stored, **forged})
+            pytest.fail(name)
+    # one width everywhere (q8, a uniform q4) decodes the codes in one view: a short q would broadcast, not fail
+    for quant, per_position in (("q8", 3 * 2 * 16), ("q4", 3 * 2 * 4 * 16 // 8)):
+        uniform = quantize_layers(keys, values, quant, exact=4)
+        part_serve(uniform, num_layers=3, num_tokens=40, quant=quant, dtype=torch.float32, device="cpu", kv_shape=(2, 16))
+        short = {**uniform, "v.q": RawTensor("U8", (per_position,), bytes(uniform["v.q"].data)[:per_position])}
+        with pytest.raises(CorruptCartridgeError, match="code bytes"):
+            part_serve(short, num_layers=3, num_tokens=40, quant=quant, dtype=torch.float32, device="cpu", kv_shape=(2, 16))
 
 
 def test_q4_keys_get_five_bits_and_about_a_quarter_of_the_squared_error_of_four():
