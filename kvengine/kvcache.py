@@ -62,6 +62,18 @@ class KvState:
         state._fill(parts, room=room)
         return state
 
+    @classmethod
+    def of_buffers(cls, keys: list[torch.Tensor], values: list[torch.Tensor], *, num_tokens: int) -> KvState:
+        """A state over existing per-layer buffers ``[1, num_kv_heads, capacity, head_dim]`` whose first ``num_tokens``
+        positions hold the cartridge (no copy: the caller hands them over)."""
+        capacity = int(keys[0].shape[-2])
+        if num_tokens > capacity or any(int(t.shape[-2]) != capacity for t in keys + values):
+            raise ValueError(f"buffers of {capacity} positions cannot hold a state of {num_tokens}")
+        state = cls.__new__(cls)
+        state.num_tokens, state.lock, state.capacity = num_tokens, threading.Lock(), capacity
+        state.keys, state.values = list(keys), list(values)
+        return state
+
     def _fill(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, room: int) -> None:
         self.num_tokens = sum(int(keys[0].shape[-2]) for keys, _ in parts)
         self.lock = threading.Lock()

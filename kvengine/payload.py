@@ -214,9 +214,13 @@ def part_serve(
 
 
 def payload_of(
-    parts: Sequence[tuple[list[torch.Tensor], list[torch.Tensor]]], stored: list[dict[str, RawTensor]] | None, bounds: list[int]
+    parts: Sequence[tuple[list[torch.Tensor], list[torch.Tensor]]], stored: list[dict[str, RawTensor]] | None, bounds: list[int],
+    *, state: KvState | None = None,
 ) -> KvPayload:
-    """A payload from each part's served keys and values (in order), copied into one KvState."""
+    """A payload from each part's served keys and values (in order), copied into one KvState (or ``state``: those
+    parts already in place, compile()'s)."""
     if stored is not None:  # own the bytes: the payload must not keep a whole file's buffer alive
         stored = [{name: RawTensor(raw.dtype, raw.shape, bytes(raw.data)) for name, raw in part.items()} for part in stored]
-    return KvPayload(state=KvState.of_parts(list(parts)), bounds=list(bounds), stored=stored)
+    if state is None:
+        state = KvState.of_parts(list(parts))
+    return KvPayload(state=state, bounds=list(bounds), stored=stored)

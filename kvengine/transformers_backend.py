@@ -60,7 +60,7 @@ from .format import (
     tensor_digest,
     write_cartridge,
 )
-from .kvcache import CartridgeCache, KvState
+from .kvcache import DEFAULT_ROOM, CartridgeCache, KvState
 from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
@@ -206,7 +206,7 @@ class TransformersKvBackend(KvBackend):
                 stored.append(dict(tensors) if self.quant != "none" else None)
             num_reused = len(refs)
             compute_started = time.perf_counter()
-            cache = _BlockCache(self.model.config, served)
+            cache = _BlockCache(self.model.config, served, capacity=len(ids) + DEFAULT_ROOM)
             bounds = [first for _, first in links] + [num_blocks * size, len(ids)]
             for index in range(num_reused, num_blocks + 1):  # the last one is the tail
                 begin, end = bounds[index], bounds[index + 1]
@@ -214,16 +214,16 @@ class TransformersKvBackend(KvBackend):
                 part_stored, keys, values = part_store(
                     keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device, first_position=begin, plan=self._plan
                 )
-                if index < num_blocks:  # the tail is the last part: nothing attends to it here
-                    cache.commit(keys, values)
+                cache.commit(keys, values)  # the tail too: the cache's buffers become the served state
                 served.append((keys, values))
                 stored.append(part_stored)
                 if index < num_blocks:
                     tensors = part_stored if part_stored is not None else raw_layers(keys, values)
                     refs.append(BlockRef(links[index][0], begin, size, tensor_digest(tensors)))
+            state = cache.state()
             del cache
             compute_s = time.perf_counter() - compute_started
-            payload = payload_of(served, stored if self.quant != "none" else None, bounds)  # type: ignore[arg-type]
+            payload = payload_of(served, stored if self.quant != "none" else None, bounds, state=state)  # type: ignore[arg-type]
         header = CartridgeHeader(
             format_version=FORMAT_VERSION,
             **compat,
@@ -672,47 +672,72 @@ class TransformersKvBackend(KvBackend):
 
 
 class _BlockLayer(DynamicLayer):
-    """A cache layer holding the served KV of the parts computed or reused so far, one tensor per part.
+    """A cache layer holding the served KV of the parts computed or reused so far, in one buffer per kind.
 
-    update() hands attention ONE concatenation of the held parts and the part being prefilled: contiguous and
-    exactly as long as they are, the very tensor a cache holding them pre-concatenated would give (that cache paid
-    a second whole copy at every commit); it keeps the new states aside. commit() appends what the part serves
-    (quantized and cast as stored), so the next part attends to exactly what a reused block would give it
-    (blocks.py). Reused parts are held as they were read (no copy until attention needs them joined).
+    The buffers ``[1, num_kv_heads, capacity, head_dim]`` are the cartridge's KvState buffers (capacity: its tokens
+    and the answer room), so the compiled state is the cache itself, not a copy of it (_BlockCache.state()). Each
+    reused part is copied in once; update() writes the part being prefilled after the held ones and hands attention
+    views of the buffers (the answer path's BufferLayer does the same: sdpa reads views, and gives the bits it gives
+    on contiguous copies; the byte pins and the incremental == from-scratch tests hold that). Before, update()
+    concatenated every held part with the new one: a whole copy of the cache per part (a full 8k compile copied it
+    ~16 times; an append's tail once, and the payload's assembly once more). It keeps the new states aside.
+    commit() writes what the part serves (quantized and cast as stored) over them, so the next part attends to
+    exactly what a reused block would give it (blocks.py). When the new states are of another dtype than the held
+    ones (bf16r's f32 keys), update() concatenates as before (torch.cat promotes them alike).
     """
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int):
         super().__init__()
         self.new: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.held_keys, self.held_values = list(keys), list(values)
-        self.num_held = sum(int(k.shape[-2]) for k in keys)
-        if keys:
-            self.device, self.is_initialized = keys[0].device, True
+        self.capacity = capacity
+        self.kbuf: torch.Tensor | None = None
+        self.vbuf: torch.Tensor | None = None
+        self.num_held = 0
+        for k, v in zip(keys, values, strict=True):
+            self._put(k, v)
+
+    def _put(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if self.kbuf is None or self.vbuf is None:
+            b, h, _, d = keys.shape
+            self.kbuf = torch.empty((b, h, self.capacity, d), dtype=keys.dtype, device=keys.device)
+            self.vbuf = torch.empty((b, h, self.capacity, values.shape[-1]), dtype=values.dtype, device=values.device)
+            self.device, self.is_initialized = keys.device, True
+        end = self.num_held + int(keys.shape[-2])
+        self.kbuf[:, :, self.num_held : end].copy_(keys)
+        self.vbuf[:, :, self.num_held : end].copy_(values)
+        self.num_held = end
 
     def get_seq_length(self) -> int:
         return self.num_held
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         self.new = (key_states, value_states)
-        if not self.held_keys:
+        if self.kbuf is None or self.vbuf is None or not self.num_held:
             return key_states, value_states
-        return torch.cat([*self.held_keys, key_states], dim=-2), torch.cat([*self.held_values, value_states], dim=-2)
+        n, end = self.num_held, self.num_held + int(key_states.shape[-2])
+        if key_states.dtype != self.kbuf.dtype or value_states.dtype != self.vbuf.dtype:
+            return torch.cat([self.kbuf[:, :, :n], key_states], dim=-2), torch.cat([self.vbuf[:, :, :n], value_states], dim=-2)
+        self.kbuf[:, :, n:end].copy_(key_states)
+        self.vbuf[:, :, n:end].copy_(value_states)
+        return self.kbuf[:, :, :end], self.vbuf[:, :, :end]
 
     def commit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.held_keys.append(keys)
-        self.held_values.append(values)
-        self.num_held += int(keys.shape[-2])
-        self.device, self.is_initialized = keys.device, True
+        self._put(keys, values)
         self.new = None
 
 
 class _BlockCache(DynamicCache):
-    """The cache compile() prefills each part on top of (see _BlockLayer)."""
+    """The cache compile() prefills each part on top of (see _BlockLayer); ``capacity``: positions per buffer."""
 
-    def __init__(self, config, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]]):
+    def __init__(self, config, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, capacity: int):
         num_layers = config.get_text_config().num_hidden_layers
-        layers = [_BlockLayer([p[0][layer] for p in parts], [p[1][layer] for p in parts]) for layer in range(num_layers)]
+        layers = [_BlockLayer([p[0][layer] for p in parts], [p[1][layer] for p in parts], capacity) for layer in range(num_layers)]
         Cache.__init__(self, layers=layers)
+
+    def state(self) -> KvState:
+        """The committed parts as the cartridge's KvState: the buffers themselves (the cache is done with them)."""
+        layers = self.layers
+        return KvState.of_buffers([layer.kbuf for layer in layers], [layer.vbuf for layer in layers], num_tokens=layers[0].num_held)
 
     def take_new(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         keys = [layer.new[0] for layer in self.layers]
