@@ -124,6 +124,8 @@ def load_sensitivities(files: list[str]) -> tuple[dict[Unit, float], dict[str, i
                 sens[(kind, layer, head)] = s
         else:
             sens.update({(kind, layer, None): s for layer, s in enumerate(found["mean_kl"])})
+    if len({u[2] is None for u in sens}) > 1:
+        raise SystemExit("give both kinds per layer (measure) or both per head (heads_q4.py), not one of each")
     return sens, measured
 
 
