@@ -8,8 +8,9 @@ Stored tensors of each part (a full block or the tail, blocks.py; the whole file
 - q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``{kv}.exact`` (the leading positions,
   unquantized), ``.bits`` (uint8 [num_layers, num_kv_heads], each head's code bits: q8 8; q4 a plan's,
   quant.bit_plan, per layer since format 7, per head since format 8), ``.q`` (every head's packed codes,
-  quant.pack, flattened and concatenated in (layer, head) order: heads differ in width), ``.scale`` (float16) and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are
-  quantized per channel (their outliers sit in fixed channels), values per token (see quant.py).
+  quant.pack, flattened and concatenated in (layer, head) order: heads differ in width), ``.scale`` (float16)
+  and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are quantized per channel
+  (their outliers sit in fixed channels), values per token (see quant.py).
 Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]`` (``.q`` and ``.bits`` since format 7:
 see above), so a part's header names 2 or 10 tensors, not 60 or 300 (a 256-token block's header would otherwise
 be ~20 KB).

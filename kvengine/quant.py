@@ -438,7 +438,7 @@ def dequantize_kv(parts: dict[str, torch.Tensor], quant: str, dtype: torch.dtype
     rest = out.view(len(bits), exact.shape[-2] + num_tokens, d)[:, exact.shape[-2]:]  # per head, a view of ``out``
     for b in sorted(set(bits)):
         index = [i for i, unit_bits in enumerate(bits) if unit_bits == b]
-        width = d if b == 8 else b * d // 8
+        width = code_bytes(b, d, quant, axis)
         group = {"q": torch.stack([chunks[i] for i in index]).view(len(index), num_tokens, width), "scale": scales[index], "zero": zeros[index]}
         rest[index] = dequantize(group, quant, dtype, axis=axis, bits=b)
     return out
