@@ -185,7 +185,7 @@ class TransformersKvBackend(KvBackend):
         links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(compat))
         num_layers = self.model.config.get_text_config().num_hidden_layers
         refs: list[BlockRef] = []
-        served: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        reused: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []  # copied into the cache's buffers once
         stored: list[dict[str, RawTensor] | None] = []
         with torch.inference_mode():
             for block_id_, first in links if blocks is not None else ():
@@ -202,11 +202,12 @@ class TransformersKvBackend(KvBackend):
                     kv_shape=self.kv_shape,
                 )
                 refs.append(ref)
-                served.append((keys, values))
+                reused.append((keys, values))
                 stored.append(dict(tensors) if self.quant != "none" else None)
             num_reused = len(refs)
             compute_started = time.perf_counter()
-            cache = _BlockCache(self.model.config, served, capacity=len(ids) + DEFAULT_ROOM)
+            cache = _BlockCache(self.model.config, reused, capacity=len(ids) + DEFAULT_ROOM)
+            del reused  # the buffers hold them now
             bounds = [first for _, first in links] + [num_blocks * size, len(ids)]
             for index in range(num_reused, num_blocks + 1):  # the last one is the tail
                 begin, end = bounds[index], bounds[index + 1]
@@ -215,7 +216,6 @@ class TransformersKvBackend(KvBackend):
                     keys, values, quant=self.quant, dtype=self.torch_dtype, device=self.device, first_position=begin, plan=self._plan
                 )
                 cache.commit(keys, values)  # the tail too: the cache's buffers become the served state
-                served.append((keys, values))
                 stored.append(part_stored)
                 if index < num_blocks:
                     tensors = part_stored if part_stored is not None else raw_layers(keys, values)
@@ -223,7 +223,7 @@ class TransformersKvBackend(KvBackend):
             state = cache.state()
             del cache
             compute_s = time.perf_counter() - compute_started
-            payload = payload_of(served, stored if self.quant != "none" else None, bounds, state=state)  # type: ignore[arg-type]
+            payload = payload_of((), stored if self.quant != "none" else None, bounds, state=state)  # type: ignore[arg-type]
         header = CartridgeHeader(
             format_version=FORMAT_VERSION,
             **compat,
