@@ -12,7 +12,7 @@ Stored tensors of each part (a full block or the tail, blocks.py; the whole file
   and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are quantized per channel
   (their outliers sit in fixed channels), values per token (see quant.py).
 Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]`` (``.q`` and ``.bits`` since format 7:
-see above), so a part's header names 2 or 10 tensors, not 60 or 300 (a 256-token block's header would otherwise
+see above), so a part's header names 2 or 10 tensors, not 60 or 300 (a block's header would otherwise
 be ~20 KB).
 
 A quantized cartridge serves its dequantized state, so compile() and loads() give the same answers. The names,

@@ -66,7 +66,7 @@ never those of the 200-question kveval run), 48 questions, 16-token f32 answers,
 
 The rotation still pays at q8 (2.3x lower mean KL at 32), finer key groups are what lower the first-token KL,
 and 16/16 is the lowest on every measure and the only one with no position's argmax changed, for 0.047x of
-f32 more than format 4 (q8 stays under a third of f32). 16 divides the 256-token block, so key groups never
+f32 more than format 4 (q8 stays under a third of f32). 16 divides the block (BLOCK_SIZE), so key groups never
 straddle a block boundary (blocks.py); block 0's quantized part starts after the EXACT_PREFIX_TOKENS exact
 positions, so its last key group is 12 tokens (padded as any short group is). The 200-question measurement
 on other articles is in BENCHMARKS.md (section "q8 in 16-value groups").

@@ -73,3 +73,14 @@ def small_blocks(real_backend):
     backend.__dict__.update(real_backend.__dict__)
     backend.block_size = 16
     return backend
+
+
+@pytest.fixture(scope="module")
+def long_blocks(real_backend):
+    """The real model in 256-token blocks (the default before issue 13's 64): a ~190-token log is one tail part."""
+    from kvengine.transformers_backend import TransformersKvBackend
+
+    backend = TransformersKvBackend.__new__(TransformersKvBackend)
+    backend.__dict__.update(real_backend.__dict__)
+    backend.block_size = 256
+    return backend

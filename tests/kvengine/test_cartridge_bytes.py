@@ -42,35 +42,31 @@ MEMORIES = [
 # model 106 (Ice Lake) reproduced every f32, q8 and q4 digest of the model-207 pins exactly, with 1 and 2 threads,
 # but not the bf16 ones (qwen2's bf16 none and q8, SmolLM2's bf16r): bf16 takes other kernels there.
 # FORMAT_VERSION 8 (issue 16: q4's bits per layer and KV head; every quantized part stores [layers, heads] bits and
-# its codes flattened by head) changed every digest again: recomputed on 2026-11-30 on the model-106 Xeon with 1 and
-# 2 threads. The tiny models' bytes are the same with both; every SmolLM2 digest, bf16r's included, differs between
-# them, so SmolLM2's are pinned per thread count. The model-207 pins of format 7 were dropped: no such machine was at
-# hand to record format 8's (its f32/q8/q4 digests are likely these, as at format 7, but that was not measured).
-TINY_XEON = {
-    "qwen2:f32:none": "6fa60471c24a74fa79283891a15c9bfdbe57b00c5dc0ffe4ec19aea8f094ede2",
-    "qwen2:f32:q8": "62d44ad5eadccb94b7d976c5350eac4f8916617723abfd213d7f373654de3f25",
-    "qwen2:f32:q4": "6a355cb1ddd22626d4bc3fa4e17ac15c97f1007ae6a689ae848e1aaef1c09f4b",
-    "qwen2:bf16:none": "3cf7488c2caa8a582e5c81d4df1b883fa5ed4de80487dbe82cd5b68033caceac",
-    "qwen2:bf16:q8": "aabe7a72dce7e680eeba29db56abf0c596618ba6b272ab3fb46089af9da94f70",
-    "qwen2:bf16:q4": "5f773b4feb51f0708cac4cc39a52d763599ab1e41216c69bfda2b562bf4f15cb",
-    "gpt2:f32:none": "03bed0a2fc18acf708aad8fb7f8f57f76a8be46d9e2b645c4a7cf04dbb826de1",
-    "gpt2:f32:q8": "7e64bb3824df4d93fc2e15314689b3130721ee898bec3505c13b420eb602ae3b",
-    "gpt2:f32:q4": "804261846ae729ad24763b2cf266a34e58fb7a7bbffa92189b43ddccc8131afd",
-    "gpt2:bf16:none": "3c03853fc3dd7c672364dc4e7626bb7b7bccb46fa9a2a371a6961ae769069de8",
-    "gpt2:bf16:q8": "7799007567f1ad766b15a990aad27cd87c5517eb34e931289830f550961f679e",
-    "gpt2:bf16:q4": "417b020aa902a480b7cfb26e1412f59b6876833f7d7be853a39c07229d859a58",
+# its codes flattened by head) changed every digest again: recomputed on 2026-11-30 on an Intel Xeon of family 6 model
+# 106 with 1 and 2 threads (the tiny models alike with both, every SmolLM2 digest per thread count).
+# Issue 13's block size of 64 tokens (256 before; not a format change: the header and every block id carry the block
+# size, so 256-token cartridges still load) changed every digest again (the header, and where compile cuts its passes):
+# recomputed on 2026-12-01 on an AMD EPYC of family 25 model 17 (Zen 4) with 1 and 2 threads, every digest alike with
+# both, SmolLM2's included. The model-106 pins were dropped: no such machine was at hand to record the new ones.
+TINY_ZEN4 = {
+    "qwen2:f32:none": "205c2dfe63dcfea0b717c2a66f1374cdf5e1db38f914803797174f702ed9eb57",
+    "qwen2:f32:q8": "98f1c0397cedd42300a99654d519600a3074dd6ec37311a4a209fd1587d3cfe6",
+    "qwen2:f32:q4": "c5d95d491b992ac641e22308baeb06b0a47ee662398bcf9ee693da03a7b0355e",
+    "qwen2:bf16:none": "9aca548c6415546a5f2f9539bf03d6421d8fc3560a0e985b86c9f8b181dca1ec",
+    "qwen2:bf16:q8": "e834114ef5b38d15bd6a1fa941064f12955b05ac2a929cb98c44a51d4a795807",
+    "qwen2:bf16:q4": "64b424c1f204177e260e13e46e2def91be5d1572e5e05a1e08ae2b2131c56111",
+    "gpt2:f32:none": "dba33e9d01dc47f91a6d37e4cda6a1fb3c9abd7a64c7c296870b94fa237dd197",
+    "gpt2:f32:q8": "2c4c74f11949d9d6934ec0cf261f85d4091f10ca8d5a970d5b4a042dd1fc4eb7",
+    "gpt2:f32:q4": "3e3ff431700e03235407bce7e4bf30584e7ef9ecf1ebb5babb6be3ea5cc4e74c",
+    "gpt2:bf16:none": "ae042de78cce7a79a5e65286a3ef67a4c4c95aef444bf0d483b4b3a4391c3759",
+    "gpt2:bf16:q8": "26c14642904d6ebd9f8a8e822579f1b61ea8fa5403328d2cf54c5e835378f869",
+    "gpt2:bf16:q4": "36e3d740d8f84d9e9568799badba7b5596e674f466d571adb67bfa5b2c040b8f",
 }
-SMOLLM2_XEON_1_THREAD = {
-    "none": "25e45c6aea07fd1349cc0e588586cfeaced656cc089066344cd7ef2176f26720",
-    "q8": "3efbb9fb444ba0f8a635f53225398600a6f46671b9a6f265edee619b4e0c3500",
-    "q4": "8c0ae6aba7471947d6e0b45596f7284225edfe43a89894fc9174e2521d245264",
-    "bf16r": "e9318795aae0884acf5277eddce72ee18a5622943c7a3ac407a99d140b64a839",
-}
-SMOLLM2_XEON_2_THREADS = {
-    "none": "75a8d4dd8fbd7ce4be9d05ee2ce33abc345bd997c1313d4164d0b3059b4cbae3",
-    "q8": "31ae90dc6cdb618d6a4e0feebb95b69271ada6b906c9fd5720507d5d06ec8e25",
-    "q4": "fa9cddbea15a75c519bf46251e62b3a04cb00bf2a44a3aa9a86da1184fc114f9",
-    "bf16r": "b2a82f051f8d495749619eab95f11f7046b759fcdd1ba6685166da2f00a0f7ef",
+SMOLLM2_ZEN4 = {
+    "none": "918d79cb228154d506b512baf859a69411780e1221a4c0c498897c0302999f93",
+    "q8": "77bcd2609b2959aa77f4097161caa981ab74fa8bfe0d37572b35fad5153a0bbd",
+    "q4": "db6d6f38751ddf3a0f50eff0934c957d03630a4028ab913a5c629332c40437e7",
+    "bf16r": "d05a2278a128af38d4e581a7eac6bf3892688008d3b42f226e69f9bbe66ffefd",
 }
 
 
@@ -90,7 +86,7 @@ def machine() -> str:
 
 # machine() -> the pins computed there; "kind@N" pins hold only with N torch threads (and win over "kind")
 PINNED = {
-    "GenuineIntel 6 106 torch 2.13.0+cpu": {"tiny": TINY_XEON, "smollm2@1": SMOLLM2_XEON_1_THREAD, "smollm2@2": SMOLLM2_XEON_2_THREADS},
+    "AuthenticAMD 25 17 torch 2.13.0+cpu": {"tiny": TINY_ZEN4, "smollm2": SMOLLM2_ZEN4},
 }
 
 

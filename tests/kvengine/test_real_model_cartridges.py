@@ -158,10 +158,11 @@ def test_q8_and_q4_cartridges_are_small_and_q8_answers_like_f32(real_backend, ca
     q8, q4 = real_backend.variant(quant="q8"), real_backend.variant(quant="q4")
     c8, c4 = q8.compile(MEMORIES), q4.compile(MEMORIES)
     d8, d4 = q8.dumps(c8), q4.dumps(c4)
-    # this ~190-token cartridge pays a fixed cost (the 4 exact sink positions, the header) on few tokens
-    assert len(d8) / f32_size <= 0.33 and len(d4) / f32_size <= 0.19
+    # this ~190-token cartridge pays a fixed cost (the 4 exact sink positions, the headers of its 64-token block parts,
+    # their short key groups) on few tokens: q8 0.330 here, still under a third of f32
+    assert len(d8) / f32_size < 1 / 3 and len(d4) / f32_size <= 0.19
     # from 1k tokens on: q8 <= 0.32x (format 5: 16-value groups, issue 13), q4 <= 0.16x of f32 (32-value groups,
-    # issue 16); format 4 quantizes each 256-token block on its own (key groups never straddle a block)
+    # issue 16); format 4 quantizes each block on its own (key groups never straddle a block)
     big = real_backend.compile(MEMORIES * 6)
     assert big.header.num_tokens >= 1000
     big_size = len(real_backend.dumps(big))
@@ -173,12 +174,12 @@ def test_q8_and_q4_cartridges_are_small_and_q8_answers_like_f32(real_backend, ca
     assert q4.answer(q4.loads(d4), QUESTIONS[0], max_new_tokens=6).token_ids == q4.answer(c4, QUESTIONS[0], max_new_tokens=6).token_ids
 
 
-def test_q4_stores_smollm2s_calibrated_bits_per_head_and_refuses_forged_ones(real_backend):
+def test_q4_stores_smollm2s_calibrated_bits_per_head_and_refuses_forged_ones(real_backend, long_blocks):
     from kvengine.format import RawTensor
     from kvengine.payload import from_raw, part_serve
     from kvengine.quant import bit_plan
 
-    q4 = real_backend.variant(quant="q4")
+    q4 = long_blocks.variant(quant="q4")  # 256-token blocks: the ~190-token log below is one part
     num_layers, heads = real_backend.model.config.num_hidden_layers, q4.kv_shape[0]
     plan = bit_plan("q4", num_layers, heads, real_backend.describe().weights_fingerprint)
     assert all(len(set(row)) > 1 for row in (plan["k"][18], plan["k"][23]))  # calibrated per head (kvengine/q4_plans.json)

@@ -89,9 +89,10 @@ def test_the_fake_re_reads_the_new_memories_on_top_of_the_verified_ones():
 
 
 @pytest.mark.model
-def test_a_new_part_equal_to_its_re_reading_bit_for_bit_is_not_probed_again(real_backend):
+def test_a_new_part_equal_to_its_re_reading_bit_for_bit_is_not_probed_again(long_blocks):
     """256-token blocks and a short log: compile reads the whole tail in one pass, as the re-reading does, so the two
     KV states are equal bit for bit and every answer is the same by construction; probes are not decoded."""
+    real_backend = long_blocks
     child = real_backend.compile([*MEMORIES, NEW])
     assert child.stats["blocks_computed"] == 0  # only the tail
     check = real_backend.verify_extension(
