@@ -60,6 +60,7 @@ def backend_for(config: Any) -> KvBackend:
         options["device"] = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
         if config.backend == "transformers":
             options["cache_dir"] = str(getattr(settings, "MNESIO_MODEL_CACHE_DIR", ""))
+            options["block_size"] = int(getattr(settings, "MNESIO_KV_BLOCK_SIZE", 64))
         log.info("loading kv backend %s", config.key)
         backend = make_backend(config.backend, **options)
         _backends[config] = backend

@@ -323,6 +323,13 @@ MNESIO_KV_MODEL = env("MNESIO_KV_MODEL", "smollm2-135m-instruct")
 MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16", "bf16r"])
 MNESIO_KV_QUANT = envchoice("MNESIO_KV_QUANT", "none", ["none", "q8", "q4"])
 MNESIO_KV_DEVICE = env("MNESIO_KV_DEVICE", "auto")
+# Tokens per KV block (transformers backend, kvengine/blocks.py): an append recomputes the last partial block plus
+# the new memory, so smaller blocks refresh faster; a full compile runs one pass per block, so larger blocks compile
+# faster (BENCHMARKS.md, "Blocks of 64 tokens"). A multiple of 64, so no quantization group (q8 16, q4 64 tokens)
+# straddles or pads a block. Changing it makes new block ids: the next compile of each scope is a full one.
+MNESIO_KV_BLOCK_SIZE = envint("MNESIO_KV_BLOCK_SIZE", 64, minimum=64)
+if MNESIO_KV_BLOCK_SIZE % 64:
+    raise ImproperlyConfigured(f"`MNESIO_KV_BLOCK_SIZE` has to be a multiple of 64 tokens but got {MNESIO_KV_BLOCK_SIZE}")
 # Converted model weights and other engine caches.
 MNESIO_MODEL_CACHE_DIR = Path(env("MNESIO_MODEL_CACHE_DIR", str(Path.home() / ".cache" / "mnesio")))
 # How many loaded cartridges a worker keeps in memory (LRU); 0 disables the cache.

@@ -137,3 +137,23 @@ def test_it_answers_a_sealed_request_through_the_task_and_forgets_it(scope_a, ap
     with pytest.raises(MnesioError) as exc:
         answer_request_collect(answer_request=request)
     assert exc.value.status_code == 404
+
+
+def test_the_block_size_setting_reaches_every_transformers_backend_it_loads(monkeypatch, settings):
+    """MNESIO_KV_BLOCK_SIZE is what a worker's engine cuts cartridges by (no model is loaded: make_backend is caught)."""
+    from cartridges import engine
+    from kvengine import KvConfig
+
+    calls: list[tuple[str, dict]] = []
+
+    def caught(name, **options):
+        calls.append((name, options))
+        return object()
+
+    monkeypatch.setattr(engine, "make_backend", caught)
+    monkeypatch.setattr(engine, "_backends", {})
+    settings.MNESIO_KV_BLOCK_SIZE = 256
+    engine.backend_for(KvConfig("transformers", "some-model", "f32", "none"))
+    engine.backend_for(KvConfig("fake", "fake-model", "f32", "none"))
+    assert calls[0][0] == "transformers" and calls[0][1]["block_size"] == 256
+    assert calls[1][0] == "fake" and "block_size" not in calls[1][1]  # the fake keeps its own

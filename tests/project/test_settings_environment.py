@@ -48,7 +48,7 @@ def test_the_defaults_hold_with_nothing_set(load, tmp_path):
     assert (s["MNESIO_ANSWER_REQUEST_TTL_S"], s["MNESIO_ORPHAN_BLOB_GRACE_S"], s["MNESIO_CARTRIDGE_COMPILE_PAUSE_S"]) == (
         3600, None, 0.0
     )
-    assert s["MNESIO_KV_ALLOWED_MODELS"] == ["smollm2-135m-instruct", "fake-model"]
+    assert s["MNESIO_KV_ALLOWED_MODELS"] == ["smollm2-135m-instruct", "fake-model"] and s["MNESIO_KV_BLOCK_SIZE"] == 64
     assert s["MNESIO_MASTER_KEY"] == b"k" * 32 and s["MNESIO_MASTER_KEY_OLD"] is None
 
 
@@ -57,11 +57,11 @@ def test_it_reads_values_and_treats_an_empty_variable_as_unset(load):
              MNESIO_CARTRIDGE_COMPILE_PAUSE_S="3", MNESIO_KV_ALLOWED_MODELS=" a, b ,,c", ALLOWED_HOSTS="x.example, y",
              MNESIO_ORPHAN_BLOB_GRACE_S="0", MNESIO_ANSWER_MAX_NEW_TOKENS="", DB_CONN_MAX_AGE="60",
              DATABASE_URL="postgres://u:p%40ss@db.example:5433/mnesio?sslmode=require",
-             REDIS_URL="redis://127.0.0.1:6379/3")
+             REDIS_URL="redis://127.0.0.1:6379/3", MNESIO_KV_BLOCK_SIZE="256")
     assert s["DEBUG"] is True and s["SECURE_SSL_REDIRECT"] is False and s["MNESIO_GATE_MIN_FIDELITY"] == 0.5
     assert s["MNESIO_GATE_REQUIRE_RETRIEVAL"] is True and s["MNESIO_CARTRIDGE_COMPILE_PAUSE_S"] == 3.0
     assert s["MNESIO_KV_ALLOWED_MODELS"] == ["a", "b", "c"] and s["ALLOWED_HOSTS"] == ["x.example", "y"]
-    assert s["MNESIO_ORPHAN_BLOB_GRACE_S"] == 0 and s["MNESIO_ANSWER_MAX_NEW_TOKENS"] == 32
+    assert s["MNESIO_ORPHAN_BLOB_GRACE_S"] == 0 and s["MNESIO_ANSWER_MAX_NEW_TOKENS"] == 32 and s["MNESIO_KV_BLOCK_SIZE"] == 256
     db = s["DATABASES"]["default"]
     assert (db["ENGINE"], db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["CONN_MAX_AGE"]) == (
         "django.db.backends.postgresql", "mnesio", "u", "p@ss", "db.example", 5433, 60
@@ -98,6 +98,9 @@ def test_secrets_come_from_files_and_are_taken_literally(load, tmp_path):
         ({"MNESIO_ANSWER_REQUEST_TTL_S": "soon"}, "`MNESIO_ANSWER_REQUEST_TTL_S` has to be an integer but got 'soon'"),
         ({"MNESIO_KV_DTYPE": "f64"}, "`MNESIO_KV_DTYPE` has to be one of ['f32', 'bf16', 'f16', 'bf16r'] but got 'f64'"),
         ({"MNESIO_KV_QUANT": "q3"}, "`MNESIO_KV_QUANT` has to be one of ['none', 'q8', 'q4'] but got 'q3'"),
+        ({"MNESIO_KV_BLOCK_SIZE": "96"}, "`MNESIO_KV_BLOCK_SIZE` has to be a multiple of 64 tokens but got 96"),
+        ({"MNESIO_KV_BLOCK_SIZE": "0"}, "`MNESIO_KV_BLOCK_SIZE` has to be >= 64 but got 0"),
+        ({"MNESIO_KV_BLOCK_SIZE": "64 tokens"}, "`MNESIO_KV_BLOCK_SIZE` has to be an integer but got '64 tokens'"),
         ({"MNESIO_LOG_LEVEL": "TRACE"}, "`MNESIO_LOG_LEVEL` has to be one of ['DEBUG', 'INFO', 'WARNING', 'ERROR']"),
         ({"MNESIO_KV_BACKEND": "fake"}, "unless `MNESIO_ALLOW_FAKE_BACKEND=true`"),
         ({"DATABASE_URL": "mysql://a@b/c"}, "`DATABASE_URL` has to name 'sqlite' or 'postgres' but names 'django.db.backends.mysql'"),
