@@ -15,6 +15,9 @@ Design
   stream). Newly admitted questions are prefilled together in one pass of their own (their prompts padded to
   the longest; padding positions are masked out and later overwritten), which yields their first tokens; then
   they join the decode batch, where every step is ONE forward pass over ``[rows, 1]`` tokens.
+- **Prefill first.** Questions that arrive while a prefill pass runs are prefilled right after it, before the next
+  decoding step (as vLLM's scheduler does), so a burst's late arrivals wait for one pass, not a pass and a step; at
+  most ``max_batch`` prefill passes run in a row, so the rows already decoding are never starved.
 - **Cascade attention, no prefix copies.** A cartridge's KV state (KvState's read-only region) is shared by all
   of its rows and is never copied or expanded per row. Each row has its own scratch (the question's prompt and
   answer tokens) in per-row slot buffers ``[max_batch, kv_heads, room, head_dim]`` per layer. In every layer,
@@ -366,7 +369,13 @@ class Batcher:
                 pass  # already in the batch: the worker drops its row at the next step
 
     # -- the worker -------------------------------------------------------------------------------------
+    def _can_admit(self) -> bool:
+        """Whether a question waits and a row is free for it."""
+        with self._cond:
+            return bool(self._waiting) and len(self._rows) < self.max_batch
+
     def _run(self) -> None:
+        prefills_in_a_row = 0  # prefill passes since the last decoding step (bounded by max_batch: rows still decoding wait)
         with torch.inference_mode():
             while True:
                 with self._cond:
@@ -391,6 +400,10 @@ class Batcher:
                     if new_rows:
                         self._prefill(new_rows)
                         self._drop_finished()
+                        prefills_in_a_row += 1
+                        if prefills_in_a_row < self.max_batch and self._can_admit():
+                            continue  # prefill first: questions that came during the pass get a first token before the next step
+                    prefills_in_a_row = 0
                     if self._rows and any(row.pending is not None for row in self._rows):
                         self._decode()
                         self._drop_finished()
@@ -399,6 +412,7 @@ class Batcher:
                     for row in failed.values():
                         row.request._put("error", exc)
                     self._rows.clear()
+                    prefills_in_a_row = 0
                     with self._cond:
                         self._in_flight = 0
 

@@ -199,6 +199,37 @@ def test_rows_join_a_running_batch_and_streams_match(real_backend, cartridges):
 
 
 @pytest.mark.model
+def test_a_question_that_arrives_during_a_prefill_is_prefilled_before_the_next_decoding_step(real_backend, cartridges, monkeypatch):
+    """Prefill first: the late arrival of a burst waits for one pass, not for a pass and a decoding step."""
+    backend, cartridge = real_backend, cartridges[0]
+    batcher = backend.batcher()
+    passes: list[str] = []
+    late: list = []
+    prefill, decode = batcher._prefill, batcher._decode
+
+    def prefill_spy(rows):
+        passes.append("prefill")
+        if len(passes) == 1:  # a second question comes while the first one's prompt is in its pass
+            thread = threading.Thread(target=lambda: late.append(backend.answer(cartridge, QUESTIONS[1], max_new_tokens=4)))
+            thread.start()
+            late.append(thread)
+            _wait_until(lambda: batcher.waiting() == 1)
+        return prefill(rows)
+
+    def decode_spy():
+        passes.append("decode")
+        return decode()
+
+    monkeypatch.setattr(batcher, "_prefill", prefill_spy)
+    monkeypatch.setattr(batcher, "_decode", decode_spy)
+    first = backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4)
+    late[0].join(timeout=60)
+    assert passes[:3] == ["prefill", "prefill", "decode"], passes
+    assert first.token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
+    assert late[1].token_ids == backend.answer_unbatched(cartridge, QUESTIONS[1], max_new_tokens=4).token_ids
+
+
+@pytest.mark.model
 def test_a_stream_closed_early_frees_its_row(real_backend, cartridges):
     backend = real_backend
     batcher = backend.batcher()
