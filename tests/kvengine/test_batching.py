@@ -230,6 +230,31 @@ def test_a_question_that_arrives_during_a_prefill_is_prefilled_before_the_next_d
 
 
 @pytest.mark.model
+def test_an_idle_batcher_gathers_a_burst_into_one_first_pass(real_backend, cartridges):
+    """Questions sent one after another, each within the quiet period of the one before, share the first pass."""
+    backend = real_backend
+    state = cartridges[0].payload.state
+    prompts = [backend.layout.encode(backend.layout.suffix_text(q)) for q in QUESTIONS[:3]]
+    with pytest.raises(ValueError, match="gather_s"):
+        Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", gather_s=-1)
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4, gather_s=0.5)
+    sizes: list[int] = []
+    prefill = batcher._prefill
+    batcher._prefill = lambda rows: (sizes.append(len(rows)), prefill(rows))[1]
+    try:
+        requests = []
+        for prompt in prompts:
+            requests.append(batcher.submit(state, prompt, max_new_tokens=3))
+            time.sleep(0.02)
+        answers = [[value for kind, value in request.events() if kind == "token"] for request in requests]
+        assert sizes[0] == 3, sizes
+        want = [list(backend.answer_unbatched(cartridges[0], q, max_new_tokens=3).token_ids) for q in QUESTIONS[:3]]
+        assert answers == want
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
 def test_a_stream_closed_early_frees_its_row(real_backend, cartridges):
     backend = real_backend
     batcher = backend.batcher()
