@@ -15,12 +15,14 @@ Design
   stream). Newly admitted questions are prefilled together in one pass of their own (their prompts padded to
   the longest; padding positions are masked out and later overwritten), which yields their first tokens; then
   they join the decode batch, where every step is ONE forward pass over ``[rows, 1]`` tokens.
-- **A burst shares its first pass.** A worker with nothing in flight, woken by a question, first waits until no
-  other question has come for ``gather_s`` (5 ms; at most 8 times that), as dynamic batchers' queue delay does:
+- **A burst shares its first pass.** A worker that was idle (nothing in flight, nothing waiting), woken by a
+  question, first waits until no other question has come for ``gather_s`` (5 ms; at most 8 times that in all), as
+  dynamic batchers' queue delay does:
   questions sent together otherwise split into a pass for the first few and a pass for the rest.
 - **Prefill first.** Questions that arrive while a prefill pass runs are prefilled right after it, before the next
   decoding step (as vLLM's scheduler does), so a burst's late arrivals wait for one pass, not a pass and a step; at
-  most ``max_batch`` prefill passes run in a row, so the rows already decoding are never starved.
+  most two prefill passes run in a row (MAX_PREFILLS_IN_A_ROW), so a row already decoding waits at most two passes
+  for its next token.
 - **Cascade attention, no prefix copies.** A cartridge's KV state (KvState's read-only region) is shared by all
   of its rows and is never copied or expanded per row. Each row has its own scratch (the question's prompt and
   answer tokens) in per-row slot buffers ``[max_batch, kv_heads, room, head_dim]`` per layer. In every layer,
@@ -79,6 +81,9 @@ DEFAULT_MAX_WAITING = 64  # questions waiting for a row before OverloadedError
 # submit may wait that long to run. A lone question pays it once (0.005 s of a 0.2 s first token at 8k).
 DEFAULT_GATHER_S = 0.005
 GATHER_CAP = 8
+# Prefill passes run in a row before the rows already decoding get their next token (prefill first, below): a
+# burst split at a pass boundary gets its second pass at once, and no decoding row waits more than two passes.
+MAX_PREFILLS_IN_A_ROW = 2
 INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a question needs more
 # The most scratch positions (prompt + answer) a question may take in a batch row. Every row slot has the
 # room of the longest, so one long question would make all max_batch slots long (16 x 4k positions are 2.9 GB
@@ -385,21 +390,27 @@ class Batcher:
     def _gather(self) -> None:
         """Idle and woken: wait (holding ``_cond``'s lock only between waits) until no question came for gather_s."""
         deadline = time.monotonic() + GATHER_CAP * self.gather_s
-        while self.gather_s and not self._closed and len(self._waiting) < self.max_batch and time.monotonic() < deadline:
+        while self.gather_s and not self._closed and len(self._waiting) < self.max_batch:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
             seen = len(self._waiting)
-            self._cond.wait(self.gather_s)  # submit() notifies: a new question restarts the quiet period
-            if len(self._waiting) == seen:
+            self._cond.wait(min(self.gather_s, left))  # submit() notifies: a new question restarts the quiet period
+            if len(self._waiting) <= seen:  # none came (a cancelled one leaves the queue: no reason to wait on)
                 return
 
     def _run(self) -> None:
-        prefills_in_a_row = 0  # prefill passes since the last decoding step (bounded by max_batch: rows still decoding wait)
+        prefills_in_a_row = 0  # prefill passes since the last decoding step (at most MAX_PREFILLS_IN_A_ROW)
+        idle = True  # the worker starts with the first question, nothing in flight
         with torch.inference_mode():
             while True:
                 with self._cond:
+                    idle = idle or (not self._waiting and not self._rows)
                     while not self._closed and not self._waiting and not self._rows:
                         self._cond.wait()
-                    if not self._rows:
+                    if idle and not self._rows:  # woken from idle (or just started): let the rest of a burst arrive
                         self._gather()
+                    idle = False
                     if self._closed:
                         for request in [*self._waiting, *(row.request for row in self._rows)]:
                             request._put("error", RuntimeError("the batcher was closed"))
@@ -420,7 +431,7 @@ class Batcher:
                         self._prefill(new_rows)
                         self._drop_finished()
                         prefills_in_a_row += 1
-                        if prefills_in_a_row < self.max_batch and self._can_admit():
+                        if prefills_in_a_row < MAX_PREFILLS_IN_A_ROW and self._can_admit():
                             continue  # prefill first: questions that came during the pass get a first token before the next step
                     prefills_in_a_row = 0
                     if self._rows and any(row.pending is not None for row in self._rows):

@@ -200,19 +200,24 @@ def test_rows_join_a_running_batch_and_streams_match(real_backend, cartridges):
 
 @pytest.mark.model
 def test_a_question_that_arrives_during_a_prefill_is_prefilled_before_the_next_decoding_step(real_backend, cartridges, monkeypatch):
-    """Prefill first: the late arrival of a burst waits for one pass, not for a pass and a decoding step."""
+    """Prefill first: the late arrival of a burst waits for one pass, not for a pass and a decoding step; but at most
+    MAX_PREFILLS_IN_A_ROW passes run before the rows already decoding get their next token."""
+    from kvengine.batching import MAX_PREFILLS_IN_A_ROW
+
+    assert MAX_PREFILLS_IN_A_ROW == 2
     backend, cartridge = real_backend, cartridges[0]
     batcher = backend.batcher()
     passes: list[str] = []
-    late: list = []
+    threads: list[threading.Thread] = []
+    late: dict[int, object] = {}
     prefill, decode = batcher._prefill, batcher._decode
 
     def prefill_spy(rows):
         passes.append("prefill")
-        if len(passes) == 1:  # a second question comes while the first one's prompt is in its pass
-            thread = threading.Thread(target=lambda: late.append(backend.answer(cartridge, QUESTIONS[1], max_new_tokens=4)))
-            thread.start()
-            late.append(thread)
+        if len(threads) < 2:  # another question comes during each of the first two passes
+            i = len(threads) + 1
+            threads.append(threading.Thread(target=lambda: late.__setitem__(i, backend.answer(cartridge, QUESTIONS[i], max_new_tokens=4))))
+            threads[-1].start()
             _wait_until(lambda: batcher.waiting() == 1)
         return prefill(rows)
 
@@ -223,10 +228,12 @@ def test_a_question_that_arrives_during_a_prefill_is_prefilled_before_the_next_d
     monkeypatch.setattr(batcher, "_prefill", prefill_spy)
     monkeypatch.setattr(batcher, "_decode", decode_spy)
     first = backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4)
-    late[0].join(timeout=60)
-    assert passes[:3] == ["prefill", "prefill", "decode"], passes
-    assert first.token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
-    assert late[1].token_ids == backend.answer_unbatched(cartridge, QUESTIONS[1], max_new_tokens=4).token_ids
+    for thread in threads:
+        thread.join(timeout=60)
+    # the second question is prefilled at once; the third waits for the decoding step of the rows in flight
+    assert passes[:4] == ["prefill", "prefill", "decode", "prefill"], passes
+    answers = [first, late[1], late[2]]
+    assert [a.token_ids for a in answers] == [backend.answer_unbatched(cartridge, q, max_new_tokens=4).token_ids for q in QUESTIONS[:3]]
 
 
 @pytest.mark.model
