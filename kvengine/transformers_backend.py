@@ -125,11 +125,18 @@ class TransformersKvBackend(KvBackend):
         self.kv_shape = (getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or text.hidden_size // heads)
         self._plan = self._bit_plan(quant)
 
-    def variant(self, *, dtype: str | None = None, quant: str | None = None) -> TransformersKvBackend:
-        """A backend for the same model with another dtype and/or quant, sharing the weights when dtype is equal."""
+    def variant(self, *, dtype: str | None = None, quant: str | None = None, block_size: int | None = None) -> TransformersKvBackend:
+        """A backend for the same model with another dtype, quant and/or block size, sharing the weights when dtype is equal.
+
+        ``block_size``: rebuilding a version cut into other blocks than this backend's (cartridges' rebuild) needs
+        that version's size; block ids carry the size, so the two never share a block.
+        """
         dtype = check_choice("dtype", dtype or self.dtype, DTYPES)
         quant = check_choice("quant", quant or self.quant, QUANTS)
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+            raise ConfigError(f"`block_size` has to be a positive number of tokens but got {block_size!r}")
         other = copy.copy(self)
+        other.block_size = block_size or self.block_size
         other.dtype, other.quant, other.torch_dtype = dtype, quant, TORCH_DTYPES[dtype]
         if dtype != self.dtype:
             if self.dtype != "f32":

@@ -372,5 +372,7 @@ def cartridge_rebuild(*, version: CartridgeVersion) -> RebuildResult:
             f"{version.pk} (other weights, tokenizer or template); it cannot reproduce it",
             extra={"version": version.pk},
         )
+    if version.block_size and getattr(backend, "block_size", version.block_size) != version.block_size:
+        backend = backend.variant(block_size=version.block_size)  # the same weights, cut as the version was
     _, parts = compile_parts(backend=backend, data=data)  # from scratch: no stored block is reused
     return RebuildResult(version_id=version.pk, expected_sha256=version.sha256, rebuilt_sha256=parts.digest, size_bytes=parts.size_bytes)

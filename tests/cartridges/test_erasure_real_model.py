@@ -47,3 +47,20 @@ def test_it_forgets_an_erased_fact_on_the_real_model(scope_a, append, real_engin
     after = cartridge_answer(scope=scope_a, question=QUESTION)
     assert after.version_id == rebuilt.pk
     assert "4417" not in after.answer, after.answer
+
+
+def test_a_version_cut_into_other_blocks_than_this_process_cuts_rebuilds_byte_identical(scope_a, append, real_engine, real_backend):
+    """MNESIO_KV_BLOCK_SIZE changed since a version was stored (256 -> 64): the rebuild cuts the log as the version was."""
+    from cartridges import engine
+    from cartridges.services import cartridge_rebuild
+
+    for text in [*OTHERS, *DANAS] * 3:  # ~150 tokens: more than one 64-token block
+        append(scope_a, text)
+    engine.register_backend(real_engine, real_backend.variant(block_size=256))
+    version = cartridge_compile(scope=scope_a)
+    assert version.block_size == 256
+    engine.register_backend(real_engine, real_backend)  # this process now cuts 64-token blocks
+    assert real_backend.block_size == 64
+    rebuilt = cartridge_rebuild(version=version)
+    assert rebuilt.matches, (rebuilt.expected_sha256, rebuilt.rebuilt_sha256)
+    assert engine.backend_for(real_engine).block_size == 64  # the rebuild did not change this process's backend
