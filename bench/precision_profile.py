@@ -5,7 +5,7 @@ the table shows each aten op's self CPU time, e.g. the linear layers' ``aten::mm
 ``aten::_scaled_dot_product_flash_attention_for_cpu``. Also times the attention kernel and a plain QK matmul on
 one 256-token chunk over ``--tokens`` cached positions per dtype.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/precision_profile.py --dtypes f32,bf16 --tokens 3000
+    OMP_NUM_THREADS=1 .venv/bin/python bench/precision_profile.py --dtypes f32,bf16 --block-sizes 256 --tokens 3000
     OMP_NUM_THREADS=2 .venv/bin/python bench/precision_profile.py --dtypes f32 --block-sizes 256,64 --tokens 3000 --no-kernels
 """
 from __future__ import annotations

@@ -14,10 +14,12 @@ Decisions
 - **Why 64 tokens (256 before).** An append recomputes the tail: the last partial block (half a block on average)
   plus the new memory. With 256-token blocks that was ~200 tokens per append for a ~70-token memory, and the
   freshness cycle (the incremental compile plus the gate's re-reading of the same tokens) followed it: on a
-  7.4k-token scope of SmolLM2, 1 thread, 11 appends alternated between two block sizes in one process, 256 gave a
-  cycle of p50 4.98 s (max 9.3 s, 202 tokens computed on average) and 64 gave p50 3.14 s (max 3.9 s, 104 tokens).
-  The price is a full compile cut into 4x as many passes: 57.8 s against 50.6 s (+14%) there. Appends happen all
-  day, full compiles once per scope and configuration, so the cycle wins. q8's 16-token and q4's 64-token key
+  7.4k-token scope of SmolLM2, 1 thread, 11 appends alternated between two block sizes in one process
+  (bench/block_size_bench.py), 256 gave a cycle of p50 5.35 s (max 8.55 s, 202.5 tokens computed on average) and 64
+  gave p50 3.50 s (max 4.10 s, 103.5 tokens). The price is a full compile cut into 4x as many passes, each reading
+  every weight: 58.2 s against 51.3 s (+14%) there, +36% with 2 threads through the services (BENCHMARKS.md,
+  "Blocks of 64 tokens"). Appends happen all day, full compiles once per scope and configuration, so the cycle
+  wins; MNESIO_KV_BLOCK_SIZE lets an operator choose otherwise. q8's 16-token and q4's 64-token key
   groups still divide the block; 64 keeps q4 at 0.158x of f32 at 1k tokens (the parts' headers cost 0.0003x).
 - **A block is computed on top of the blocks before it, always.** Block i's KV is the prefill of block i's
   tokens with blocks 0..i-1 in the cache, in a full compile and an incremental one alike, so its bytes depend

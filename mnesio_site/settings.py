@@ -326,7 +326,7 @@ MNESIO_KV_DEVICE = env("MNESIO_KV_DEVICE", "auto")
 # Tokens per KV block (transformers backend, kvengine/blocks.py): an append recomputes the last partial block plus
 # the new memory, so smaller blocks refresh faster; a full compile runs one pass per block, so larger blocks compile
 # faster (BENCHMARKS.md, "Blocks of 64 tokens"). A multiple of 64, so no quantization group (q8 16, q4 64 tokens)
-# straddles or pads a block. Changing it makes new block ids: the next compile of each scope is a full one.
+# straddles or pads a block. Changing it makes new block ids: a scope's next compile reuses no stored block.
 MNESIO_KV_BLOCK_SIZE = envint("MNESIO_KV_BLOCK_SIZE", 64, minimum=64)
 if MNESIO_KV_BLOCK_SIZE % 64:
     raise ImproperlyConfigured(f"`MNESIO_KV_BLOCK_SIZE` has to be a multiple of 64 tokens but got {MNESIO_KV_BLOCK_SIZE}")
