@@ -60,14 +60,16 @@ def envbool(name: str, default: bool) -> bool:
     return BOOL_STRINGS[value]
 
 
-def envint(name: str, default: int | None, *, minimum: int | None = None) -> int | None:
-    """Parse an integer environment variable, failing loudly on a bad value."""
+def envint(name: str, default: int | None, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    """Parse an integer environment variable within [minimum, maximum], failing loudly on a bad value."""
     raw = _raw(name)
     if raw is None:
         return default
     value = _cast(name, raw, int, "an integer")
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"`{name}` has to be >= {minimum} but got {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"`{name}` has to be <= {maximum} but got {value}")
     return value
 
 
@@ -326,8 +328,9 @@ MNESIO_KV_DEVICE = env("MNESIO_KV_DEVICE", "auto")
 # Tokens per KV block (transformers backend, kvengine/blocks.py): an append recomputes the last partial block plus
 # the new memory, so smaller blocks refresh faster; a full compile runs one pass per block, so larger blocks compile
 # faster (BENCHMARKS.md, "Blocks of 64 tokens"). A multiple of 64, so no quantization group (q8 16, q4 64 tokens)
-# straddles or pads a block. Changing it makes new block ids: a scope's next compile reuses no stored block.
-MNESIO_KV_BLOCK_SIZE = envint("MNESIO_KV_BLOCK_SIZE", 64, minimum=64)
+# straddles or pads a block. Changing it makes new block ids: a scope's next compile reuses no stored block. At most
+# 8192 (SmolLM2's whole window): a larger block is never full, so every append would recompute the whole scope.
+MNESIO_KV_BLOCK_SIZE = envint("MNESIO_KV_BLOCK_SIZE", 64, minimum=64, maximum=8192)
 if MNESIO_KV_BLOCK_SIZE % 64:
     raise ImproperlyConfigured(f"`MNESIO_KV_BLOCK_SIZE` has to be a multiple of 64 tokens but got {MNESIO_KV_BLOCK_SIZE}")
 # Converted model weights and other engine caches.

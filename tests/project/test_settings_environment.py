@@ -100,6 +100,7 @@ def test_secrets_come_from_files_and_are_taken_literally(load, tmp_path):
         ({"MNESIO_KV_QUANT": "q3"}, "`MNESIO_KV_QUANT` has to be one of ['none', 'q8', 'q4'] but got 'q3'"),
         ({"MNESIO_KV_BLOCK_SIZE": "96"}, "`MNESIO_KV_BLOCK_SIZE` has to be a multiple of 64 tokens but got 96"),
         ({"MNESIO_KV_BLOCK_SIZE": "0"}, "`MNESIO_KV_BLOCK_SIZE` has to be >= 64 but got 0"),
+        ({"MNESIO_KV_BLOCK_SIZE": "1048576"}, "`MNESIO_KV_BLOCK_SIZE` has to be <= 8192 but got 1048576"),
         ({"MNESIO_KV_BLOCK_SIZE": "64 tokens"}, "`MNESIO_KV_BLOCK_SIZE` has to be an integer but got '64 tokens'"),
         ({"MNESIO_LOG_LEVEL": "TRACE"}, "`MNESIO_LOG_LEVEL` has to be one of ['DEBUG', 'INFO', 'WARNING', 'ERROR']"),
         ({"MNESIO_KV_BACKEND": "fake"}, "unless `MNESIO_ALLOW_FAKE_BACKEND=true`"),
