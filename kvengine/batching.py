@@ -47,6 +47,16 @@ Design
   disagrees is replaced by the plain math (scores, logsumexp, softmax @ V), exact but materializing the
   scores. Kernel calls per layer are kept few (the merge is one sigmoid and one lerp): on a CPU, a small
   model's decoding step spends on per-call overhead what it does not spend in the weight matmuls.
+- **A lone question runs as the one-at-a-time path does.** With one row in the batch, cascade attention is two
+  kernel calls and a merge per layer where the one-at-a-time path makes one call over the cartridge and its scratch
+  tail together: 3-8% more per decoding step at 8k on a 2-core CPU, against issue 14's "no slower than today". So a
+  question admitted into an empty batch takes its cartridge's scratch tail (``KvState.lock``, tried without waiting:
+  if the one-at-a-time path holds it, the row takes the cascade path) and runs the very passes of
+  ``TransformersKvBackend._greedy_tokens``: the same tokens, bit for bit, at the same cost. When another question
+  joins, the lone row's scratch (its prompt and answer so far, a few dozen positions) is copied into its slot before
+  the next decoding step, the tail is given back, and the row decodes in the batch from then on. While a lone
+  question holds the tail, a one-at-a-time call on the same cartridge (a fidelity check, a long question) waits for it,
+  as it did before batching.
 - **Split-KV on a CPU** (flash-decoding's idea). torch's CPU flash kernel gives each thread whole (batch, head,
   32-query slice) items; a decoding step of a few rows over a cartridge of 3 key/value heads is 3 items, so on 2
   threads one thread attends two heads while the other waits for it. ``prefix_attention_lse`` cuts the prefix into
@@ -63,7 +73,7 @@ Design
   waiting queue and the row list's admission are guarded by one condition variable. The model is read-only
   under ``torch.inference_mode()``; the cartridge prefix is read-only, so the one-at-a-time path
   (fidelity(), answer_stream_unbatched()) may run on the same cartridge at the same time (it writes only the
-  KvState's scratch tail, which the batcher never reads). A caller that stops reading calls ``cancel()``
+  KvState's scratch tail, which the batcher reads only for a lone row, holding the KvState's lock). A caller that stops reading calls ``cancel()``
   (answer_stream does in ``finally``); its row leaves at the next step boundary. An error in a pass is
   delivered to every row of that pass, and the worker carries on with later questions.
 """
@@ -80,7 +90,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import OverloadedError
-from .kvcache import KvState
+from .kvcache import CartridgeCache, KvState
 
 DEFAULT_MAX_BATCH = 16  # rows decoded together
 DEFAULT_MAX_WAITING = 64  # questions waiting for a row before OverloadedError
@@ -101,7 +111,6 @@ MAX_ROW_ROOM = 1024
 # of 512; a shorter piece costs a work item's overhead and the merge for little work).
 MIN_SPLIT_POSITIONS = 512
 SPLIT_BELOW_ITEMS_PER_THREAD = 8  # the kernel's own work items per thread under which the prefix is split
-
 
 
 # -- attention pieces --------------------------------------------------------------------------------
@@ -290,6 +299,9 @@ class _Row:
     pending: int | None = None  # the token to feed at the next decode step
     num_out: int = 0
     done: bool = False
+    # A row alone in the batch runs as the one-at-a-time path does (module docstring, "A lone question"): its scratch
+    # is this cache over its cartridge's own tail, whose lock the row holds until it moves to its slot or ends.
+    solo: CartridgeCache | None = None
 
 
 # -- one forward pass ---------------------------------------------------------------------------------
@@ -461,6 +473,8 @@ class Batcher:
                         self._gather()
                     idle = False
                     if self._closed:
+                        for row in self._rows:
+                            self._solo_end(row, slot=None)
                         for request in [*self._waiting, *(row.request for row in self._rows)]:
                             request._put("error", RuntimeError("the batcher was closed"))
                         self._waiting.clear()
@@ -489,6 +503,7 @@ class Batcher:
                 except Exception as exc:  # noqa: BLE001 - delivered to every caller of the failed pass
                     failed = {id(row): row for row in [*self._rows, *new_rows]}
                     for row in failed.values():
+                        self._solo_end(row, slot=None)
                         row.request._put("error", exc)
                     self._rows.clear()
                     prefills_in_a_row = 0
@@ -532,6 +547,10 @@ class Batcher:
         start = len(self._rows)
         self._rows.extend(new_rows)
         self.max_rows_seen = max(self.max_rows_seen, len(self._rows))
+        if start == 0 and len(new_rows) == 1 and self._solo_begin(new_rows[0]):
+            row = new_rows[0]
+            self._emit_solo(row, torch.tensor([row.request.prompt], device=self.device), logits_to_keep=1)
+            return
         longest = max(len(row.request.prompt) for row in new_rows)
         padded = [row.request.prompt + [row.request.prompt[-1]] * (longest - len(row.request.prompt)) for row in new_rows]
         input_ids = torch.tensor(padded, device=self.device)  # [k, longest]; padding is masked out, then overwritten
@@ -544,11 +563,54 @@ class Batcher:
     def _decode(self) -> None:
         """One decoding step for every row in flight: feed each row's pending token, take its next one."""
         rows = self._rows
+        if len(rows) == 1 and rows[0].solo is not None:
+            self._emit_solo(rows[0], torch.tensor([[rows[0].pending]], device=self.device))
+            return
+        for row in rows:
+            if row.solo is not None:  # no longer alone: into its slot, for the batched step
+                self._solo_end(row, slot=rows.index(row))
         input_ids = torch.tensor([[row.pending] for row in rows], device=self.device)  # [b, 1]
         tokens = self._logits_pass(0, rows, input_ids, torch.zeros(len(rows), dtype=torch.long, device=self.device))
         for row, token in zip(rows, tokens, strict=True):
             row.length += 1
             self._emit(row, token)
+
+    # -- a lone question: the one-at-a-time path's passes ------------------------------------------------------
+    def _solo_begin(self, row: _Row) -> bool:
+        """Take the row's cartridge tail for it if nobody holds it (KvState.lock, not waited for)."""
+        state = row.request.state
+        if not state.lock.acquire(blocking=False):
+            return False  # the one-at-a-time path is using it (a fidelity check, a long question): the cascade path
+        try:
+            state.ensure_capacity(state.num_tokens + len(row.request.prompt) + row.request.max_new_tokens)
+            row.solo = CartridgeCache(state)
+        except BaseException:
+            state.lock.release()
+            raise
+        return True
+
+    def _emit_solo(self, row: _Row, input_ids: torch.Tensor, **kwargs) -> None:
+        """One pass of the lone row over its cartridge tail, exactly as TransformersKvBackend._greedy_tokens runs it."""
+        logits = self.model(input_ids=input_ids, cache=row.solo, use_cache=True, **kwargs).logits[0, -1].float()
+        self.steps += 1
+        row.length += input_ids.shape[1]
+        self._emit(row, int(logits.argmax()))
+
+    def _solo_end(self, row: _Row, *, slot: int | None) -> None:
+        """Give the cartridge tail back; with ``slot``, first copy the row's scratch into its slot buffers."""
+        cache, row.solo = row.solo, None
+        if cache is None:
+            return
+        state = row.request.state
+        try:
+            if slot is not None:
+                begin = state.num_tokens
+                for layer, (kb, vb) in enumerate(zip(self.kbuf, self.vbuf, strict=True)):
+                    kb[slot, :, : row.length].copy_(state.keys[layer][0, :, begin : begin + row.length])
+                    vb[slot, :, : row.length].copy_(state.values[layer][0, :, begin : begin + row.length])
+        finally:
+            cache.crop_back()
+            state.lock.release()
 
     def _emit(self, row: _Row, token: int) -> None:
         """The greedy loop's bookkeeping, as TransformersKvBackend._greedy_tokens does it for one question."""
@@ -572,6 +634,7 @@ class Batcher:
             if not (row.done or row.request.cancelled):
                 slot += 1
                 continue
+            self._solo_end(row, slot=None)
             if row.done and not row.request.cancelled:
                 row.request._put("end", None)
                 elapsed = time.perf_counter() - row.request.submitted
@@ -579,9 +642,10 @@ class Batcher:
             last = len(self._rows) - 1
             if slot != last:
                 moved = self._rows[last]
-                for kb, vb in zip(self.kbuf, self.vbuf, strict=True):
-                    kb[slot, :, : moved.length].copy_(kb[last, :, : moved.length])
-                    vb[slot, :, : moved.length].copy_(vb[last, :, : moved.length])
+                if moved.solo is None:  # a solo row's scratch is in its cartridge's tail, not in a slot
+                    for kb, vb in zip(self.kbuf, self.vbuf, strict=True):
+                        kb[slot, :, : moved.length].copy_(kb[last, :, : moved.length])
+                        vb[slot, :, : moved.length].copy_(vb[last, :, : moved.length])
                 self._rows[slot] = moved
             self._rows.pop()
             with self._cond:

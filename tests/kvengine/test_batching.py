@@ -359,3 +359,97 @@ def test_a_question_too_long_for_a_batch_row_is_answered_alone(real_backend, car
     assert answer.token_ids == backend.answer_unbatched(cartridges[0], QUESTIONS[0], max_new_tokens=long_budget).token_ids
     with pytest.raises(ValueError, match="at most"):
         batcher.submit(cartridges[0].payload.state, [1, 2, 3], max_new_tokens=MAX_ROW_ROOM)
+
+
+# -- a lone question: the one-at-a-time passes, then its slot when others join ------------------------------
+@pytest.mark.model
+def test_a_lone_question_runs_the_one_at_a_time_passes_on_its_cartridges_tail(real_backend, cartridges):
+    backend, cartridge = real_backend, cartridges[0]
+    state = cartridge.payload.state
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    seen: list[tuple[bool, bool]] = []
+    emit_solo = batcher._emit_solo
+    batcher._emit_solo = lambda row, ids, **kw: (seen.append((row.solo is not None, state.lock.locked())), emit_solo(row, ids, **kw))[1]
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
+    try:
+        tokens = [value for kind, value in batcher.submit(state, prompt, max_new_tokens=6, stop_at_eos=False).events() if kind == "token"]
+        _wait_until(lambda: not batcher._rows)
+        assert seen == [(True, True)] * 6  # the prompt's pass and 5 decoding steps, each holding the tail
+        assert batcher.steps == 6 and not state.lock.locked()  # given back at the end
+        assert tokens == list(backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=6, stop_at_eos=False).token_ids)
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_the_tail_back(real_backend, cartridges):
+    backend, cartridge = real_backend, cartridges[0]
+    state = cartridge.payload.state
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4, gather_s=0)
+    moves: list[int | None] = []
+    solo_end = batcher._solo_end
+    batcher._solo_end = lambda row, *, slot: (moves.append(slot) if row.solo is not None else None, solo_end(row, slot=slot))[1]
+    long_prompt, short_prompt = (backend.layout.encode(backend.layout.suffix_text(q)) for q in QUESTIONS[:2])
+    try:
+        long_one = batcher.submit(state, long_prompt, max_new_tokens=60, stop_at_eos=False)
+        events = long_one.events()
+        got = [next(events)[1], next(events)[1]]  # decoded alone, on the cartridge's tail
+        short_one = batcher.submit(state, short_prompt, max_new_tokens=4, stop_at_eos=False)
+        short = [value for kind, value in short_one.events() if kind == "token"]
+        # the long row went into its slot (0) at the first step it shared: the tail is free for the one-at-a-time path
+        assert moves == [0] and batcher._rows and batcher._rows[0].solo is None
+        assert state.lock.acquire(timeout=30)
+        state.lock.release()
+        got += [value for kind, value in events if kind == "token"]
+        want_long = backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=60, stop_at_eos=False).token_ids
+        want_short = backend.answer_unbatched(cartridge, QUESTIONS[1], max_new_tokens=4, stop_at_eos=False).token_ids
+        assert (got, short) == (list(want_long), list(want_short))
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+def test_a_lone_question_takes_the_cascade_path_when_the_one_at_a_time_path_holds_the_tail(real_backend, cartridges):
+    """No waiting on KvState.lock in the worker: a fidelity check holding it does not stall the batch (or deadlock a
+    caller that holds it and asks a batched question)."""
+    backend, cartridge = real_backend, cartridges[0]
+    state = cartridge.payload.state
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    solo_passes: list[int] = []
+    emit_solo = batcher._emit_solo
+    batcher._emit_solo = lambda row, ids, **kw: (solo_passes.append(1), emit_solo(row, ids, **kw))[1]
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[2]))
+    try:
+        with state.lock:
+            tokens = [value for kind, value in batcher.submit(state, prompt, max_new_tokens=6, stop_at_eos=False).events() if kind == "token"]
+        assert solo_passes == [] and len(tokens) == 6
+        assert tokens == list(backend.answer_unbatched(cartridge, QUESTIONS[2], max_new_tokens=6, stop_at_eos=False).token_ids)
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(real_backend, cartridges):
+    backend, cartridge = real_backend, cartridges[0]
+    state = cartridge.payload.state
+    length = state.num_tokens
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    emit_solo = batcher._emit_solo
+    calls = []
+
+    def failing(row, ids, **kw):
+        calls.append(1)
+        if len(calls) == 3:  # the prompt's pass and one step went through: the tail holds the row's scratch
+            raise RuntimeError("boom")
+        return emit_solo(row, ids, **kw)
+
+    batcher._emit_solo = failing
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            list(batcher.submit(state, prompt, max_new_tokens=8, stop_at_eos=False).events())
+        _wait_until(lambda: not state.lock.locked())
+        assert state.num_tokens == length and not batcher._rows
+        assert backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
+    finally:
+        batcher.close()
