@@ -57,14 +57,6 @@ Design
   the next decoding step, the tail is given back, and the row decodes in the batch from then on. While a lone
   question holds the tail, a one-at-a-time call on the same cartridge (a fidelity check, a long question) waits for it,
   as it did before batching.
-- **Split-KV on a CPU** (flash-decoding's idea). torch's CPU flash kernel gives each thread whole (batch, head,
-  32-query slice) items; a decoding step of a few rows over a cartridge of 3 key/value heads is 3 items, so on 2
-  threads one thread attends two heads while the other waits for it. ``prefix_attention_lse`` cuts the prefix into
-  ``threads / gcd(heads, threads)`` pieces (views, no copy; none under MIN_SPLIT_POSITIONS), attends all pieces in the
-  same kernel call as a batch, and merges them by their LSEs, exactly as the prefix and suffix are merged. Measured
-  on 2 threads at 8k positions (one call, 3 heads): 7-20% faster for 3 to 192 query rows per head, 10% slower for
-  624 (a 16-question prefill, whose 30 items share out already): prefix_splits() splits only where the kernel has
-  few items per thread.
 - **Long questions** (prompt + answer over MAX_ROW_ROOM positions) are not batched: every slot would grow to
   their length. The backend answers them one at a time (answer_stream_unbatched), as before batching.
 - **Back-pressure.** At most ``max_waiting`` questions wait for a row; past that, ``submit()`` raises
@@ -107,10 +99,6 @@ INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a questio
 # room of the longest, so one long question would make all max_batch slots long (16 x 4k positions are 2.9 GB
 # in f32 on SmolLM2); longer questions take the one-at-a-time path instead (TransformersKvBackend).
 MAX_ROW_ROOM = 1024
-# Split-KV: no piece of a cartridge prefix shorter than this many positions (the CPU flash kernel walks keys in blocks
-# of 512; a shorter piece costs a work item's overhead and the merge for little work).
-MIN_SPLIT_POSITIONS = 512
-SPLIT_BELOW_ITEMS_PER_THREAD = 8  # the kernel's own work items per thread under which the prefix is split
 
 
 # -- attention pieces --------------------------------------------------------------------------------
@@ -185,50 +173,14 @@ def _choose_kernel(device: torch.device, dtype: torch.dtype, *, masked: bool = F
         return chosen
 
 
-def prefix_splits(heads: int, queries: int, num_positions: int, threads: int) -> int:
-    """How many pieces to cut a prefix into (split-KV, module docstring); 1 = no split.
-
-    torch's CPU flash kernel hands each thread whole (head, query slice) items, slices of 32 query rows (64 from 192
-    rows, 256 from 768). Where that is under SPLIT_BELOW_ITEMS_PER_THREAD items per thread (a decoding step: a few rows'
-    queries per head), cut into ``threads / gcd(heads, threads)`` pieces, so ``heads * pieces`` items share out evenly,
-    but none under MIN_SPLIT_POSITIONS positions. A prefill pass of many rows has items enough: no split.
-    """
-    if threads <= 1:
-        return 1
-    rows_per_slice = 256 if queries >= 768 else 64 if queries >= 192 else 32
-    if heads * math.ceil(queries / rows_per_slice) >= SPLIT_BELOW_ITEMS_PER_THREAD * threads:
-        return 1
-    return max(1, min(threads // math.gcd(heads, threads), num_positions // MIN_SPLIT_POSITIONS))
-
-
-def prefix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *,
-                         splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def prefix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-causal attention of ``q [1, h, m, d]`` over a whole prefix ``k, v [1, h, n, d]`` (views, not copied).
 
-    Returns the output ``[1, h, m, d]`` and the natural-log LSE ``[1, h, m]`` in float32. On a CPU the prefix is cut
-    into ``splits`` pieces (default: prefix_splits() for torch's thread count) attended in the same kernel call as a
-    batch of views and merged by their LSEs (split-KV, module docstring).
+    Returns the output ``[1, h, m, d]`` and the natural-log LSE ``[1, h, m]`` in float32.
     """
     kernel = _choose_kernel(q.device, q.dtype)
-    _, heads, m, dim = q.shape
-    n = k.shape[2]
-    if splits is None:
-        splits = prefix_splits(heads, m, n, torch.get_num_threads()) if q.device.type == "cpu" else 1
-    if splits <= 1 or kernel is plain_attention_lse or n < splits:
-        out, lse = kernel(q, k, v, scale)
-        return out, lse.float()
-    piece = n // splits  # the first splits * piece positions as [splits, h, piece, d] views; the rest (< splits) apart
-    cut = splits * piece
-    pk = k[0, :, :cut].unflatten(1, (splits, piece)).transpose(0, 1)
-    pv = v[0, :, :cut].unflatten(1, (splits, piece)).transpose(0, 1)
-    outs, lses = kernel(q.expand(splits, heads, m, dim), pk, pv, scale)  # [splits, h, m, d], [splits, h, m]
-    outs, lses = outs.float(), lses.float()
-    if cut < n:
-        rest_out, rest_lse = plain_attention_lse(q, k[:, :, cut:], v[:, :, cut:], scale)
-        outs, lses = torch.cat([outs, rest_out.float()]), torch.cat([lses, rest_lse])
-    lse = torch.logsumexp(lses, dim=0, keepdim=True)  # [1, h, m]
-    out = (outs * torch.exp(lses - lse).unsqueeze(-1)).sum(dim=0, keepdim=True)
-    return out.to(q.dtype), lse
+    out, lse = kernel(q, k, v, scale)
+    return out, lse.float()
 
 
 def suffix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from kvengine.attention import packed_gqa_sdpa
-from kvengine.batching import (MIN_SPLIT_POSITIONS, Batcher, CascadeStep, _Row, merge_states, plain_attention_lse, prefix_attention_lse,
-                               prefix_splits)
+from kvengine.batching import Batcher, CascadeStep, _Row, merge_states, plain_attention_lse, prefix_attention_lse
 from kvengine.errors import OverloadedError
 from kvengine.kvcache import CartridgeCache, KvState
 
@@ -50,33 +49,6 @@ def test_the_prefix_kernel_returns_the_attention_and_its_log_sum_exp(dtype):
     assert lse.dtype == torch.float32 and lse.shape == (1, 3, 12)
     torch.testing.assert_close(out.float(), want_out, atol=tol, rtol=tol)
     torch.testing.assert_close(lse, want_lse, atol=tol, rtol=tol)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("splits", [2, 3, 5])
-def test_a_prefix_split_into_pieces_is_attention_over_the_whole_prefix(dtype, splits):
-    """Split-KV: pieces of a strided prefix view attended in one call (a remainder apart: 1201 = 3 * 400 + 1) and
-    merged by their LSEs give the whole prefix's attention and LSE."""
-    gen = torch.Generator().manual_seed(4)
-    q = torch.randn(1, 3, 9, 64, generator=gen).to(dtype)
-    buf = torch.randn(2, 3, 1300, 64, generator=gen).to(dtype)
-    k, v = buf[:1, :, :1201], buf[1:, :, :1201]  # views of a longer buffer, as KvState.prefix() gives
-    out, lse = prefix_attention_lse(q, k, v, 0.125, splits=splits)
-    want_out, want_lse = plain_attention_lse(q.double(), k.double(), v.double(), 0.125)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    assert out.shape == (1, 3, 9, 64) and out.dtype == dtype and lse.shape == (1, 3, 9) and lse.dtype == torch.float32
-    torch.testing.assert_close(out.double(), want_out, atol=tol, rtol=tol)
-    torch.testing.assert_close(lse.double(), want_lse.double(), atol=tol, rtol=tol)
-
-
-def test_the_prefix_is_split_where_the_kernel_has_few_work_items_per_thread():
-    """3 kv heads of a decoding step (3 query rows per head) on 2 threads: 2 pieces (6 work items, not 3 on 2 threads);
-    a 16-question prefill (624 rows per head: 30 items) is not split; never a piece under the minimum."""
-    assert prefix_splits(3, 3, 8000, 1) == 1 and prefix_splits(3, 3, 8000, 3) == 1
-    assert prefix_splits(3, 3, 8000, 2) == 2 and prefix_splits(3, 48, 8000, 4) == 4 and prefix_splits(4, 3, 8000, 8) == 2
-    assert prefix_splits(3, 3, 8000, 16) == 15  # 16 pieces would be 500 positions
-    assert prefix_splits(3, 624, 8000, 2) == 1 and prefix_splits(3, 192, 8000, 2) == 2
-    assert prefix_splits(3, 3, 2 * MIN_SPLIT_POSITIONS - 1, 2) == 1 and prefix_splits(3, 3, 2 * MIN_SPLIT_POSITIONS, 2) == 2
 
 
 def test_merging_prefix_and_suffix_partials_is_attention_over_both():
