@@ -54,9 +54,10 @@ Design
   if the one-at-a-time path holds it, the row takes the cascade path) and runs the very passes of
   ``TransformersKvBackend._greedy_tokens``: the same tokens, bit for bit, at the same cost. When another question
   joins, the lone row's scratch (its prompt and answer so far, a few dozen positions) is copied into its slot before
-  the next decoding step, the tail is given back, and the row decodes in the batch from then on. While a lone
-  question holds the tail, a one-at-a-time call on the same cartridge (a fidelity check, a long question) waits for it,
-  as it did before batching.
+  the next decoding step, the tail is given back, and the row decodes in the batch from then on. A one-at-a-time
+  call on the same cartridge (a fidelity check, a long question) takes the tail through ``KvState.scratch()``, which
+  marks that it waits: the lone row moves into its slot at its next step, so the call waits one step at most, and
+  no new lone row takes the tail while it waits.
 - **Long questions** (prompt + answer over MAX_ROW_ROOM positions) are not batched: every slot would grow to
   their length. The backend answers them one at a time (answer_stream_unbatched), as before batching.
 - **Back-pressure.** At most ``max_waiting`` questions wait for a row; past that, ``submit()`` raises
@@ -99,7 +100,6 @@ INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a questio
 # room of the longest, so one long question would make all max_batch slots long (16 x 4k positions are 2.9 GB
 # in f32 on SmolLM2); longer questions take the one-at-a-time path instead (TransformersKvBackend).
 MAX_ROW_ROOM = 1024
-
 
 # -- attention pieces --------------------------------------------------------------------------------
 def plain_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -413,6 +413,13 @@ class Batcher:
                 return
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:  # whatever ends the worker (close(), or an exception no pass caught), no cartridge tail stays taken
+            for row in self._rows:
+                self._solo_end(row, slot=None)
+
+    def _serve(self) -> None:
         prefills_in_a_row = 0  # prefill passes since the last decoding step (at most MAX_PREFILLS_IN_A_ROW)
         idle = True  # the worker starts with the first question, nothing in flight
         with torch.inference_mode():
@@ -515,12 +522,12 @@ class Batcher:
     def _decode(self) -> None:
         """One decoding step for every row in flight: feed each row's pending token, take its next one."""
         rows = self._rows
-        if len(rows) == 1 and rows[0].solo is not None:
+        if len(rows) == 1 and rows[0].solo is not None and not rows[0].request.state.wanted():
             self._emit_solo(rows[0], torch.tensor([[rows[0].pending]], device=self.device))
             return
-        for row in rows:
-            if row.solo is not None:  # no longer alone: into its slot, for the batched step
-                self._solo_end(row, slot=rows.index(row))
+        for slot, row in enumerate(rows):
+            if row.solo is not None:  # no longer alone, or a one-at-a-time call waits for the tail: into its slot
+                self._solo_end(row, slot=slot)
         input_ids = torch.tensor([[row.pending] for row in rows], device=self.device)  # [b, 1]
         tokens = self._logits_pass(0, rows, input_ids, torch.zeros(len(rows), dtype=torch.long, device=self.device))
         for row, token in zip(rows, tokens, strict=True):
@@ -531,8 +538,8 @@ class Batcher:
     def _solo_begin(self, row: _Row) -> bool:
         """Take the row's cartridge tail for it if nobody holds it (KvState.lock, not waited for)."""
         state = row.request.state
-        if not state.lock.acquire(blocking=False):
-            return False  # the one-at-a-time path is using it (a fidelity check, a long question): the cascade path
+        if state.wanted() or not state.lock.acquire(blocking=False):
+            return False  # the one-at-a-time path is using it or waits for it (a fidelity check, a long question)
         try:
             state.ensure_capacity(state.num_tokens + len(row.request.prompt) + row.request.max_new_tokens)
             row.solo = CartridgeCache(state)
@@ -556,10 +563,11 @@ class Batcher:
         state = row.request.state
         try:
             if slot is not None:
-                begin = state.num_tokens
-                for layer, (kb, vb) in enumerate(zip(self.kbuf, self.vbuf, strict=True)):
-                    kb[slot, :, : row.length].copy_(state.keys[layer][0, :, begin : begin + row.length])
-                    vb[slot, :, : row.length].copy_(state.values[layer][0, :, begin : begin + row.length])
+                begin = cache.base_length
+                for layer, kb, vb in zip(cache.layers, self.kbuf, self.vbuf, strict=True):
+                    assert layer.length == begin + row.length, "a lone row's scratch is its cache's tail"
+                    kb[slot, :, : row.length].copy_(layer.kbuf[0, :, begin : layer.length])
+                    vb[slot, :, : row.length].copy_(layer.vbuf[0, :, begin : layer.length])
         finally:
             cache.crop_back()
             state.lock.release()
@@ -594,7 +602,7 @@ class Batcher:
             last = len(self._rows) - 1
             if slot != last:
                 moved = self._rows[last]
-                if moved.solo is None:  # a solo row's scratch is in its cartridge's tail, not in a slot
+                if moved.solo is None:  # (only slot 0 is ever solo) a solo row's scratch is in its cartridge's tail
                     for kb, vb in zip(self.kbuf, self.vbuf, strict=True):
                         kb[slot, :, : moved.length].copy_(kb[last, :, : moved.length])
                         vb[slot, :, : moved.length].copy_(vb[last, :, : moved.length])

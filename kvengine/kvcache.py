@@ -16,6 +16,8 @@ serializes questions to one cartridge (different cartridges answer in parallel).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
@@ -71,13 +73,35 @@ class KvState:
             raise ValueError(f"buffers of {capacity} positions cannot hold a state of {num_tokens}")
         state = cls.__new__(cls)
         state.num_tokens, state.lock, state.capacity = num_tokens, threading.Lock(), capacity
+        state._waiters, state._waiters_lock = 0, threading.Lock()
         state.keys, state.values = list(keys), list(values)
         return state
 
     def _fill(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, room: int) -> None:
         self.num_tokens = sum(int(keys[0].shape[-2]) for keys, _ in parts)
         self.lock = threading.Lock()
+        self._waiters, self._waiters_lock = 0, threading.Lock()
         self.keys, self.values, self.capacity = *_buffers(parts, self.num_tokens + room), self.num_tokens + room
+
+    @contextmanager
+    def scratch(self) -> Iterator[None]:
+        """Hold ``lock`` (the scratch tail) for a one-at-a-time call. While the call waits for it, ``wanted()`` is true:
+        a batcher's lone row holding the tail gives it back at its next step (kvengine.batching)."""
+        with self._waiters_lock:
+            self._waiters += 1
+        try:
+            self.lock.acquire()
+        finally:
+            with self._waiters_lock:
+                self._waiters -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    def wanted(self) -> bool:
+        """Whether a one-at-a-time call waits for the scratch tail (scratch())."""
+        return self._waiters > 0
 
     def ensure_capacity(self, num_positions: int) -> None:
         """Grow the buffers (one copy) if a call needs more than ``capacity`` positions; hold ``lock``."""

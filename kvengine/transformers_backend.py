@@ -327,7 +327,7 @@ class TransformersKvBackend(KvBackend):
         num_cached = state.num_tokens
         self._check_room(num_cached + len(suffix), max_new_tokens, "memories plus the question and answer")
         ids: list[int] = []
-        with state.lock, torch.inference_mode():
+        with state.scratch(), torch.inference_mode():
             state.ensure_capacity(num_cached + len(suffix) + max_new_tokens)
             cache = CartridgeCache(state)
             try:
@@ -542,7 +542,7 @@ class TransformersKvBackend(KvBackend):
         """Greedy answer to ``question`` on top of ``state`` (cropped back after): its ids and first-token log-probs."""
         suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
         self._check_room(state.num_tokens + len(suffix), max_new_tokens, "memories plus the question and answer")
-        with torch.inference_mode(), state.lock:
+        with torch.inference_mode(), state.scratch():
             state.ensure_capacity(state.num_tokens + len(suffix) + max_new_tokens)
             cache = CartridgeCache(state)
             try:
@@ -565,7 +565,7 @@ class TransformersKvBackend(KvBackend):
         next-token log-probs [len(token_ids) + 1, vocab] (float32) at each answer position."""
         ids = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question))) + [int(t) for t in token_ids]
         self._check_room(state.num_tokens + len(ids), 1, "memories plus the question and answer")
-        with state.lock, torch.inference_mode():
+        with state.scratch(), torch.inference_mode():
             state.ensure_capacity(state.num_tokens + len(ids))
             cache = CartridgeCache(state)
             try:

@@ -360,7 +360,20 @@ def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_th
     batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4, gather_s=0)
     moves: list[int | None] = []
     solo_end = batcher._solo_end
-    batcher._solo_end = lambda row, *, slot: (moves.append(slot) if row.solo is not None else None, solo_end(row, slot=slot))[1]
+
+    def solo_end_spy(row, *, slot):
+        cache = row.solo
+        if cache is None:
+            return solo_end(row, slot=slot)
+        moves.append(slot)
+        tail = [(layer.kbuf[0, :, cache.base_length : layer.length].clone(), layer.vbuf[0, :, cache.base_length : layer.length].clone())
+                for layer in cache.layers]
+        solo_end(row, slot=slot)
+        assert all(k.shape[1] == row.length for k, _ in tail)  # the prompt and the answer so far, no more, no less
+        for (k, v), kb, vb in zip(tail, batcher.kbuf, batcher.vbuf, strict=True):
+            assert torch.equal(kb[slot, :, : row.length], k) and torch.equal(vb[slot, :, : row.length], v)
+
+    batcher._solo_end = solo_end_spy
     long_prompt, short_prompt = (backend.layout.encode(backend.layout.suffix_text(q)) for q in QUESTIONS[:2])
     try:
         long_one = batcher.submit(state, long_prompt, max_new_tokens=60, stop_at_eos=False)
@@ -391,9 +404,14 @@ def test_a_lone_question_takes_the_cascade_path_when_the_one_at_a_time_path_hold
     emit_solo = batcher._emit_solo
     batcher._emit_solo = lambda row, ids, **kw: (solo_passes.append(1), emit_solo(row, ids, **kw))[1]
     prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[2]))
+    tokens: list[int] = []
     try:
         with state.lock:
-            tokens = [value for kind, value in batcher.submit(state, prompt, max_new_tokens=6, stop_at_eos=False).events() if kind == "token"]
+            request = batcher.submit(state, prompt, max_new_tokens=6, stop_at_eos=False)
+            reader = threading.Thread(target=lambda: tokens.extend(v for kind, v in request.events() if kind == "token"))
+            reader.start()
+            reader.join(timeout=120)  # the worker never waits for the lock: the answer comes while the test holds it
+            assert not reader.is_alive()
         assert solo_passes == [] and len(tokens) == 6
         assert tokens == list(backend.answer_unbatched(cartridge, QUESTIONS[2], max_new_tokens=6, stop_at_eos=False).token_ids)
     finally:
@@ -404,7 +422,6 @@ def test_a_lone_question_takes_the_cascade_path_when_the_one_at_a_time_path_hold
 def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(real_backend, cartridges):
     backend, cartridge = real_backend, cartridges[0]
     state = cartridge.payload.state
-    length = state.num_tokens
     batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
     emit_solo = batcher._emit_solo
     calls = []
@@ -420,8 +437,45 @@ def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(real_backend, cartridg
     try:
         with pytest.raises(RuntimeError, match="boom"):
             list(batcher.submit(state, prompt, max_new_tokens=8, stop_at_eos=False).events())
-        _wait_until(lambda: not state.lock.locked())
-        assert state.num_tokens == length and not batcher._rows
+        _wait_until(lambda: not state.lock.locked() and not batcher._rows)
         assert backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("how", ["cancel", "close"])
+def test_a_lone_row_that_is_cancelled_or_whose_batcher_closes_gives_the_tail_back(real_backend, cartridges, how):
+    backend, cartridge = real_backend, cartridges[0]
+    state = cartridge.payload.state
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
+    try:
+        request = batcher.submit(state, prompt, max_new_tokens=500, stop_at_eos=False)
+        assert next(request.events())[0] == "token" and state.lock.locked()
+        request.cancel() if how == "cancel" else batcher.close()
+        _wait_until(lambda: not state.lock.locked())
+    finally:
+        batcher.close()
+
+
+@pytest.mark.model
+def test_a_one_at_a_time_call_waits_one_step_for_a_lone_row_not_its_whole_answer(real_backend, cartridges):
+    """fidelity(), long questions and the gate take the tail through KvState.scratch(): the lone row holding it moves
+    into its slot at its next step and goes on decoding there, with the same tokens."""
+    backend, cartridge = real_backend, cartridges[0]
+    state = cartridge.payload.state
+    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
+    try:
+        request = batcher.submit(state, prompt, max_new_tokens=60, stop_at_eos=False)
+        events = request.events()
+        got = [next(events)[1]]
+        assert state.lock.locked()
+        with state.scratch():  # would wait for all 60 tokens if the lone row kept the tail
+            assert batcher._rows and batcher._rows[0].solo is None and batcher._rows[0].num_out < 60
+            assert not state.wanted()
+        got += [value for kind, value in events if kind == "token"]
+        assert got == list(backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=60, stop_at_eos=False).token_ids)
     finally:
         batcher.close()
