@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -334,30 +335,52 @@ def test_a_question_too_long_for_a_batch_row_is_answered_alone(real_backend, car
 
 
 # -- a lone question: the one-at-a-time passes, then its slot when others join ------------------------------
+@dataclass
+class _Lone:
+    backend: object
+    cartridge: object
+    batcher: Batcher
+
+    @property
+    def state(self) -> KvState:
+        return self.cartridge.payload.state
+
+    def submit(self, question: str, max_new_tokens: int):
+        prompt = self.backend.layout.encode(self.backend.layout.suffix_text(question))
+        return self.batcher.submit(self.state, prompt, max_new_tokens=max_new_tokens, stop_at_eos=False)
+
+    def one_at_a_time(self, question: str, max_new_tokens: int) -> list[int]:
+        return list(self.backend.answer_unbatched(self.cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=False).token_ids)
+
+
+def _tokens(events) -> list[int]:
+    return [value for kind, value in events if kind == "token"]
+
+
+@pytest.fixture
+def lone(real_backend, cartridges):
+    """A batcher of the test's own (4 rows, no gather wait) on the first cartridge, closed after the test."""
+    batcher = Batcher(real_backend.model, eos_ids=real_backend._eos_ids, device="cpu", max_batch=4, gather_s=0)
+    yield _Lone(real_backend, cartridges[0], batcher)
+    batcher.close()
+
+
 @pytest.mark.model
-def test_a_lone_question_runs_the_one_at_a_time_passes_on_its_cartridges_tail(real_backend, cartridges):
-    backend, cartridge = real_backend, cartridges[0]
-    state = cartridge.payload.state
-    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+def test_a_lone_question_runs_the_one_at_a_time_passes_on_its_cartridges_tail(lone):
+    batcher, state = lone.batcher, lone.state
     seen: list[tuple[bool, bool]] = []
     emit_solo = batcher._emit_solo
     batcher._emit_solo = lambda row, ids, **kw: (seen.append((row.solo is not None, state.lock.locked())), emit_solo(row, ids, **kw))[1]
-    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
-    try:
-        tokens = [value for kind, value in batcher.submit(state, prompt, max_new_tokens=6, stop_at_eos=False).events() if kind == "token"]
-        _wait_until(lambda: not batcher._rows)
-        assert seen == [(True, True)] * 6  # the prompt's pass and 5 decoding steps, each holding the tail
-        assert batcher.steps == 6 and not state.lock.locked()  # given back at the end
-        assert tokens == list(backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=6, stop_at_eos=False).token_ids)
-    finally:
-        batcher.close()
+    tokens = _tokens(lone.submit(QUESTIONS[0], 6).events())
+    _wait_until(lambda: not batcher._rows)
+    assert seen == [(True, True)] * 6  # the prompt's pass and 5 decoding steps, each holding the tail
+    assert batcher.steps == 6 and not state.lock.locked()  # given back at the end
+    assert tokens == lone.one_at_a_time(QUESTIONS[0], 6)
 
 
 @pytest.mark.model
-def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_the_tail_back(real_backend, cartridges):
-    backend, cartridge = real_backend, cartridges[0]
-    state = cartridge.payload.state
-    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4, gather_s=0)
+def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_the_tail_back(lone):
+    batcher, state = lone.batcher, lone.state
     moves: list[int | None] = []
     solo_end = batcher._solo_end
 
@@ -374,55 +397,38 @@ def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_th
             assert torch.equal(kb[slot, :, : row.length], k) and torch.equal(vb[slot, :, : row.length], v)
 
     batcher._solo_end = solo_end_spy
-    long_prompt, short_prompt = (backend.layout.encode(backend.layout.suffix_text(q)) for q in QUESTIONS[:2])
-    try:
-        long_one = batcher.submit(state, long_prompt, max_new_tokens=60, stop_at_eos=False)
-        events = long_one.events()
-        got = [next(events)[1], next(events)[1]]  # decoded alone, on the cartridge's tail
-        short_one = batcher.submit(state, short_prompt, max_new_tokens=4, stop_at_eos=False)
-        short = [value for kind, value in short_one.events() if kind == "token"]
-        # the long row went into its slot (0) at the first step it shared: the tail is free for the one-at-a-time path
-        assert moves == [0] and batcher._rows and batcher._rows[0].solo is None
-        assert state.lock.acquire(timeout=30)
-        state.lock.release()
-        got += [value for kind, value in events if kind == "token"]
-        want_long = backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=60, stop_at_eos=False).token_ids
-        want_short = backend.answer_unbatched(cartridge, QUESTIONS[1], max_new_tokens=4, stop_at_eos=False).token_ids
-        assert (got, short) == (list(want_long), list(want_short))
-    finally:
-        batcher.close()
+    events = lone.submit(QUESTIONS[0], 60).events()
+    got = [next(events)[1], next(events)[1]]  # decoded alone, on the cartridge's tail
+    short = _tokens(lone.submit(QUESTIONS[1], 4).events())
+    # the long row went into its slot (0) at the first step it shared: the tail is free for the one-at-a-time path
+    assert moves == [0] and batcher._rows and batcher._rows[0].solo is None
+    assert state.lock.acquire(timeout=30)
+    state.lock.release()
+    got += _tokens(events)
+    assert (got, short) == (lone.one_at_a_time(QUESTIONS[0], 60), lone.one_at_a_time(QUESTIONS[1], 4))
 
 
 @pytest.mark.model
-def test_a_lone_question_takes_the_cascade_path_when_the_one_at_a_time_path_holds_the_tail(real_backend, cartridges):
+def test_a_lone_question_takes_the_cascade_path_when_the_one_at_a_time_path_holds_the_tail(lone):
     """No waiting on KvState.lock in the worker: a fidelity check holding it does not stall the batch (or deadlock a
     caller that holds it and asks a batched question)."""
-    backend, cartridge = real_backend, cartridges[0]
-    state = cartridge.payload.state
-    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+    batcher = lone.batcher
     solo_passes: list[int] = []
     emit_solo = batcher._emit_solo
     batcher._emit_solo = lambda row, ids, **kw: (solo_passes.append(1), emit_solo(row, ids, **kw))[1]
-    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[2]))
     tokens: list[int] = []
-    try:
-        with state.lock:
-            request = batcher.submit(state, prompt, max_new_tokens=6, stop_at_eos=False)
-            reader = threading.Thread(target=lambda: tokens.extend(v for kind, v in request.events() if kind == "token"))
-            reader.start()
-            reader.join(timeout=120)  # the worker never waits for the lock: the answer comes while the test holds it
-            assert not reader.is_alive()
-        assert solo_passes == [] and len(tokens) == 6
-        assert tokens == list(backend.answer_unbatched(cartridge, QUESTIONS[2], max_new_tokens=6, stop_at_eos=False).token_ids)
-    finally:
-        batcher.close()
+    with lone.state.lock:
+        request = lone.submit(QUESTIONS[2], 6)
+        reader = threading.Thread(target=lambda: tokens.extend(_tokens(request.events())))
+        reader.start()
+        reader.join(timeout=120)  # the worker never waits for the lock: the answer comes while the test holds it
+        assert not reader.is_alive()
+    assert solo_passes == [] and tokens == lone.one_at_a_time(QUESTIONS[2], 6)
 
 
 @pytest.mark.model
-def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(real_backend, cartridges):
-    backend, cartridge = real_backend, cartridges[0]
-    state = cartridge.payload.state
-    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
+def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(lone):
+    batcher, backend, cartridge = lone.batcher, lone.backend, lone.cartridge
     emit_solo = batcher._emit_solo
     calls = []
 
@@ -433,49 +439,31 @@ def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(real_backend, cartridg
         return emit_solo(row, ids, **kw)
 
     batcher._emit_solo = failing
-    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
-    try:
-        with pytest.raises(RuntimeError, match="boom"):
-            list(batcher.submit(state, prompt, max_new_tokens=8, stop_at_eos=False).events())
-        _wait_until(lambda: not state.lock.locked() and not batcher._rows)
-        assert backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
-    finally:
-        batcher.close()
+    with pytest.raises(RuntimeError, match="boom"):
+        list(lone.submit(QUESTIONS[0], 8).events())
+    _wait_until(lambda: not lone.state.lock.locked() and not batcher._rows)
+    assert backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("how", ["cancel", "close"])
-def test_a_lone_row_that_is_cancelled_or_whose_batcher_closes_gives_the_tail_back(real_backend, cartridges, how):
-    backend, cartridge = real_backend, cartridges[0]
-    state = cartridge.payload.state
-    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
-    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
-    try:
-        request = batcher.submit(state, prompt, max_new_tokens=500, stop_at_eos=False)
-        assert next(request.events())[0] == "token" and state.lock.locked()
-        request.cancel() if how == "cancel" else batcher.close()
-        _wait_until(lambda: not state.lock.locked())
-    finally:
-        batcher.close()
+def test_a_lone_row_that_is_cancelled_or_whose_batcher_closes_gives_the_tail_back(lone, how):
+    request = lone.submit(QUESTIONS[0], 500)
+    assert next(request.events())[0] == "token" and lone.state.lock.locked()
+    request.cancel() if how == "cancel" else lone.batcher.close()
+    _wait_until(lambda: not lone.state.lock.locked())
 
 
 @pytest.mark.model
-def test_a_one_at_a_time_call_waits_one_step_for_a_lone_row_not_its_whole_answer(real_backend, cartridges):
+def test_a_one_at_a_time_call_waits_one_step_for_a_lone_row_not_its_whole_answer(lone):
     """fidelity(), long questions and the gate take the tail through KvState.scratch(): the lone row holding it moves
     into its slot at its next step and goes on decoding there, with the same tokens."""
-    backend, cartridge = real_backend, cartridges[0]
-    state = cartridge.payload.state
-    batcher = Batcher(backend.model, eos_ids=backend._eos_ids, device="cpu", max_batch=4)
-    prompt = backend.layout.encode(backend.layout.suffix_text(QUESTIONS[0]))
-    try:
-        request = batcher.submit(state, prompt, max_new_tokens=60, stop_at_eos=False)
-        events = request.events()
-        got = [next(events)[1]]
-        assert state.lock.locked()
-        with state.scratch():  # would wait for all 60 tokens if the lone row kept the tail
-            assert batcher._rows and batcher._rows[0].solo is None and batcher._rows[0].num_out < 60
-            assert not state.wanted()
-        got += [value for kind, value in events if kind == "token"]
-        assert got == list(backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=60, stop_at_eos=False).token_ids)
-    finally:
-        batcher.close()
+    batcher, state = lone.batcher, lone.state
+    events = lone.submit(QUESTIONS[0], 60).events()
+    got = [next(events)[1]]
+    assert state.lock.locked()
+    with state.scratch():  # would wait for all 60 tokens if the lone row kept the tail
+        assert batcher._rows and batcher._rows[0].solo is None and batcher._rows[0].num_out < 60
+        assert not state.wanted()
+    got += _tokens(events)
+    assert got == lone.one_at_a_time(QUESTIONS[0], 60)
