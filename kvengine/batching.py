@@ -49,7 +49,8 @@ Design
   model's decoding step spends on per-call overhead what it does not spend in the weight matmuls.
 - **A lone question runs as the one-at-a-time path does.** With one row in the batch, cascade attention is two
   kernel calls and a merge per layer where the one-at-a-time path makes one call over the cartridge and its scratch
-  tail together: 3-8% more per decoding step at 8k on a 2-core CPU, against issue 14's "no slower than today". So a
+  tail together: a lone question took 1.13x the one-at-a-time time at 8k on a 2-core CPU (bench/lone_question_ab.py),
+  against issue 14's "no slower than today". So a
   question admitted into an empty batch takes its cartridge's scratch tail (``KvState.lock``, tried without waiting:
   if the one-at-a-time path holds it, the row takes the cascade path) and runs the very passes of
   ``TransformersKvBackend._greedy_tokens``: the same tokens, bit for bit, at the same cost. When another question
@@ -66,8 +67,8 @@ Design
   waiting queue and the row list's admission are guarded by one condition variable. The model is read-only
   under ``torch.inference_mode()``; the cartridge prefix is read-only, so the one-at-a-time path
   (fidelity(), answer_stream_unbatched()) may run on the same cartridge at the same time (it writes only the
-  KvState's scratch tail, which the batcher reads only for a lone row, holding the KvState's lock). A caller that stops reading calls ``cancel()``
-  (answer_stream does in ``finally``); its row leaves at the next step boundary. An error in a pass is
+  KvState's scratch tail, which the batcher uses only for a lone row, holding the KvState's lock). A caller that
+  stops reading calls ``cancel()`` (answer_stream does in ``finally``); its row leaves at the next step boundary. An error in a pass is
   delivered to every row of that pass, and the worker carries on with later questions.
 """
 from __future__ import annotations
@@ -100,6 +101,7 @@ INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a questio
 # room of the longest, so one long question would make all max_batch slots long (16 x 4k positions are 2.9 GB
 # in f32 on SmolLM2); longer questions take the one-at-a-time path instead (TransformersKvBackend).
 MAX_ROW_ROOM = 1024
+
 
 # -- attention pieces --------------------------------------------------------------------------------
 def plain_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

@@ -11,7 +11,8 @@ length to ``num_tokens`` (the next call starts from the cartridge's own length; 
 
 Thread safety: the buffers' cartridge region is read-only and the model is read-only under
 torch.inference_mode(), so both may be shared between threads. The scratch tail is not: KvState.lock
-serializes questions to one cartridge (different cartridges answer in parallel).
+serializes its users (different cartridges answer in parallel). One-at-a-time calls take it through
+KvState.scratch(), which tells the batcher's lone row that holds it (kvengine.batching) to give it back.
 """
 from __future__ import annotations
 
