@@ -57,8 +57,10 @@ Design
   joins, the lone row's scratch (its prompt and answer so far, a few dozen positions) is copied into its slot before
   the next decoding step, the tail is given back, and the row decodes in the batch from then on. A one-at-a-time
   call on the same cartridge (a fidelity check, a long question) takes the tail through ``KvState.scratch()``, which
-  marks that it waits: the lone row moves into its slot at its next step, so the call waits one step at most, and
-  no new lone row takes the tail while it waits.
+  marks that it waits: the lone row moves into its slot at its next decoding step, so the call waits for the pass in
+  progress (and a prefill pass that runs first), not for a whole answer, and no new lone row takes the tail while it
+  waits. A lone question that would need the cartridge's buffers grown (its prompt and answer past the KvState's
+  spare room) takes the cascade path: the worker never copies a cartridge.
 - **Long questions** (prompt + answer over MAX_ROW_ROOM positions) are not batched: every slot would grow to
   their length. The backend answers them one at a time (answer_stream_unbatched), as before batching.
 - **Back-pressure.** At most ``max_waiting`` questions wait for a row; past that, ``submit()`` raises
@@ -417,7 +419,15 @@ class Batcher:
     def _run(self) -> None:
         try:
             self._serve()
-        finally:  # whatever ends the worker (close(), or an exception no pass caught), no cartridge tail stays taken
+        except BaseException as exc:  # no pass caught it: the worker is gone, so every caller hears, and none waits on
+            with self._cond:
+                self._closed = True
+                stranded = [*self._waiting, *(row.request for row in self._rows)]
+                self._waiting.clear()
+            for request in stranded:
+                request._put("error", exc)
+            raise
+        finally:  # however the worker ends, no cartridge tail stays taken
             for row in self._rows:
                 self._solo_end(row, slot=None)
 
@@ -540,14 +550,11 @@ class Batcher:
     def _solo_begin(self, row: _Row) -> bool:
         """Take the row's cartridge tail for it if nobody holds it (KvState.lock, not waited for)."""
         state = row.request.state
+        if state.num_tokens + len(row.request.prompt) + row.request.max_new_tokens > state.capacity:
+            return False  # the tail has no room for it: growing it would copy the whole cartridge on the worker
         if state.wanted() or not state.lock.acquire(blocking=False):
             return False  # the one-at-a-time path is using it or waits for it (a fidelity check, a long question)
-        try:
-            state.ensure_capacity(state.num_tokens + len(row.request.prompt) + row.request.max_new_tokens)
-            row.solo = CartridgeCache(state)
-        except BaseException:
-            state.lock.release()
-            raise
+        row.solo = CartridgeCache(state)
         return True
 
     def _emit_solo(self, row: _Row, input_ids: torch.Tensor, **kwargs) -> None:

@@ -360,9 +360,25 @@ def _tokens(events) -> list[int]:
 @pytest.fixture
 def lone(real_backend, cartridges):
     """A batcher of the test's own (4 rows, no gather wait) on the first cartridge, closed after the test."""
+    _wait_until(lambda: not cartridges[0].payload.state.lock.locked())  # an earlier test's lone row has given it back
     batcher = Batcher(real_backend.model, eos_ids=real_backend._eos_ids, device="cpu", max_batch=4, gather_s=0)
     yield _Lone(real_backend, cartridges[0], batcher)
     batcher.close()
+
+
+def _hold_after_solo_pass(batcher: Batcher, passes: int) -> tuple[threading.Event, list]:
+    """Make the worker wait, after its ``passes``-th lone pass, until the returned event is set; the list gets the row."""
+    go, rows = threading.Event(), []
+    emit_solo = batcher._emit_solo
+
+    def held(row, ids, **kw):
+        emit_solo(row, ids, **kw)
+        rows.append(row)
+        if len(rows) == passes:
+            assert go.wait(60)
+
+    batcher._emit_solo = held
+    return go, rows
 
 
 @pytest.mark.model
@@ -380,7 +396,7 @@ def test_a_lone_question_runs_the_one_at_a_time_passes_on_its_cartridges_tail(lo
 
 @pytest.mark.model
 def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_the_tail_back(lone):
-    batcher, state = lone.batcher, lone.state
+    batcher = lone.batcher
     moves: list[int | None] = []
     solo_end = batcher._solo_end
 
@@ -397,15 +413,16 @@ def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_th
             assert torch.equal(kb[slot, :, : row.length], k) and torch.equal(vb[slot, :, : row.length], v)
 
     batcher._solo_end = solo_end_spy
-    events = lone.submit(QUESTIONS[0], 60).events()
-    got = [next(events)[1], next(events)[1]]  # decoded alone, on the cartridge's tail
-    short = _tokens(lone.submit(QUESTIONS[1], 4).events())
-    # the long row went into its slot (0) at the first step it shared: the tail is free for the one-at-a-time path
-    assert moves == [0] and batcher._rows and batcher._rows[0].solo is None
-    assert state.lock.acquire(timeout=30)
-    state.lock.release()
-    got += _tokens(events)
-    assert (got, short) == (lone.one_at_a_time(QUESTIONS[0], 60), lone.one_at_a_time(QUESTIONS[1], 4))
+    go, _ = _hold_after_solo_pass(batcher, 3)
+    events = lone.submit(QUESTIONS[0], 16).events()
+    second = lone.submit(QUESTIONS[1], 4)  # waits while the lone row is held after its prompt and two decoding steps
+    _wait_until(lambda: batcher.waiting() == 1)
+    go.set()
+    short = _tokens(second.events())
+    # the long row went into its slot (0) at the first step it shared, and gave the tail back then
+    assert moves == [0]
+    got = _tokens(events)
+    assert (got, short) == (lone.one_at_a_time(QUESTIONS[0], 16), lone.one_at_a_time(QUESTIONS[1], 4))
 
 
 @pytest.mark.model
@@ -428,7 +445,7 @@ def test_a_lone_question_takes_the_cascade_path_when_the_one_at_a_time_path_hold
 
 @pytest.mark.model
 def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(lone):
-    batcher, backend, cartridge = lone.batcher, lone.backend, lone.cartridge
+    batcher = lone.batcher
     emit_solo = batcher._emit_solo
     calls = []
 
@@ -442,13 +459,14 @@ def test_an_error_in_a_lone_rows_pass_gives_the_tail_back(lone):
     with pytest.raises(RuntimeError, match="boom"):
         list(lone.submit(QUESTIONS[0], 8).events())
     _wait_until(lambda: not lone.state.lock.locked() and not batcher._rows)
-    assert backend.answer(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids == backend.answer_unbatched(cartridge, QUESTIONS[0], max_new_tokens=4).token_ids
+    assert _tokens(lone.submit(QUESTIONS[0], 4).events()) == lone.one_at_a_time(QUESTIONS[0], 4)
+    assert len(calls) == 3 + 4  # the next question took the lone passes again
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("how", ["cancel", "close"])
 def test_a_lone_row_that_is_cancelled_or_whose_batcher_closes_gives_the_tail_back(lone, how):
-    request = lone.submit(QUESTIONS[0], 500)
+    request = lone.submit(QUESTIONS[0], 400)  # within the cartridge's spare room (kvcache.DEFAULT_ROOM)
     assert next(request.events())[0] == "token" and lone.state.lock.locked()
     request.cancel() if how == "cancel" else lone.batcher.close()
     _wait_until(lambda: not lone.state.lock.locked())
@@ -459,11 +477,36 @@ def test_a_one_at_a_time_call_waits_one_step_for_a_lone_row_not_its_whole_answer
     """fidelity(), long questions and the gate take the tail through KvState.scratch(): the lone row holding it moves
     into its slot at its next step and goes on decoding there, with the same tokens."""
     batcher, state = lone.batcher, lone.state
-    events = lone.submit(QUESTIONS[0], 60).events()
-    got = [next(events)[1]]
-    assert state.lock.locked()
-    with state.scratch():  # would wait for all 60 tokens if the lone row kept the tail
-        assert batcher._rows and batcher._rows[0].solo is None and batcher._rows[0].num_out < 60
-        assert not state.wanted()
-    got += _tokens(events)
-    assert got == lone.one_at_a_time(QUESTIONS[0], 60)
+    go, rows = _hold_after_solo_pass(batcher, 2)
+    events = lone.submit(QUESTIONS[0], 24).events()
+    seen: list[tuple[bool, int]] = []
+
+    def one_at_a_time_call():
+        with state.scratch():  # would wait for all 24 tokens if the lone row kept the tail
+            seen.append((rows[-1].solo is None, rows[-1].num_out))
+
+    caller = threading.Thread(target=one_at_a_time_call)
+    _wait_until(lambda: len(rows) == 2)  # the worker holds after the prompt's pass and one decoding step
+    caller.start()
+    _wait_until(state.wanted)
+    go.set()
+    caller.join(timeout=60)
+    assert not caller.is_alive() and seen and seen[0][0] and seen[0][1] <= 3  # moved at the next step, not at the 24th
+    assert _tokens(events) == lone.one_at_a_time(QUESTIONS[0], 24)
+
+
+@pytest.mark.model
+def test_a_lone_question_past_the_cartridges_spare_room_takes_the_cascade_path_and_grows_nothing(lone):
+    """The worker never copies a cartridge to make room: a lone question whose prompt and answer would not fit the
+    KvState's spare positions is decoded on cascade attention, from its slot."""
+    cartridge = lone.state
+    state = KvState([cartridge.prefix(i)[0] for i in range(cartridge.num_layers)],
+                    [cartridge.prefix(i)[1] for i in range(cartridge.num_layers)], room=32)  # a copy with 32 spare positions
+    capacity, buffers = state.capacity, state.keys[0].data_ptr()
+    prompt = lone.backend.layout.encode(lone.backend.layout.suffix_text(QUESTIONS[0]))
+    request = lone.batcher.submit(state, prompt, max_new_tokens=32, stop_at_eos=False)
+    assert next(request.events())[0] == "token"
+    assert not state.lock.locked() and lone.batcher._rows[0].solo is None
+    request.cancel()
+    _wait_until(lambda: not lone.batcher._rows)
+    assert (state.capacity, state.keys[0].data_ptr()) == (capacity, buffers)
