@@ -72,7 +72,7 @@ def answer_ask_stream(*, scope, question: str, mode: str = "cartridge", actor=No
     except BaseException:
         answer_slot_release()
         raise
-    return AnswerStream(items, on_close=answer_slot_release)
+    return AnswerStream(items, release=answer_slot_release)
 
 
 def answer_ask_async(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
@@ -204,23 +204,24 @@ def _remote_stream(*, scope, question: str, mode: str, actor) -> Iterator[str | 
         _close(client, pubsub)
         _withdraw(request.pk)
         raise
-    return _remote_deltas(request, key, client, pubsub)
+    state = {"collected": False}
+
+    def clean_up() -> None:  # also when the stream is closed before its first item (its generator never ran)
+        _close(client, pubsub)
+        if not state["collected"]:  # the client left (or it failed): nobody will collect; the worker's publishes stop
+            _withdraw(request.pk)
+
+    return AnswerStream(_remote_deltas(request, key, pubsub, state), on_close=clean_up)
 
 
-def _remote_deltas(request: AnswerRequest, key: bytes, client, pubsub) -> Iterator[str | AnswerResult]:
+def _remote_deltas(request: AnswerRequest, key: bytes, pubsub, state: dict) -> Iterator[str | AnswerResult]:
     from memories import crypto
 
-    collected = False
-    try:
-        next_seq = 0
-        for body in _messages(pubsub, request.pk):
-            if body["seq"] < next_seq:  # a redelivered task publishes again from 0: skip what was passed on
-                continue
-            next_seq = body["seq"] + 1
-            yield crypto.open_box(key, body["sealed"], aad=answer_request_delta_aad(request.pk, body["seq"])).decode()
-        collected = True
-        yield answer_request_collect(answer_request=request)
-    finally:
-        _close(client, pubsub)
-        if not collected:  # the client left (or it failed): nobody will collect; the worker's publishes stop
-            _withdraw(request.pk)
+    next_seq = 0
+    for body in _messages(pubsub, request.pk):
+        if body["seq"] < next_seq:  # a redelivered task publishes again from 0: skip what was passed on
+            continue
+        next_seq = body["seq"] + 1
+        yield crypto.open_box(key, body["sealed"], aad=answer_request_delta_aad(request.pk, body["seq"])).decode()
+    state["collected"] = True
+    yield answer_request_collect(answer_request=request)

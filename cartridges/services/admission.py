@@ -74,3 +74,8 @@ def answers_in_flight() -> int:
     """How many asks this process holds now (for tests and metrics)."""
     with _lock:
         return _in_flight
+
+
+def asks_summary() -> dict[str, int]:
+    """This process's asks now, for /api/v1/kv/metrics: slots held and their bound."""
+    return {"in_flight": answers_in_flight(), "limit": conf.max_waiting_asks()}
