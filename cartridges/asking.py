@@ -16,8 +16,9 @@ Where an answer is computed:
   unsubscribes, so the worker's next publish reaches nobody and it stops decoding. Without Redis (the
   embedded default, tasks in-process) the task has already run when it is sent.
 
-``"async": true`` files the AnswerRequest and returns it at once (202); the asker collects it once
-(``answer_request_collect_for``), only with the same user and scope as asked.
+``"async": true`` files the AnswerRequest and returns it at once (202), within its own bounds per process and
+per user (services/admission.py); the asker collects it once (``answer_request_collect_for``), only with the
+same user and scope as asked.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from . import conf
 from .channels import answer_channel, message_read, redis_client
 from .models import AnswerRequest
 from .services import AnswerResult, answer_request_collect, answer_request_file, cartridge_answer
-from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release
+from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release, async_ask_admit
 from .services.answer import _request_key, answer_request_delta_aad
 from .services.stream import AnswerStream, cartridge_answer_stream
 from .tasks import cartridge_answer_task
@@ -76,8 +77,10 @@ def answer_ask_stream(*, scope, question: str, mode: str = "cartridge", actor=No
 
 
 def answer_ask_async(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
-    """File the question for a gpu worker and return the request (collect it once with answer_request_collect_for)."""
-    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+    """File the question for a gpu worker and return the request (collect it once with answer_request_collect_for);
+    429 past the async bounds (services/admission.py)."""
+    request = async_ask_admit(user=actor, file=lambda: answer_request_file(scope=scope, question=question, mode=mode,
+                                                                           actor=actor))
     job_dispatch(cartridge_answer_task, args=[request.pk], robust=True)  # a broker down: the row waits, then expires
     return request
 

@@ -125,6 +125,8 @@ class KvMetricsCollector(Collector):
                                     value=asks["in_flight"])
             yield GaugeMetricFamily("mnesio_answer_slots_limit", "MNESIO_MAX_WAITING_ASKS of this process.",
                                     value=asks["limit"])
+            yield GaugeMetricFamily("mnesio_async_asks_pending", "Async asks this web process filed that wait for "
+                                    "an answer.", value=asks["async_pending"])
 
     @staticmethod
     def _scopes(rows: list[dict[str, Any]]) -> Iterator[Metric]:

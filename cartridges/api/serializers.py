@@ -379,6 +379,8 @@ class ErasureCountsSerializer(serializers.Serializer):
 class AskMetricsSerializer(serializers.Serializer):
     in_flight = serializers.IntegerField(help_text="Answer slots this process holds now (sync, streamed, OpenAI-compatible).")
     limit = serializers.IntegerField(help_text="MNESIO_MAX_WAITING_ASKS: past it an ask answers 429.")
+    async_pending = serializers.IntegerField(help_text="Async asks this process filed that wait for an answer.")
+    async_limit = serializers.IntegerField(help_text="MNESIO_MAX_PENDING_ASYNC_ASKS: past it an async ask answers 429.")
 
 
 class KvMetricsSerializer(serializers.Serializer):

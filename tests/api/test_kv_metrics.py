@@ -62,7 +62,7 @@ def test_operators_see_every_field_with_the_known_counts(operator, scenario, api
     m = response.json()
     assert set(m) == {"generated_at", "log_head", "configuration", "scopes", "gate", "latency", "versions",
                       "sizes_by_quant", "erasures", "asks"}
-    assert m["asks"] == {"in_flight": 0, "limit": 32}
+    assert m["asks"] == {"in_flight": 0, "limit": 32, "async_pending": 0, "async_limit": 64}
     assert m["log_head"] == 5
     config = m["configuration"]
     assert (config["backend"], config["model"], config["dtype"], config["quant"], config["device"]) == (
