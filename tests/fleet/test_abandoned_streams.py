@@ -54,6 +54,7 @@ def test_it_gives_back_the_slot_of_every_stream_its_client_abandons(serve, alice
     bodies = [("/api/v1/scopes/scope-a/ask/", {"question": question, "stream": True}),
               ("/v1/chat/completions", {"model": "scope-a", "stream": True,
                                         "messages": [{"role": "user", "content": question}]})]
+    started = time.monotonic()
     # hang-ups at once (before the view has answered), after a few ms (around the first byte) and later (mid-stream)
     for i in range(NUM_HANG_UPS):
         path, body = bodies[i % 2]
@@ -67,6 +68,8 @@ def test_it_gives_back_the_slot_of_every_stream_its_client_abandons(serve, alice
     assert plain.status_code == 200 and "blue flower pot" in plain.json()["answer"], (plain.text, proc.output()[-3000:])
     assert held == 0 and released_s <= 1.0, f"{held} slots still held {released_s:.2f} s after the last hang-up"
     assert _asks(base, token)["limit"] == LIMIT
+    print(f"FIGURES hang_ups={NUM_HANG_UPS} limit={LIMIT} hang_ups_s={hung_up_at - started:.1f} "
+          f"slots_back_after_s={released_s:.2f}")
 
     # the process answers as before: LIMIT full streams open at once
     streams = [requests.post(f"{base}/api/v1/scopes/scope-a/ask/", json={"question": question, "stream": True},
