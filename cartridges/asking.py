@@ -16,8 +16,9 @@ Where an answer is computed:
   unsubscribes, so the worker's next publish reaches nobody and it stops decoding. Without Redis (the
   embedded default, tasks in-process) the task has already run when it is sent.
 
-``"async": true`` files the AnswerRequest and returns it at once (202); the asker collects it once
-(``answer_request_collect_for``), only with the same user and scope as asked.
+``"async": true`` files the AnswerRequest and returns it at once (202), within its own bounds per process and
+per user (services/admission.py); the asker collects it once (``answer_request_collect_for``), only with the
+same user and scope as asked.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from . import conf
 from .channels import answer_channel, message_read, redis_client
 from .models import AnswerRequest
 from .services import AnswerResult, answer_request_collect, answer_request_file, cartridge_answer
-from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release
+from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release, async_ask_admit
 from .services.answer import _request_key, answer_request_delta_aad
 from .services.stream import AnswerStream, cartridge_answer_stream
 from .tasks import cartridge_answer_task
@@ -72,12 +73,14 @@ def answer_ask_stream(*, scope, question: str, mode: str = "cartridge", actor=No
     except BaseException:
         answer_slot_release()
         raise
-    return AnswerStream(items, on_close=answer_slot_release)
+    return AnswerStream(items, release=answer_slot_release)
 
 
 def answer_ask_async(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
-    """File the question for a gpu worker and return the request (collect it once with answer_request_collect_for)."""
-    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+    """File the question for a gpu worker and return the request (collect it once with answer_request_collect_for);
+    429 past the async bounds (services/admission.py)."""
+    request = async_ask_admit(user=actor, file=lambda: answer_request_file(scope=scope, question=question, mode=mode,
+                                                                           actor=actor))
     job_dispatch(cartridge_answer_task, args=[request.pk], robust=True)  # a broker down: the row waits, then expires
     return request
 
@@ -204,23 +207,24 @@ def _remote_stream(*, scope, question: str, mode: str, actor) -> Iterator[str | 
         _close(client, pubsub)
         _withdraw(request.pk)
         raise
-    return _remote_deltas(request, key, client, pubsub)
+    state = {"collected": False}
+
+    def clean_up() -> None:  # also when the stream is closed before its first item (its generator never ran)
+        _close(client, pubsub)
+        if not state["collected"]:  # the client left (or it failed): nobody will collect; the worker's publishes stop
+            _withdraw(request.pk)
+
+    return AnswerStream(_remote_deltas(request, key, pubsub, state), on_close=clean_up)
 
 
-def _remote_deltas(request: AnswerRequest, key: bytes, client, pubsub) -> Iterator[str | AnswerResult]:
+def _remote_deltas(request: AnswerRequest, key: bytes, pubsub, state: dict) -> Iterator[str | AnswerResult]:
     from memories import crypto
 
-    collected = False
-    try:
-        next_seq = 0
-        for body in _messages(pubsub, request.pk):
-            if body["seq"] < next_seq:  # a redelivered task publishes again from 0: skip what was passed on
-                continue
-            next_seq = body["seq"] + 1
-            yield crypto.open_box(key, body["sealed"], aad=answer_request_delta_aad(request.pk, body["seq"])).decode()
-        collected = True
-        yield answer_request_collect(answer_request=request)
-    finally:
-        _close(client, pubsub)
-        if not collected:  # the client left (or it failed): nobody will collect; the worker's publishes stop
-            _withdraw(request.pk)
+    next_seq = 0
+    for body in _messages(pubsub, request.pk):
+        if body["seq"] < next_seq:  # a redelivered task publishes again from 0: skip what was passed on
+            continue
+        next_seq = body["seq"] + 1
+        yield crypto.open_box(key, body["sealed"], aad=answer_request_delta_aad(request.pk, body["seq"])).decode()
+    state["collected"] = True
+    yield answer_request_collect(answer_request=request)

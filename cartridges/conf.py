@@ -125,6 +125,8 @@ def compile_pause_s() -> float:
 
 max_waiting_asks = _int_setting("MNESIO_MAX_WAITING_ASKS", minimum=1, doc="How many asks one process holds at once before answering 429.")
 ask_retry_after_s = _int_setting("MNESIO_ASK_RETRY_AFTER_S", minimum=1, doc="The Retry-After (seconds) of a 429 for too many waiting asks.")
+max_pending_async_asks = _int_setting("MNESIO_MAX_PENDING_ASYNC_ASKS", minimum=1, doc="How many unanswered async asks one process files before answering 429.")
+max_pending_async_asks_per_user = _int_setting("MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER", minimum=1, doc="How many unanswered async asks one user may have before 429.")
 remote_answer_timeout_s = _int_setting("MNESIO_REMOTE_ANSWER_TIMEOUT_S", minimum=1, doc="How long a model-free web process waits for a gpu worker's answer (then 504).")
 
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from cartridges import engine, selectors
 from cartridges.models import AnswerRecord, CartridgeActivation, CartridgeEvaluation, CartridgeVersion
+from cartridges.services.admission import asks_summary
 from kvengine import ANSWER_MODES
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope
 from memories.selectors import log_head
@@ -102,6 +103,7 @@ def kv_metrics(*, scopes: Iterable[Any] | None = None, now: datetime | None = No
         },
         "sizes_by_quant": _sizes_by_quant(CartridgeVersion.objects.filter(scope_id__in=scope_ids)),
         "erasures": _erasures(erasures),
+        "asks": asks_summary(),  # this process's: the answer slots held now (a 429 tells any asker as much)
     }
 
 

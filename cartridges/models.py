@@ -38,7 +38,11 @@ class KvConfiguration(LifecycleRecord):
 
     class Meta(LifecycleRecord.Meta):
         triggers = append_only_triggers("kvconfiguration_")
-        permissions = [("switch_kvconfiguration", "Can switch the active KV configuration")]
+        permissions = [
+            ("switch_kvconfiguration", "Can switch the active KV configuration"),
+            # every scope's figures (API, /metrics, dashboard, admin panel); without it staff see their granted scopes'
+            ("view_kv_metrics", "Can view every scope's KV metrics"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.model}/{self.dtype}/{self.quant}"

@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
 
 from cartridges import metrics
-from cartridges.api.views import KvMetricsView, PrometheusRenderer
+from cartridges.api.views import METRICS_PERMISSION, KvMetricsView, PrometheusRenderer, sees_every_scope
 from cartridges.templatetags.kv_admin import seconds
 
 # Seconds between the dashboard's self-refreshes (overridable with ?refresh=N, at least 1).
@@ -82,7 +83,9 @@ def _refresh_seconds(request: HttpRequest) -> int:
 
 @staff_member_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    """Render the KV dashboard (operators only); ``?fragment=1`` renders just the self-refreshing body."""
+    """Render the KV dashboard (staff with ``cartridges.view_kv_metrics``); ``?fragment=1`` renders just its body."""
+    if not sees_every_scope(request.user):  # it shows every scope: staff without the permission see no figure
+        raise PermissionDenied(f"the dashboard needs the permission `{METRICS_PERMISSION}`")
     data = metrics.kv_metrics()
     context = {
         "m": data,

@@ -119,6 +119,14 @@ class KvMetricsCollector(Collector):
         for status in ("pending", "done", "failed"):
             erasures.add_metric([status], data["erasures"][status])
         yield erasures
+        asks = data.get("asks")
+        if asks is not None:
+            yield GaugeMetricFamily("mnesio_answer_slots_held", "Answer slots this web process holds now.",
+                                    value=asks["in_flight"])
+            yield GaugeMetricFamily("mnesio_answer_slots_limit", "MNESIO_MAX_WAITING_ASKS of this process.",
+                                    value=asks["limit"])
+            yield GaugeMetricFamily("mnesio_async_asks_pending", "Async asks this web process filed that wait for "
+                                    "an answer.", value=asks["async_pending"])
 
     @staticmethod
     def _scopes(rows: list[dict[str, Any]]) -> Iterator[Metric]:

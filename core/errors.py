@@ -66,6 +66,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "engine_refused": (400, "the KV engine refused the input; the message says why"),
     "already_erased": (409, "the memory is erased already (its subject was erased or its scope deleted): nothing to forget"),
     "overloaded": (429, "the answering engine is at capacity; retry after `Retry-After` seconds"),
+    "too_many_pending_asks": (429, "too many async asks wait for an answer (this process's or this user's); collect "
+                                   "them, or retry after `Retry-After` seconds"),
     "worker_timeout": (504, "no gpu worker answered in time (none running, or all busy); retry after `Retry-After` seconds"),
     "database_unavailable": (503, "the database is unreachable; retry with the same idempotency key"),
     "master_key_unavailable": (503, "the server's master key does not open the stored keys; an operator must fix it"),

@@ -14,7 +14,7 @@ from core.errors import MnesioError
 from memories.jobs import erasure_request_enqueue
 from memories.models import ErasureEvent, ErasureRequest, Memory, MemoryKey, Scope, ScopeGrant, Subject
 from memories.selectors import erasure_request_status, subject_get
-from memories.services import MAX_REASON_CHARS, erasure_request_file, scope_delete_file
+from memories.services import MAX_REASON_CHARS, erasure_request_file, erasure_request_shred, scope_delete_file
 
 # Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
 PROCESS_PERMISSION = "memories.process_erasurerequest"
@@ -201,10 +201,12 @@ class ErasureRequestAdmin(admin.ModelAdmin):
     def save_related(self, request: HttpRequest, form, formsets, change: bool) -> None:
         """Nothing related is saved from the form (events are written by the service)."""
 
-    @admin.action(description="Process (shred keys, rebuild views) in the background", permissions=["process"])
+    @admin.action(description="Process (shred keys now, rebuild views in the background)", permissions=["process"])
     def process(self, request: HttpRequest, queryset) -> None:
         with transaction.atomic():
             for erasure_request in queryset:
+                # the shred in the request: it never waits behind answers and compiles on the gpu queue
+                erasure_request_shred(erasure_request=erasure_request, actor=request.user)
                 erasure_request_enqueue(erasure_request=erasure_request)
         self.message_user(request, f"Queued {queryset.count()} erasure request(s) for processing.", messages.SUCCESS)
 

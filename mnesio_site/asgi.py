@@ -5,7 +5,8 @@ thread per open stream. Sync views and sync middleware still run in threads: Dja
 thread of its own for them (``ThreadSensitiveContext`` in its ASGI handler), so one worker serves requests
 concurrently, while CPU-bound work (model answers) shares the process's cores and GIL; size the number of
 worker processes (``MNESIO_WEB_WORKERS``) to the cores. Static files are served by WhiteNoise's middleware (mnesio_site/settings.py) from
-``STATIC_ROOT``, which ``bin/serve`` fills with ``collectstatic`` before it starts.
+``STATIC_ROOT``, which ``bin/serve`` fills with ``collectstatic`` before it starts. Every request ends with
+core.disconnect's callbacks, so what a view took for a client that left is given back (a streamed answer's slot).
 """
 from __future__ import annotations
 
@@ -14,4 +15,8 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from core.disconnect import ClientGoneMiddleware  # noqa: E402 - after Django is set up
+
+application = ClientGoneMiddleware(django_application)

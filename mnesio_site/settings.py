@@ -392,6 +392,9 @@ MNESIO_BLOCK_CACHE_BYTES = envint("MNESIO_BLOCK_CACHE_BYTES", 1 << 30, minimum=0
 # OpenAI-compatible) before answering 429 + Retry-After, and the Retry-After it names.
 MNESIO_MAX_WAITING_ASKS = envint("MNESIO_MAX_WAITING_ASKS", 32, minimum=1)
 MNESIO_ASK_RETRY_AFTER_S = envint("MNESIO_ASK_RETRY_AFTER_S", 2, minimum=1)
+# Async asks hold no slot: how many unanswered ones one process files, and one user has (every process), before 429.
+MNESIO_MAX_PENDING_ASYNC_ASKS = envint("MNESIO_MAX_PENDING_ASYNC_ASKS", 64, minimum=1)
+MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER = envint("MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER", 16, minimum=1)
 # false: this (web) process never loads the model (never imports torch); asks go to gpu workers as AnswerRequests.
 MNESIO_WEB_LOADS_MODEL = envbool("MNESIO_WEB_LOADS_MODEL", True)
 # How long a model-free web process waits for a gpu worker's answer before answering 504 (never a hung request).

@@ -71,7 +71,7 @@ def append():
 OPERATOR_PERMISSIONS = [
     "memories.add_erasurerequest", "memories.process_erasurerequest", "memories.erase_subject_everywhere",
     "cartridges.compile_cartridge", "cartridges.evaluate_cartridge", "cartridges.activate_cartridge",
-    "cartridges.switch_kvconfiguration", "cartridges.add_evaluationcase",
+    "cartridges.switch_kvconfiguration", "cartridges.add_evaluationcase", "cartridges.view_kv_metrics",
 ]
 
 

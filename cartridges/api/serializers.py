@@ -376,6 +376,13 @@ class ErasureCountsSerializer(serializers.Serializer):
     failed = serializers.IntegerField()
 
 
+class AskMetricsSerializer(serializers.Serializer):
+    in_flight = serializers.IntegerField(help_text="Answer slots this process holds now (sync, streamed, OpenAI-compatible).")
+    limit = serializers.IntegerField(help_text="MNESIO_MAX_WAITING_ASKS: past it an ask answers 429.")
+    async_pending = serializers.IntegerField(help_text="Async asks this process filed that wait for an answer.")
+    async_limit = serializers.IntegerField(help_text="MNESIO_MAX_PENDING_ASYNC_ASKS: past it an async ask answers 429.")
+
+
 class KvMetricsSerializer(serializers.Serializer):
     """The shape of GET /api/kv/metrics (built by ``cartridges.metrics.kv_metrics``)."""
 
@@ -388,6 +395,7 @@ class KvMetricsSerializer(serializers.Serializer):
     versions = VersionCountsSerializer()
     sizes_by_quant = QuantSizeSerializer(many=True)
     erasures = ErasureCountsSerializer()
+    asks = AskMetricsSerializer(help_text="This web process's asks (each process of a web tier counts its own).")
 
 
 class ScopeSettingsSerializer(serializers.Serializer):

@@ -5,9 +5,10 @@ and flushes each event). Under ASGI, Django buffers a *sync* iterator of a Strea
 ("must consume synchronous iterators"), which would turn a stream into one late answer; so there the
 stream is pumped by a thread of its own and each event handed to the event loop through an asyncio queue,
 and the response iterates that asynchronously. A client that goes away ends the response: WSGI servers
-close the iterator (GeneratorExit), Django's ASGI handler cancels the async iterator, which tells the pump
-to stop; either way the AnswerStream (and with it the engine generator and the ask's slot) is closed by
-the thread that iterates it.
+close the iterator (GeneratorExit); under ASGI the ask's slot is given back at once, whenever the client
+leaves: mid-stream (Django cancels the async iterator), before the response was sent (Django closes it),
+or before the view even returned it (Django drops it; core.disconnect's end-of-request callback). The engine generator
+is closed by the pump after the token in progress, or by a thread of its own when the pump never ran.
 
 The events (``/ask/`` with ``"stream": true``; the OpenAI-compatible endpoint renders its own chunks
 through the same machinery, see ``Encoder``):
@@ -28,6 +29,7 @@ from typing import Any
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 
+from core.disconnect import request_on_finish
 from core.errors import MnesioError, error_code
 
 from ..services import AnswerResult
@@ -100,45 +102,65 @@ def events(stream: AnswerStream, encoder: Encoder) -> Iterator[bytes]:
         yield from encoder.end()
 
 
-async def events_async(stream: AnswerStream, encoder: Encoder) -> AsyncIterator[bytes]:
-    """``events`` run in a thread of its own, passed to the event loop event by event (ASGI)."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    stop = threading.Event()
+class AsyncEvents:
+    """``events`` run in a thread of its own, passed to the event loop event by event (ASGI).
 
-    def put(item: bytes | None) -> None:
+    ``close()`` (the response's, which Django calls once the server is done with it, sent or not) abandons the
+    stream: an answer whose response never got its first byte out gives its slot back too.
+    """
+
+    def __init__(self, stream: AnswerStream, encoder: Encoder):
+        self.stream = stream
+        self.encoder = encoder
+
+    def close(self) -> None:
+        self.stream.abandon()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        stream, encoder = self.stream, self.encoder
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        stop = threading.Event()
+
+        def put(item: bytes | None) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed (server shutting down): nobody reads any more
+                stop.set()
+
+        def pump() -> None:
+            from django.db import connections
+
+            produced = events(stream, encoder)
+            try:
+                for chunk in produced:
+                    if stop.is_set():
+                        break
+                    put(chunk)
+            finally:
+                produced.close()  # closes the AnswerStream here, in the thread that iterated it
+                connections.close_all()  # this thread's database connections end with it
+                put(None)
+
+        threading.Thread(target=pump, name="mnesio-answer-stream", daemon=True).start()
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed (server shutting down): nobody reads any more
+            while (chunk := await queue.get()) is not None:
+                yield chunk
+        finally:  # the end, or the client went away (Django cancels this iterator)
             stop.set()
-
-    def pump() -> None:
-        from django.db import connections
-
-        produced = events(stream, encoder)
-        try:
-            for chunk in produced:
-                if stop.is_set():
-                    break
-                put(chunk)
-        finally:
-            produced.close()  # closes the AnswerStream here, in the thread that iterated it
-            connections.close_all()  # this thread's database connections end with it
-            put(None)
-
-    threading.Thread(target=pump, name="mnesio-answer-stream", daemon=True).start()
-    try:
-        while (chunk := await queue.get()) is not None:
-            yield chunk
-    finally:  # the end, or the client went away (Django cancels this iterator): the pump stops at its next event
-        stop.set()
+            stream.abandon()  # the slot now; the pump closes the engine generator after the token in progress
 
 
 def streaming_response(request: Any, stream: AnswerStream, encoder: Encoder | None = None) -> StreamingHttpResponse:
     """A ``text/event-stream`` response of ``stream``: async under ASGI, sync under WSGI (module docstring)."""
     encoder = encoder or Encoder()
     raw = getattr(request, "_request", request)
-    content = events_async(stream, encoder) if isinstance(raw, ASGIRequest) else events(stream, encoder)
+    if isinstance(raw, ASGIRequest):
+        content: Any = AsyncEvents(stream, encoder)
+        # a client gone before this response reached the server: Django drops it unclosed (core.disconnect)
+        request_on_finish(raw, stream.abandon)
+    else:
+        content = events(stream, encoder)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come

@@ -255,8 +255,16 @@ class PrometheusRenderer(renderers.BaseRenderer):
             message = data.get("message", "error") if isinstance(data, dict) else str(data)
             return f"# error: {message}\n".encode()
         request = (renderer_context or {}).get("request")
-        # the same line KvMetricsView draws: operators see every scope, so the process-wide histograms too
-        return prometheus.render(data, histograms=bool(request is not None and request.user.is_staff))
+        # the same line KvMetricsView draws: who sees every scope sees the process-wide histograms too
+        return prometheus.render(data, histograms=bool(request is not None and sees_every_scope(request.user)))
+
+
+METRICS_PERMISSION = "cartridges.view_kv_metrics"
+
+
+def sees_every_scope(user: Any) -> bool:
+    """Whether ``user``'s KV metrics cover every scope: staff holding ``cartridges.view_kv_metrics`` (else their grants')."""
+    return bool(user and user.is_active and user.is_staff and user.has_perm(METRICS_PERMISSION))
 
 
 class KvMetricsView(APIView):
@@ -264,7 +272,8 @@ class KvMetricsView(APIView):
 
     @extend_schema(
         summary="KV metrics: configuration, per-scope cartridges and lag, gate outcomes, latency, counts, "
-                "erasures (?format=prometheus for Prometheus text). Operators see every scope, clients theirs.",
+                "erasures, this process's asks (?format=prometheus for Prometheus text). Staff with "
+                "`cartridges.view_kv_metrics` see every scope; everyone else (staff included) the scopes granted to them.",
         parameters=[OpenApiParameter("format", str, enum=["json", "prometheus"])],
         responses={200: s.KvMetricsSerializer},
     )
@@ -273,7 +282,7 @@ class KvMetricsView(APIView):
         if unknown:
             raise MnesioError(f"unknown query parameter(s) {unknown}; the accepted one is ['format']",
                               extra={"fields": unknown})
-        scopes = None if request.user.is_staff else list(user_scopes(user=request.user))
+        scopes = None if sees_every_scope(request.user) else list(user_scopes(user=request.user))
         return Response(metrics.kv_metrics(scopes=scopes))
 
 

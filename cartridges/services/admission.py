@@ -8,12 +8,21 @@ full) maps to the same error, so a client sees one shape: 429, ``Retry-After``, 
 ``{"message", "extra": {"kind": "overloaded", "retry_after_s", "waiting", "limit"}}``.
 
 MNESIO_MAX_WAITING_ASKS (default 32) is per process: a web tier of N processes holds at most N x the bound.
+
+Async asks (``"async": true``) hold no slot (they return 202 at once), so they have bounds of their own on
+what waits for a gpu worker: MNESIO_MAX_PENDING_ASYNC_ASKS filed by this process and not yet answered, and
+MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER unanswered requests of one user (every token of the user together, every
+process; the count is the database's). Past either: 429 + Retry-After, code ``too_many_pending_asks``. The
+check and the filing run under this process's lock, so one process never overshoots; N processes filing for
+one user at the same instant may overshoot the per-user bound by at most N - 1.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
 
 from core.errors import MnesioError
 
@@ -34,6 +43,22 @@ class Overloaded(MnesioError):
             f"{waiting} questions are already waiting in this {where} (the limit is {limit}, "
             f"MNESIO_MAX_WAITING_ASKS); ask again in {self.retry_after_s} s",
             extra={"kind": "overloaded", "retry_after_s": self.retry_after_s, "waiting": waiting, "limit": limit},
+        )
+
+
+class TooManyPendingAsks(MnesioError):
+    """Too many async asks wait for a gpu worker (this process's, or this user's): ask again after ``retry_after_s``."""
+
+    status_code = 429
+    code = "too_many_pending_asks"
+
+    def __init__(self, *, pending: int, limit: int, setting: str, whose: str, retry_after_s: int):
+        self.retry_after_s = retry_after_s
+        super().__init__(
+            f"{pending} async questions {whose} are still waiting to be answered (the limit is {limit}, {setting}); "
+            f"collect them or ask again in {retry_after_s} s",
+            extra={"kind": "too_many_pending_asks", "retry_after_s": retry_after_s, "pending": pending,
+                   "limit": limit, "setting": setting},
         )
 
 
@@ -74,3 +99,48 @@ def answers_in_flight() -> int:
     """How many asks this process holds now (for tests and metrics)."""
     with _lock:
         return _in_flight
+
+
+_async_lock = threading.Lock()
+_async_pending: set[int] = set()  # AnswerRequest ids this process filed that were unanswered when last looked at
+
+
+def _unanswered(queryset: Any) -> Any:
+    from django.utils import timezone
+
+    cutoff = timezone.now() - timedelta(seconds=conf.answer_request_ttl_s())  # older ones are swept, not answered
+    return queryset.filter(answered_at__isnull=True, created_at__gt=cutoff)
+
+
+def async_ask_admit(*, user: Any, file: Callable[[], Any]) -> Any:
+    """Run ``file`` (which files an AnswerRequest) if this process and ``user`` are under their async bounds."""
+    from ..models import AnswerRequest
+
+    retry_after = conf.ask_retry_after_s()
+    with _async_lock:
+        mine = set(_unanswered(AnswerRequest.objects.filter(pk__in=_async_pending)).values_list("pk", flat=True))
+        _async_pending.intersection_update(mine)  # answered, collected, withdrawn or expired: no longer waiting
+        limit = conf.max_pending_async_asks()
+        if len(_async_pending) >= limit:
+            raise TooManyPendingAsks(pending=len(_async_pending), limit=limit, setting="MNESIO_MAX_PENDING_ASYNC_ASKS",
+                                     whose="filed through this process", retry_after_s=retry_after)
+        per_user = conf.max_pending_async_asks_per_user()
+        pending = _unanswered(AnswerRequest.objects.filter(actor_id=user.pk)).count()
+        if pending >= per_user:
+            raise TooManyPendingAsks(pending=pending, limit=per_user, setting="MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER",
+                                     whose="of this user", retry_after_s=retry_after)
+        request = file()
+        _async_pending.add(request.pk)
+    return request
+
+
+def async_asks_pending() -> int:
+    """How many async asks this process filed were unanswered when it last looked (for metrics)."""
+    with _async_lock:
+        return len(_async_pending)
+
+
+def asks_summary() -> dict[str, int]:
+    """This process's asks now, for /api/v1/kv/metrics: slots held and their bound, async asks waiting and theirs."""
+    return {"in_flight": answers_in_flight(), "limit": conf.max_waiting_asks(),
+            "async_pending": async_asks_pending(), "async_limit": conf.max_pending_async_asks()}

@@ -6,12 +6,15 @@ status; what fails after the first byte (an engine refusal mid-decode) is the ca
 error event. The engine generator (``KvBackend.answer_stream``) is closed whenever the stream is closed
 early: a client that goes away frees the engine's slot for the cartridge (the batcher's seat).
 
-AnswerStream is iterated and closed by one thread at a time (a generator cannot be closed while another
-thread runs it): the ASGI view pumps it in a thread of its own and closes it there (cartridges/api/sse.py).
+A generator cannot be closed while another thread runs it, so an AnswerStream is closed by the thread that
+iterates it, or by the caller of ``close()`` when none does. Its slot does not wait for that: ``abandon()``
+(the client went away, cartridges/api/sse.py) releases it at once, from any thread, without blocking, and
+the items are closed after the step in progress (within one token), or in a thread of their own.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 
 from .. import conf, engine
@@ -34,38 +37,90 @@ StreamItem = str | AnswerResult
 class AnswerStream:
     """An answer being decoded: iterate for ``str`` deltas then one AnswerResult; ``close()`` ends it early.
 
-    ``on_close`` runs exactly once, when the stream ends, fails or is closed (it gives back the ask's slot).
+    ``release`` runs exactly once, as soon as the stream ends, fails, is closed or abandoned, from whichever
+    thread that happens in: it must not block (it gives back the ask's slot). ``on_close`` runs once after the
+    items are closed, in the thread that closes them (it may touch the database).
     """
 
-    def __init__(self, items: Iterator[StreamItem], *, on_close: Callable[[], None] | None = None):
+    def __init__(self, items: Iterator[StreamItem], *, release: Callable[[], None] | None = None,
+                 on_close: Callable[[], None] | None = None):
         self._items = items
+        self._release = release
         self._on_close = on_close
-        self._closed = False
+        self._lock = threading.Lock()
+        self._closed = False  # no more items are handed out
+        self._busy = False  # a thread is inside next(items): only it may close them
+        self._released = False
+        self._items_closed = False
 
     def __iter__(self) -> AnswerStream:
         return self
 
     def __next__(self) -> StreamItem:
-        if self._closed:
-            raise StopIteration
+        with self._lock:
+            if self._closed:
+                raise StopIteration
+            self._busy = True
         try:
-            return next(self._items)
+            item = next(self._items)
         except BaseException:  # exhausted or failed: free what it holds at once
+            with self._lock:
+                self._busy = False
             self.close()
             raise
+        with self._lock:
+            self._busy = False
+            abandoned = self._closed
+        if abandoned:  # abandoned while this thread decoded: it closes the items, now that nobody runs them
+            self._items_close()
+            raise StopIteration
+        return item
 
     def close(self) -> None:
-        """Stop decoding (closes the engine generator) and give back what the stream holds; safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop decoding (closes the engine generator here unless another thread is inside it) and give back
+        what the stream holds; safe to call twice, from any thread."""
+        if self._stop():
+            self._items_close()
+
+    def abandon(self) -> None:
+        """The client is gone: give the slot back now, never blocking (safe on an event loop, from any thread).
+
+        The items are closed by the thread decoding them, or by a thread of their own when none is.
+        """
+        if self._stop():
+            threading.Thread(target=self._items_close, kwargs={"own_thread": True},
+                             name="mnesio-answer-abandon", daemon=True).start()
+
+    def _stop(self) -> bool:
+        """Hand out no more items and release; True when the items are open and no thread is inside next(items)
+        (the caller closes them)."""
+        with self._lock:
+            self._closed = True
+            busy = self._busy
+            release, self._released = not self._released, True
+            items_open = not busy and not self._items_closed
+        if release and self._release is not None:
+            self._release()
+        return items_open
+
+    def _items_close(self, own_thread: bool = False) -> None:
+        with self._lock:
+            if self._items_closed:
+                return
+            self._items_closed = True
         try:
             close = getattr(self._items, "close", None)
             if close is not None:
                 close()
         finally:
-            if self._on_close is not None:
-                self._on_close()
+            try:
+                if self._on_close is not None:
+                    self._on_close()
+            finally:
+                if own_thread:
+                    from django.db import connections
+
+                    connections.close_all()  # this thread's connections end with it
 
 
 def cartridge_answer_stream(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerStream:

@@ -11,11 +11,12 @@ register = template.Library()
 
 @register.inclusion_tag("admin/_kv_metrics_panel.html", takes_context=True)
 def kv_metrics_panel(context: template.Context) -> dict[str, Any]:
-    """Render the KV metrics panel for staff (the admin index is staff-only already)."""
+    """Render the KV metrics panel (every scope's figures) for staff holding ``cartridges.view_kv_metrics``."""
     from cartridges import metrics
+    from cartridges.api.views import sees_every_scope
 
     request = context.get("request")
-    if request is None or not request.user.is_active or not request.user.is_staff:
+    if request is None or not sees_every_scope(request.user):
         return {"m": None}
     return {"m": metrics.kv_metrics()}
 

@@ -46,6 +46,7 @@ from memories.selectors import (
 )
 from memories.services import (
     erasure_request_file,
+    erasure_request_shred,
     memories_append_batch,
     memory_append,
     memory_forget_file,
@@ -220,12 +221,17 @@ class ErasureRequestsView(APIView):
     @extend_schema(
         request=ErasureRequestFileSerializer,
         responses={201: ErasureRequestSerializer},
-        summary="File an erasure request for a subject with memories in this scope (processed asynchronously)",
+        summary="File an erasure request for a subject with memories in this scope: its key is shredded now (its "
+        "memories read as erased, search and answers no longer find them); the cartridges holding it are rebuilt "
+        "asynchronously",
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = validated(ErasureRequestFileSerializer, request)
         erasure_request = erasure_request_file(scope=scope_row, requested_by=request.user, **data)
+        # in the request, as forgetting a memory and deleting a scope do: the shred never waits behind answers
+        # and compiles on the gpu queue; the task then only rebuilds
+        erasure_request_shred(erasure_request=erasure_request, actor=request.user)
         erasure_request_enqueue(erasure_request=erasure_request)
         return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_201_CREATED)
 

@@ -61,7 +61,8 @@ def test_operators_see_every_field_with_the_known_counts(operator, scenario, api
     assert response.status_code == 200, response.content
     m = response.json()
     assert set(m) == {"generated_at", "log_head", "configuration", "scopes", "gate", "latency", "versions",
-                      "sizes_by_quant", "erasures"}
+                      "sizes_by_quant", "erasures", "asks"}
+    assert m["asks"] == {"in_flight": 0, "limit": 32, "async_pending": 0, "async_limit": 64}
     assert m["log_head"] == 5
     config = m["configuration"]
     assert (config["backend"], config["model"], config["dtype"], config["quant"], config["device"]) == (
@@ -111,6 +112,47 @@ def test_a_client_sees_only_its_own_scopes(alice, charlie, scenario, api_client_
     assert (c["gate"]["passed"], c["gate"]["failed"], c["gate"]["recent"]) == (0, 0, [])
     assert c["versions"] == {"compiled": 1, "failed": 0, "destroyed": 1, "active": 0}
     assert c["erasures"] == {"pending": 0, "done": 1, "failed": 0}
+
+
+def _staff(username: str, *permissions: str):
+    """A staff user holding only ``permissions`` (view-only staff, as a hostile tenant's operator could be)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username=username, password="x-" + username, is_staff=True)
+    for dotted in permissions:
+        app_label, codename = dotted.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return user
+
+
+def test_staff_without_the_metrics_permission_see_only_the_scopes_granted_to_them(
+        alice, bob, charlie, scenario, api_client_for, client):
+
+    charlie.is_staff = True  # charlie turns staff, with no permission: still only scope C's figures
+    charlie.save(update_fields=["is_staff"])
+    viewer = _staff("vera", "memories.view_scope", "cartridges.view_cartridgeversion")  # view-only staff, no grants
+    for user, shown in ((charlie, ["scope-c"]), (viewer, []), (bob, ["scope-a"])):
+        api = api_client_for(user)
+        body = api.get("/api/v1/kv/metrics").json()
+        assert [row["scope"] for row in body["scopes"]] == shown, user.username
+        for url in ("/api/v1/kv/metrics?format=prometheus", "/metrics"):
+            text = api.get(url).content.decode()
+            hidden = {"scope-a", "scope-c"} - set(shown)
+            assert not any(f'scope="{name}"' in text for name in hidden), (user.username, url)
+            assert "mnesio_answer_total_seconds" not in text  # the histograms count every scope's answers
+        if user.is_staff:
+            client.force_login(user)
+            assert client.get("/dashboard/").status_code == 403
+            assert client.get("/dashboard/?fragment=1").status_code == 403
+            index = client.get("/admin/").content.decode()
+            assert "scope-a" not in index and "scope-c" not in index  # the admin index's metrics panel
+    operator = _staff("mona", "cartridges.view_kv_metrics")
+    body = api_client_for(operator).get("/api/v1/kv/metrics").json()
+    assert [row["scope"] for row in body["scopes"]] == ["scope-a", "scope-c"]
+    client.force_login(operator)
+    dashboard = client.get("/dashboard/")
+    assert dashboard.status_code == 200 and "scope-a" in dashboard.content.decode()
 
 
 def _families(text: str) -> dict[str, Metric]:

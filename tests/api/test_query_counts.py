@@ -13,7 +13,7 @@ VERSION_LIST_QUERIES = 13  # 12 + the per-request check of cached cartridges (a 
 # token auth, the client's scopes, the scopes (annotated), heads, the activated versions, the configuration,
 # the erased-subject check, lags, gate (2), latency (2), version counts, sizes, erasures, the configuration summary
 KV_METRICS_CLIENT_QUERIES = 17
-KV_METRICS_OPERATOR_QUERIES = 16  # the same without looking up the client's scopes
+KV_METRICS_OPERATOR_QUERIES = 18  # the same without the client's scopes, with its permissions (user's, groups')
 
 
 @pytest.mark.parametrize("num_versions", [2, 12])

@@ -7,8 +7,9 @@ from tests.api import query_worlds
 
 pytestmark = pytest.mark.django_db
 
-# session, user, kv_metrics (16, see tests/api/test_query_counts.py) and the latency chart's series (2)
-DASHBOARD_QUERIES = 19
+# session, user, the user's and groups' permissions (2: cartridges.view_kv_metrics), kv_metrics (16, see
+# tests/api/test_query_counts.py) and the latency chart's series (2)
+DASHBOARD_QUERIES = 21
 
 
 @pytest.mark.parametrize("num_scopes", [1, 6])

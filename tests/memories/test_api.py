@@ -79,7 +79,7 @@ def test_it_shows_erased_memories_as_erased_after_an_erasure_request(client_a, s
     with django_capture_on_commit_callbacks(execute=True):
         r = client_a.post("/api/scopes/scope-a/erasure-requests/", {"subject": "p-1", "reason": "user asked"}, format="json")
     assert r.status_code == 201, r.json()
-    assert r.json()["status"] == "requested" and r.json()["requested_by"] == "alice"
+    assert r.json()["status"] == "keys_shredded" and r.json()["requested_by"] == "alice"  # shredded in the request
     status = client_a.get(f"/api/scopes/scope-a/erasure-requests/{r.json()['id']}/").json()
     assert status["status"] == "views_rebuilt"
     assert [e["status"] for e in status["events"]] == ["requested", "keys_shredded", "views_rebuilt"]

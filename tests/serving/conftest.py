@@ -21,17 +21,18 @@ LONG = ("The spare key is under the blue flowerpot beside the green door of the 
 
 
 class LiveAsgi:
-    """A uvicorn server running Django's ASGI application on a free port, in a thread."""
+    """A uvicorn server running the project's ASGI application (bin/serve's) on a free port, in a thread."""
 
     def __init__(self) -> None:
         import uvicorn
-        from django.core.asgi import get_asgi_application
+
+        from mnesio_site.asgi import application
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(get_asgi_application(), log_level="warning", lifespan="off")
+        config = uvicorn.Config(application, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

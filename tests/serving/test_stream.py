@@ -116,3 +116,41 @@ def test_a_worker_stops_decoding_when_nobody_listens_to_its_stream(alice, scope_
     request.refresh_from_db()
     assert request.answered_at is None and not request.sealed_answer  # nothing sealed for nobody
     assert not AnswerRecord.objects.exists()
+
+
+def _slots_back_within(seconds: float) -> float:
+    started = time.monotonic()
+    while answers_in_flight() and time.monotonic() - started < 5:
+        time.sleep(0.01)
+    waited = time.monotonic() - started
+    assert answers_in_flight() == 0 and waited <= seconds, f"slots still held {waited:.2f} s after the client left"
+    return waited
+
+
+def test_it_gives_the_slot_back_at_once_when_the_client_leaves_while_the_engine_is_stuck(
+        alice, scope_a, served, asgi_server, slow_engine):
+    """The engine holds its step (before the first delta); the client leaves; the slot is back within a second,
+    and the engine generator is closed once its step returns."""
+    served(scope_a, [LONG])
+    slow_engine.gate.clear()
+    stream = EventStream(asgi_server.url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+                                                                       "stream": True}, auth=f"Token {token_for(alice)}")
+    assert stream.status == 200 and slow_engine.started.wait(10) and answers_in_flight() == 1
+    stream.close()
+    _slots_back_within(1.0)
+    assert not slow_engine.closed_early.is_set()  # still inside its step: only that thread may close it
+    slow_engine.gate.set()
+    assert slow_engine.closed_early.wait(10) and not slow_engine.finished.is_set()
+    assert not AnswerRecord.objects.exists()
+
+
+def test_a_reader_that_never_reads_holds_its_slot_only_while_the_answer_decodes(
+        alice, scope_a, served, asgi_server, slow_engine):
+    slow_engine.delay_s = 0.02
+    served(scope_a, [LONG])
+    stream = EventStream(asgi_server.url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+                                                                       "stream": True}, auth=f"Token {token_for(alice)}")
+    assert stream.status == 200 and slow_engine.finished.wait(10)  # decoded while nobody read a byte of it
+    _slots_back_within(1.0)
+    assert [event for event, _, _ in stream.events()][-1] == "done"  # and the slow reader still gets all of it
+    stream.close()
