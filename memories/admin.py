@@ -228,9 +228,15 @@ class ScopeAdmin(admin.ModelAdmin):
         actions.pop("delete_selected", None)  # a scope with memories is deleted by shredding its keys, not its row
         return actions
 
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # a deleted scope's row is frozen in the database (memories.models.Scope's triggers): shown, never saved
+        return super().has_change_permission(request, obj) and (obj is None or obj.deleted_at is None)
+
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         # an empty scope (a typo) may be removed as a row; one with memories only through the action
-        return super().has_delete_permission(request, obj) and (obj is None or not obj.memories.exists())
+        return super().has_delete_permission(request, obj) and (
+            obj is None or (obj.deleted_at is None and not obj.memories.exists())
+        )
 
     def has_delete_scope_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("memories.delete_scope")

@@ -28,6 +28,23 @@ class Scope(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # Deletion is one way in the database too, like the other append-only facts: a deleted scope's row is
+        # frozen (clearing `deleted_at` would bring its grants back and make its shredded key a live scope's),
+        # and it is never removed (its name stays taken). A live scope's row may still change (deleted,
+        # described); an empty live one may be removed as a row (the admin's typo case).
+        triggers = [
+            pgtrigger.Protect(
+                name="protect_deleted_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition("OLD.deleted_at IS NOT NULL"),
+            ),
+            pgtrigger.Protect(
+                name="protect_deleted_delete",
+                operation=pgtrigger.Delete,
+                condition=pgtrigger.Condition("OLD.deleted_at IS NOT NULL"),
+            ),
+            reject_truncate("protect_truncate"),
+        ]
 
     def __str__(self) -> str:
         return self.name
