@@ -12,9 +12,25 @@ from rest_framework.authtoken.models import TokenProxy
 
 from core.errors import MnesioError
 from memories.jobs import erasure_request_enqueue
-from memories.models import ErasureEvent, ErasureRequest, Memory, MemoryKey, Scope, ScopeGrant, Subject
+from memories.models import (
+    ErasureEvent,
+    ErasureRequest,
+    Memory,
+    MemoryKey,
+    Scope,
+    ScopeGrant,
+    ScopeGrantEvent,
+    Subject,
+)
 from memories.selectors import erasure_request_status, subject_get
-from memories.services import MAX_REASON_CHARS, erasure_request_file, scope_delete_file
+from memories.services import (
+    MAX_REASON_CHARS,
+    erasure_request_file,
+    scope_delete_file,
+    scope_grant,
+    scope_revoke,
+)
+from memories.services.scopes import SELF_GRANT_PERMISSION
 
 # Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
 PROCESS_PERMISSION = "memories.process_erasurerequest"
@@ -210,9 +226,21 @@ class ErasureRequestAdmin(admin.ModelAdmin):
 
 
 class ScopeGrantInline(admin.TabularInline):
+    """The scope's grants, shown only: grants are made and revoked on the grant page, through the services
+    (the self-grant permission, the audit event)."""
+
     model = ScopeGrant
-    extra = 1
-    autocomplete_fields = ["user"]
+    extra = 0
+    fields = readonly_fields = ["user", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
 
 
 @admin.register(Scope)
@@ -251,10 +279,63 @@ class ScopeAdmin(admin.ModelAdmin):
                           messages.SUCCESS)
 
 
+class ScopeGrantForm(forms.ModelForm):
+    """Refuses a grant to the signed-in user without the self-grant permission (as the API does)."""
+
+    request: HttpRequest | None = None
+
+    class Meta:
+        model = ScopeGrant
+        fields = ["scope", "user"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        actor = self.request.user if self.request is not None else None
+        user = data.get("user")
+        if actor is not None and user is not None and user.pk == actor.pk and not actor.has_perm(SELF_GRANT_PERMISSION):
+            raise forms.ValidationError(f"Granting a scope to yourself needs the permission `{SELF_GRANT_PERMISSION}`.")
+        return data
+
+
 @admin.register(ScopeGrant)
 class ScopeGrantAdmin(admin.ModelAdmin):
+    """Grants are made and revoked through the services: the self-grant permission is checked and each act is
+    a ScopeGrantEvent. A grant is never edited (revoke it and grant again)."""
+
     list_display = ["scope", "user", "created_at"]
     list_select_related = ["scope", "user"]
     list_filter = ["scope"]
     autocomplete_fields = ["user", "scope"]
+    form = ScopeGrantForm
 
+    def get_form(self, request: HttpRequest, obj=None, change: bool = False, **kwargs: Any):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"request": request})
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return super().has_change_permission(request, obj) and obj is None
+
+    def save_model(self, request: HttpRequest, obj: ScopeGrant, form, change: bool) -> None:
+        grant = scope_grant(scope=obj.scope, user=obj.user, actor=request.user)
+        obj.pk = grant.pk
+
+    def delete_model(self, request: HttpRequest, obj: ScopeGrant) -> None:
+        scope_revoke(scope=obj.scope, user=obj.user, actor=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        for grant in queryset.select_related("scope", "user"):
+            scope_revoke(scope=grant.scope, user=grant.user, actor=request.user)
+
+
+@admin.register(ScopeGrantEvent)
+class ScopeGrantEventAdmin(ReadOnlyAdmin):
+    """The audit trail of grants: who gave or took away whom a scope, and when."""
+
+    list_display = ["created_at", "action", "scope", "user", "actor", "to_self"]
+    list_filter = ["action", "scope"]
+    list_select_related = ["scope", "user", "actor"]
+    search_fields = ["scope__name", "user__username", "actor__username"]
+
+    @admin.display(boolean=True, description="to self")
+    def to_self(self, obj: ScopeGrantEvent) -> bool:
+        return obj.to_self

@@ -51,7 +51,12 @@ class Scope(models.Model):
 
 
 class ScopeGrant(models.Model):
-    """Lets a user (an API client) use a scope; staff users get no implicit grant over the API."""
+    """Lets a user (an API client) use a scope; staff users get no implicit grant over the API.
+
+    Granting is not reading: ``memories.add_scopegrant`` lets staff give a scope to clients, and giving one to
+    themselves (which lets their own token read its memories) needs ``memories.grant_scope_to_self`` too
+    (memories.services.scope_grant). Every grant and revocation is a ScopeGrantEvent.
+    """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="scope_grants")
     scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="grants")
@@ -59,9 +64,40 @@ class ScopeGrant(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "scope"], name="memories_scopegrant_unique")]
+        permissions = [("grant_scope_to_self", "Can grant a scope to oneself (and so read its memories)")]
 
     def __str__(self) -> str:
         return f"{self.user} -> {self.scope}"
+
+
+class ScopeGrantAction(models.TextChoices):
+    GRANTED = "granted"
+    REVOKED = "revoked"
+
+
+class ScopeGrantEvent(AppendOnlyModel):
+    """Who gave (or took away) whom the use of a scope, and when: the audit trail of access to plaintext.
+
+    A grant row is access control and is deleted on revocation; this row is history and is never changed
+    (append-only triggers). ``actor`` is None for grants made by code (setup, tests), not by a person.
+    """
+
+    scope = models.ForeignKey(Scope, on_delete=models.PROTECT, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    action = models.CharField(max_length=10, choices=ScopeGrantAction.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+        triggers = append_only_triggers()
+
+    def __str__(self) -> str:
+        return f"{self.actor or 'code'} {self.action} {self.user} scope {self.scope}"
+
+    @property
+    def to_self(self) -> bool:
+        return self.actor_id is not None and self.actor_id == self.user_id
 
 
 # A wrapped key may change in exactly three ways: a re-wrap by a new master key (same key_generation), a
