@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import unicodedata
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
 from core.errors import Conflict, MnesioError, NotFound, PermissionDenied
@@ -21,9 +21,16 @@ def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
         name = unicodedata.normalize("NFC", name)
     if not isinstance(name, str) or not name or slugify(name) != name.lower() or len(name) > 100:
         raise MnesioError(f"`name` has to be a slug of at most 100 characters but got {name!r}", extra={"field": "name"})
+    taken = Conflict(f"`name` '{name}' is already a scope", extra={"field": "name"})
     if Scope.objects.filter(name=name).exists():
-        raise Conflict(f"`name` '{name}' is already a scope", extra={"field": "name"})
-    scope = Scope.objects.create(name=name, description=description)
+        raise taken
+    try:
+        # the check above is for the common case; two concurrent creations of one name both pass it, and the
+        # unique index decides (the loser's savepoint is rolled back, the caller's transaction stays usable)
+        with transaction.atomic():
+            scope = Scope.objects.create(name=name, description=description)
+    except IntegrityError:
+        raise taken from None
     logger.info("scope created name=%s actor=%s", scope.name, getattr(actor, "pk", None))
     return scope
 
