@@ -25,6 +25,7 @@ ELSEWHERE = {
     "already_erased": "tests/memories/test_forget_memory.py",
     "worker_timeout": "tests/serving/test_async_and_backpressure.py",
     "version_pruned": "tests/api/test_cartridge_versions.py",
+    "body_too_large": "tests/api/test_body_limits.py",
 }
 # The catch-all: never produced on purpose (an error class without a code of its own and an unlisted status).
 CATCH_ALL = {"error"}
