@@ -361,6 +361,8 @@ MNESIO_KV_ALLOWED_MODELS = envlist("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-in
 # Whether /readyz waits for the active model to be loaded in this process (the web process answers questions);
 # false for a process that never answers.
 MNESIO_READYZ_MODEL = envbool("MNESIO_READYZ_MODEL", True)
+# How long a process reuses its /readyz blob storage check (a write, a read and a delete: three S3 requests), seconds.
+MNESIO_READYZ_STORAGE_CACHE_S = envint("MNESIO_READYZ_STORAGE_CACHE_S", 5, minimum=0)
 
 # ---------------------------------------------------------------------------
 # Cartridge lifecycle: the gate and serving (read at call time through cartridges.conf, so the tests'
