@@ -225,21 +225,39 @@ class ErasureRequestAdmin(admin.ModelAdmin):
         self.message_user(request, f"Queued {queryset.count()} erasure request(s) for processing.", messages.SUCCESS)
 
 
+class ScopeGrantForm(forms.ModelForm):
+    """Refuses a grant to the signed-in user without the self-grant permission (as the API does)."""
+
+    request: HttpRequest | None = None
+
+    class Meta:
+        model = ScopeGrant
+        fields = ["scope", "user"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        actor = self.request.user if self.request is not None else None
+        user = data.get("user")
+        if actor is not None and user is not None and user.pk == actor.pk and not actor.has_perm(SELF_GRANT_PERMISSION):
+            raise forms.ValidationError(f"Granting a scope to yourself needs the permission `{SELF_GRANT_PERMISSION}`.")
+        return data
+
+
 class ScopeGrantInline(admin.TabularInline):
-    """The scope's grants, shown only: grants are made and revoked on the grant page, through the services
-    (the self-grant permission, the audit event)."""
+    """The scope's grants: added and removed through the services (ScopeAdmin.save_formset), so the self-grant
+    permission is checked and each act is a ScopeGrantEvent; an existing grant is not edited (remove and add)."""
 
     model = ScopeGrant
-    extra = 0
-    fields = readonly_fields = ["user", "created_at"]
+    form = ScopeGrantForm
+    extra = 1
+    autocomplete_fields = ["user"]
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
+    def get_formset(self, request: HttpRequest, obj=None, **kwargs: Any):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form = type(formset.form.__name__, (formset.form,), {"request": request})
+        return formset
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
 
@@ -250,6 +268,15 @@ class ScopeAdmin(admin.ModelAdmin):
     search_fields = ["name"]
     inlines = [ScopeGrantInline]
     actions = ["delete_scopes"]
+
+    def save_formset(self, request: HttpRequest, form, formset, change: bool) -> None:
+        if formset.model is not ScopeGrant:
+            return super().save_formset(request, form, formset, change)
+        added = formset.save(commit=False)  # nothing saved yet: the services write (and audit) each change
+        for grant in formset.deleted_objects:
+            scope_revoke(scope=form.instance, user=grant.user, actor=request.user)
+        for grant in added:
+            scope_grant(scope=form.instance, user=grant.user, actor=request.user)
 
     def get_actions(self, request: HttpRequest) -> dict:
         actions = super().get_actions(request)
@@ -277,24 +304,6 @@ class ScopeAdmin(admin.ModelAdmin):
             erasure_request_enqueue(erasure_request=erasure_request)
         self.message_user(request, f"Deleted {queryset.count()} scope(s); their cartridges are being destroyed.",
                           messages.SUCCESS)
-
-
-class ScopeGrantForm(forms.ModelForm):
-    """Refuses a grant to the signed-in user without the self-grant permission (as the API does)."""
-
-    request: HttpRequest | None = None
-
-    class Meta:
-        model = ScopeGrant
-        fields = ["scope", "user"]
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        actor = self.request.user if self.request is not None else None
-        user = data.get("user")
-        if actor is not None and user is not None and user.pk == actor.pk and not actor.has_perm(SELF_GRANT_PERMISSION):
-            raise forms.ValidationError(f"Granting a scope to yourself needs the permission `{SELF_GRANT_PERMISSION}`.")
-        return data
 
 
 @admin.register(ScopeGrant)
@@ -331,10 +340,9 @@ class ScopeGrantAdmin(admin.ModelAdmin):
 class ScopeGrantEventAdmin(ReadOnlyAdmin):
     """The audit trail of grants: who gave or took away whom a scope, and when."""
 
-    list_display = ["created_at", "action", "scope", "user", "actor", "to_self"]
-    list_filter = ["action", "scope"]
-    list_select_related = ["scope", "user", "actor"]
-    search_fields = ["scope__name", "user__username", "actor__username"]
+    list_display = ["created_at", "action", "scope_name", "username", "actor_username", "to_self"]
+    list_filter = ["action"]
+    search_fields = ["scope_name", "username", "actor_username"]
 
     @admin.display(boolean=True, description="to self")
     def to_self(self, obj: ScopeGrantEvent) -> bool:

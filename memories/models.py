@@ -79,25 +79,30 @@ class ScopeGrantEvent(AppendOnlyModel):
     """Who gave (or took away) whom the use of a scope, and when: the audit trail of access to plaintext.
 
     A grant row is access control and is deleted on revocation; this row is history and is never changed
-    (append-only triggers). ``actor`` is None for grants made by code (setup, tests), not by a person.
+    (append-only triggers). It names the scope and the users by value (name, username and primary key), not by
+    foreign key, so it outlives them: an empty scope removed as a row (a typo) or a deleted user account keeps
+    its history, and the event never blocks either. ``actor_pk`` is None for grants made by code (setup, commands).
     """
 
-    scope = models.ForeignKey(Scope, on_delete=models.PROTECT, related_name="+")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    scope_name = models.CharField(max_length=100)
+    user_pk = models.BigIntegerField()
+    username = models.CharField(max_length=150)
+    actor_pk = models.BigIntegerField(null=True, blank=True)
+    actor_username = models.CharField(max_length=150, blank=True)
     action = models.CharField(max_length=10, choices=ScopeGrantAction.choices)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["scope_name", "created_at"], name="memories_grantevent_scope")]
         triggers = append_only_triggers()
 
     def __str__(self) -> str:
-        return f"{self.actor or 'code'} {self.action} {self.user} scope {self.scope}"
+        return f"{self.actor_username or 'code'} {self.action} {self.username} scope {self.scope_name}"
 
     @property
     def to_self(self) -> bool:
-        return self.actor_id is not None and self.actor_id == self.user_id
+        return self.actor_pk is not None and self.actor_pk == self.user_pk
 
 
 # A wrapped key may change in exactly three ways: a re-wrap by a new master key (same key_generation), a

@@ -35,6 +35,13 @@ def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
     return scope
 
 
+def _event_record(*, scope: Scope, user, actor, action: str) -> ScopeGrantEvent:
+    return ScopeGrantEvent.objects.create(
+        scope_name=scope.name, user_pk=user.pk, username=user.get_username(), action=action,
+        actor_pk=getattr(actor, "pk", None), actor_username=actor.get_username() if actor is not None else "",
+    )
+
+
 def scope_grant(*, scope: Scope, user, actor=None) -> ScopeGrant:
     """Grant ``user`` the use of ``scope`` (idempotent: ``grant.created`` says whether this call made it).
 
@@ -51,7 +58,7 @@ def scope_grant(*, scope: Scope, user, actor=None) -> ScopeGrant:
     with transaction.atomic():
         grant, created = ScopeGrant.objects.get_or_create(scope=scope, user=user)
         if created:
-            ScopeGrantEvent.objects.create(scope=scope, user=user, actor=actor, action=ScopeGrantAction.GRANTED)
+            _event_record(scope=scope, user=user, actor=actor, action=ScopeGrantAction.GRANTED)
     grant.created = created
     logger.info("scope granted scope=%s user=%s actor=%s created=%s", scope.name, user.pk, getattr(actor, "pk", None),
                 created)
@@ -66,7 +73,7 @@ def scope_revoke(*, scope: Scope, user, actor=None) -> None:
     with transaction.atomic():
         deleted, _ = ScopeGrant.objects.filter(scope=scope, user=user).delete()
         if deleted:
-            ScopeGrantEvent.objects.create(scope=scope, user=user, actor=actor, action=ScopeGrantAction.REVOKED)
+            _event_record(scope=scope, user=user, actor=actor, action=ScopeGrantAction.REVOKED)
     if not deleted:
         raise NotFound(f"`user` '{user.get_username()}' is not granted scope '{scope.name}'", extra={"field": "user"})
     logger.info("scope revoked scope=%s user=%s actor=%s", scope.name, user.pk, getattr(actor, "pk", None))

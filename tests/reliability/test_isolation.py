@@ -366,8 +366,8 @@ def test_granting_a_scope_to_oneself_needs_its_own_permission_and_is_audited(
             leaked = MARKER in read.content.decode()
             if may_grant:
                 ok = (granted.status_code == 201 and has_grant and len(events) == 1
-                      and events[0].action == "granted" and events[0].actor_id == staff.pk
-                      and events[0].user_id == grantee.pk and events[0].scope.name == "scope-a")
+                      and events[0].action == "granted" and events[0].actor_pk == staff.pk
+                      and events[0].user_pk == grantee.pk and events[0].scope_name == "scope-a")
                 # reading is the grantee's: staff who granted someone else still cannot read
                 ok = ok and (leaked == (whom == "self")) and read.status_code == (200 if whom == "self" else 404)
             else:
@@ -383,7 +383,8 @@ def test_granting_a_scope_to_oneself_needs_its_own_permission_and_is_audited(
     revoker.user_permissions.add(_perm("memories.delete_scopegrant"))
     assert api_client_for(revoker).delete("/api/v1/scopes/scope-a/grants/alice/").status_code == 204
     revoked = ScopeGrantEvent.objects.order_by("pk").last()
-    assert (revoked.action, revoked.actor_id, revoked.user_id) == ("revoked", revoker.pk, alice.pk)
+    assert (revoked.action, revoked.actor_pk, revoked.user_pk, revoked.username) == ("revoked", revoker.pk, alice.pk,
+                                                                                       "alice")
     record_figures(scenario="self-grant matrix", num_cells=len(cells), num_wrong=len(wrong), cells=cells)
     assert not wrong, "\n".join(wrong)
 
@@ -394,8 +395,9 @@ def test_grant_events_cannot_be_changed_or_removed_in_raw_sql(world, alice):
 
     from memories.models import ScopeGrantEvent
 
-    assert ScopeGrantEvent.objects.filter(user=alice, action="granted").exists()  # the fixture's own grant
-    for sql in ("UPDATE memories_scopegrantevent SET actor_id = NULL", "DELETE FROM memories_scopegrantevent"):
+    assert ScopeGrantEvent.objects.filter(user_pk=alice.pk, action="granted").exists()  # the fixture's own grant
+    for sql in ("UPDATE memories_scopegrantevent SET actor_pk = NULL", "DELETE FROM memories_scopegrantevent",
+                "TRUNCATE memories_scopegrantevent"):
         with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql)
 
@@ -418,4 +420,16 @@ def test_the_admin_grant_page_needs_the_self_grant_permission_too_and_is_audited
     assert not ScopeGrant.objects.filter(user=staff).exists()
     assert client.post("/admin/memories/scopegrant/add/", {"scope": scope.pk, "user": dave.pk}).status_code == 302
     event = ScopeGrantEvent.objects.order_by("pk").last()
-    assert (event.action, event.actor_id, event.user_id, event.to_self) == ("granted", staff.pk, dave.pk, False)
+    assert (event.action, event.actor_pk, event.user_pk, event.to_self) == ("granted", staff.pk, dave.pk, False)
+    # the scope page's grant rows go through the same check and the same events
+    staff.user_permissions.add(_perm("memories.change_scope"), _perm("memories.delete_scopegrant"))
+    inline = {"name": "scope-a", "description": "", "grants-INITIAL_FORMS": "0", "grants-TOTAL_FORMS": "1",
+              "grants-0-user": staff.pk}
+    refused = client.post(f"/admin/memories/scope/{scope.pk}/change/", inline)
+    assert refused.status_code == 200 and b"grant_scope_to_self" in refused.content
+    assert not ScopeGrant.objects.filter(user=staff).exists()
+    erin = User.objects.create_user(username="erin", email="", password="x")
+    added = client.post(f"/admin/memories/scope/{scope.pk}/change/", {**inline, "grants-0-user": erin.pk})
+    assert added.status_code == 302, added.content.decode()[-2000:]
+    event = ScopeGrantEvent.objects.order_by("pk").last()
+    assert (event.action, event.actor_pk, event.user_pk) == ("granted", staff.pk, erin.pk)
