@@ -49,6 +49,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "the route does not accept this HTTP method"),
     "not_acceptable": (406, "the `Accept` header asks for a format the API does not produce (it answers JSON)"),
     "unsupported_media_type": (415, "the body's `Content-Type` is not JSON"),
+    "body_too_large": (413, "the request body is over the server's limit (`extra.limit` bytes, derived from the "
+                            "documented item limits); send fewer items per batch"),
     "conflict": (409, "the request conflicts with the stored state (a reused idempotency key with other content, "
                       "an erased subject, a duplicate name); the message says which"),
     "gate_failed": (409, "the cartridge version did not pass the gate; `extra.reasons` lists why"),

@@ -12,9 +12,26 @@ from rest_framework.authtoken.models import TokenProxy
 
 from core.errors import MnesioError
 from memories.jobs import erasure_request_enqueue
-from memories.models import ErasureEvent, ErasureRequest, Memory, MemoryKey, Scope, ScopeGrant, Subject
+from memories.models import (
+    ErasureEvent,
+    ErasureRequest,
+    Memory,
+    MemoryKey,
+    Scope,
+    ScopeGrant,
+    ScopeGrantEvent,
+    Subject,
+)
 from memories.selectors import erasure_request_status, subject_get
-from memories.services import MAX_REASON_CHARS, erasure_request_file, erasure_request_shred, scope_delete_file
+from memories.services import (
+    MAX_REASON_CHARS,
+    erasure_request_file,
+    erasure_request_shred,
+    scope_delete_file,
+    scope_grant,
+    scope_revoke,
+)
+from memories.services.scopes import SELF_GRANT_PERMISSION
 
 # Operator permissions (Meta.permissions of ErasureRequest): each action needs its own, not only is_staff.
 PROCESS_PERMISSION = "memories.process_erasurerequest"
@@ -211,10 +228,40 @@ class ErasureRequestAdmin(admin.ModelAdmin):
         self.message_user(request, f"Queued {queryset.count()} erasure request(s) for processing.", messages.SUCCESS)
 
 
+class ScopeGrantForm(forms.ModelForm):
+    """Refuses a grant to the signed-in user without the self-grant permission (as the API does)."""
+
+    request: HttpRequest | None = None
+
+    class Meta:
+        model = ScopeGrant
+        fields = ["scope", "user"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        actor = self.request.user if self.request is not None else None
+        user = data.get("user")
+        if actor is not None and user is not None and user.pk == actor.pk and not actor.has_perm(SELF_GRANT_PERMISSION):
+            raise forms.ValidationError(f"Granting a scope to yourself needs the permission `{SELF_GRANT_PERMISSION}`.")
+        return data
+
+
 class ScopeGrantInline(admin.TabularInline):
+    """The scope's grants: added and removed through the services (ScopeAdmin.save_formset), so the self-grant
+    permission is checked and each act is a ScopeGrantEvent; an existing grant is not edited (remove and add)."""
+
     model = ScopeGrant
+    form = ScopeGrantForm
     extra = 1
     autocomplete_fields = ["user"]
+
+    def get_formset(self, request: HttpRequest, obj=None, **kwargs: Any):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form = type(formset.form.__name__, (formset.form,), {"request": request})
+        return formset
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
 
 
 @admin.register(Scope)
@@ -225,14 +272,29 @@ class ScopeAdmin(admin.ModelAdmin):
     inlines = [ScopeGrantInline]
     actions = ["delete_scopes"]
 
+    def save_formset(self, request: HttpRequest, form, formset, change: bool) -> None:
+        if formset.model is not ScopeGrant:
+            return super().save_formset(request, form, formset, change)
+        added = formset.save(commit=False)  # nothing saved yet: the services write (and audit) each change
+        for grant in formset.deleted_objects:
+            scope_revoke(scope=form.instance, user=grant.user, actor=request.user)
+        for grant in added:
+            scope_grant(scope=form.instance, user=grant.user, actor=request.user)
+
     def get_actions(self, request: HttpRequest) -> dict:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # a scope with memories is deleted by shredding its keys, not its row
         return actions
 
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # a deleted scope's row is frozen in the database (memories.models.Scope's triggers): shown, never saved
+        return super().has_change_permission(request, obj) and (obj is None or obj.deleted_at is None)
+
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         # an empty scope (a typo) may be removed as a row; one with memories only through the action
-        return super().has_delete_permission(request, obj) and (obj is None or not obj.memories.exists())
+        return super().has_delete_permission(request, obj) and (
+            obj is None or (obj.deleted_at is None and not obj.memories.exists())
+        )
 
     def has_delete_scope_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("memories.delete_scope")
@@ -249,8 +311,42 @@ class ScopeAdmin(admin.ModelAdmin):
 
 @admin.register(ScopeGrant)
 class ScopeGrantAdmin(admin.ModelAdmin):
+    """Grants are made and revoked through the services: the self-grant permission is checked and each act is
+    a ScopeGrantEvent. A grant is never edited (revoke it and grant again)."""
+
     list_display = ["scope", "user", "created_at"]
     list_select_related = ["scope", "user"]
     list_filter = ["scope"]
     autocomplete_fields = ["user", "scope"]
+    form = ScopeGrantForm
 
+    def get_form(self, request: HttpRequest, obj=None, change: bool = False, **kwargs: Any):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"request": request})
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return super().has_change_permission(request, obj) and obj is None
+
+    def save_model(self, request: HttpRequest, obj: ScopeGrant, form, change: bool) -> None:
+        grant = scope_grant(scope=obj.scope, user=obj.user, actor=request.user)
+        obj.pk = grant.pk
+
+    def delete_model(self, request: HttpRequest, obj: ScopeGrant) -> None:
+        scope_revoke(scope=obj.scope, user=obj.user, actor=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        for grant in queryset.select_related("scope", "user"):
+            scope_revoke(scope=grant.scope, user=grant.user, actor=request.user)
+
+
+@admin.register(ScopeGrantEvent)
+class ScopeGrantEventAdmin(ReadOnlyAdmin):
+    """The audit trail of grants: who gave or took away whom a scope, and when."""
+
+    list_display = ["created_at", "action", "scope_name", "username", "actor_username", "to_self"]
+    list_filter = ["action"]
+    search_fields = ["scope_name", "username", "actor_username"]
+
+    @admin.display(boolean=True, description="to self")
+    def to_self(self, obj: ScopeGrantEvent) -> bool:
+        return obj.to_self

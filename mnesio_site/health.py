@@ -2,21 +2,25 @@
 
 - ``GET /healthz``: 200 ``{"status": "ok"}`` as long as the process answers; it touches nothing else (a
   database outage must not get every web process restarted).
-- ``GET /readyz``: 200 when every dependency this process needs answers, else 503; the body lists each check
-  with ``status`` (``ok``, ``unavailable``, ``loading``, ``skipped``), its duration and, on failure, the error's
-  class and errno: never a message that could carry a URL with a password, a path with a secret, or memory text
-  (the full error goes to the server log). Checks:
+- ``GET /readyz``: 200 when every dependency this process needs answers, else 503. Anonymous (a load balancer, an
+  orchestrator) gets ``{"status": "ok"}`` or ``{"status": "unavailable"}`` and nothing else: no model id or path,
+  no dependency names. With a staff user's API token (``Authorization: Token <key>``) the body also lists each
+  check with ``status`` (``ok``, ``unavailable``, ``loading``, ``skipped``), its duration and, on failure, the
+  error's class and errno: never a message that could carry a URL with a password, a path with a secret, or memory
+  text (the full error goes to the server log). Checks:
 
   * ``database``: ``SELECT 1`` on the default connection;
   * ``broker``: a connection to the Celery broker (Redis), ``skipped`` when tasks run in-process (no broker);
   * ``blob_storage``: writes, reads back and deletes a small probe object through the cartridge storage backend
     (``cartridges.storage.blob_storage()``: local files or django-storages S3 alike), so a full disk, an
-    unwritable root or an unreachable bucket all show;
+    unwritable root or an unreachable bucket all show. Its result is cached for MNESIO_READYZ_STORAGE_CACHE_S
+    (default 5 s) per process: probes every second would otherwise cost three S3 requests each;
   * ``model``: whether this process has the active configuration's model loaded, since the web process answers
     questions itself (``POST .../ask/``). The first probe starts loading it in a background thread and answers
     ``loading`` (503) until it is in memory, so a load balancer sends no question to a process that would spend
     its first ~20 s loading; a load that failed is ``unavailable`` and is retried by the next probe. A process
-    that never answers (``MNESIO_READYZ_MODEL=false``) reports it ``skipped``.
+    that never answers (``MNESIO_WEB_LOADS_MODEL=false``: a model-free web tier, whose asks gpu workers answer;
+    or ``MNESIO_READYZ_MODEL=false``) reports it ``skipped`` and never loads it.
 
 Why a middleware and not a view behind the URL resolver: it sits first in MIDDLEWARE and answers before
 SecurityMiddleware (no http->https redirect of a probe that speaks plain http to the pod), before the host
@@ -85,6 +89,34 @@ def check_broker() -> dict[str, Any]:
     return {"status": "ok"}
 
 
+_storage_lock = threading.Lock()
+_storage_cached: tuple[float, dict[str, Any]] | None = None  # (monotonic time of the check, its result)
+
+
+def readiness_cache_clear() -> None:
+    """Forget the cached storage check (tests; a process that changed its storage settings)."""
+    global _storage_cached
+    with _storage_lock:
+        _storage_cached = None
+
+
+def check_blob_storage_cached() -> dict[str, Any]:
+    """``check_blob_storage``'s result, at most MNESIO_READYZ_STORAGE_CACHE_S old (a failure is cached alike)."""
+    global _storage_cached
+    max_age = getattr(settings, "MNESIO_READYZ_STORAGE_CACHE_S", 5)
+    with _storage_lock:  # one probe object at a time, and concurrent probes share it
+        now = time.monotonic()
+        if _storage_cached is not None and now - _storage_cached[0] < max_age:
+            return {**_storage_cached[1], "cached": True}
+        try:
+            result = check_blob_storage()
+        except Exception as exc:
+            log.warning("readyz: blob_storage check failed: %s: %s", type(exc).__name__, exc)
+            result = _failure(exc)
+        _storage_cached = (now, result)
+        return dict(result)
+
+
 def check_blob_storage() -> dict[str, Any]:
     """Write, read back and delete a probe object through the cartridge storage backend."""
     from django.core.files.base import ContentFile
@@ -125,6 +157,10 @@ def check_model() -> dict[str, Any]:
     """Whether the active configuration's model is loaded in this process (starting its load when not)."""
     if not getattr(settings, "MNESIO_READYZ_MODEL", True):
         return {"status": "skipped", "detail": "this process does not answer (MNESIO_READYZ_MODEL=false)"}
+    from cartridges.conf import web_loads_model
+
+    if not web_loads_model():  # a model-free web tier: loading one here is what it exists not to do
+        return {"status": "skipped", "detail": "gpu workers answer this process's asks (MNESIO_WEB_LOADS_MODEL=false)"}
     from cartridges import engine
     from cartridges.selectors import active_configuration
 
@@ -146,7 +182,7 @@ def check_model() -> dict[str, Any]:
 CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
     "database": check_database,
     "broker": check_broker,
-    "blob_storage": check_blob_storage,
+    "blob_storage": check_blob_storage_cached,
     "model": check_model,
 }
 
@@ -167,6 +203,20 @@ def readiness() -> tuple[bool, dict[str, Any]]:
     return ok, results
 
 
+def _shows_details(request: HttpRequest) -> bool:
+    """Whether the request carries a staff user's API token (the checks' details are for operators)."""
+    if not request.META.get("HTTP_AUTHORIZATION"):
+        return False
+    from mnesio_site.authentication import TokenAuthentication
+
+    try:
+        authenticated = TokenAuthentication().authenticate(request)
+    except Exception:  # a wrong token, or a database that cannot check it: the anonymous answer
+        return False
+    user = authenticated[0] if authenticated else None
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
 def _answer(request: HttpRequest) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         return JsonResponse({"code": "method_not_allowed", "message": f"`{request.path}` answers GET and HEAD only",
@@ -175,7 +225,10 @@ def _answer(request: HttpRequest) -> HttpResponse:
         response = JsonResponse({"status": "ok"})
     else:
         ok, checks = readiness()
-        response = JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+        body: dict[str, Any] = {"status": "ok" if ok else "unavailable"}
+        if _shows_details(request):
+            body["checks"] = checks
+        response = JsonResponse(body, status=200 if ok else 503)
     response["Cache-Control"] = "no-store"
     # each failed check is logged once above as a warning; not again as an ERROR per probe by django.request
     response._has_been_logged = True

@@ -171,6 +171,8 @@ MIDDLEWARE = [
     "mnesio_site.health.HealthMiddleware",
     # a request id for every log line of the request (X-Request-ID in and out) and the per-route latency histogram
     "core.observability.RequestIdMiddleware",
+    # a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a JSON 413 on the API before anything reads it (mnesio_site/limits.py)
+    "mnesio_site.limits.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # static files from STATIC_ROOT (bin/serve collects them): the production server serves the admin's CSS itself
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -309,6 +311,22 @@ MNESIO_MAX_MEMORY_BYTES = envint("MNESIO_MAX_MEMORY_BYTES", 8192, minimum=1)
 MNESIO_MAX_METADATA_BYTES = envint("MNESIO_MAX_METADATA_BYTES", 4096, minimum=2)
 # Largest question accepted by the API, in characters.
 MNESIO_MAX_QUESTION_CHARS = envint("MNESIO_MAX_QUESTION_CHARS", 2000, minimum=1)
+# What else one appended memory may carry, and how many memories one batch append takes (read by
+# memories.services.validation; the subject is also a column of that width, memories.models.Subject).
+MNESIO_MAX_SUBJECT_CHARS = 200
+MNESIO_MAX_IDEMPOTENCY_KEY_CHARS = 200
+MNESIO_MAX_BATCH_ITEMS = 1000  # one request, one transaction: 1,000 rows of at most 8 KiB stay well under a second
+# The largest request body, derived from the limits above so that a batch at every documented limit fits however
+# its JSON is written: a byte of UTF-8 content or metadata takes at most 6 bytes of JSON (a control character is
+# escaped as \u0001), a character of a subject or key at most 12 (an astral one: two \uXXXX escapes), plus 256 bytes
+# per item of field names, punctuation and indentation. A larger body is refused before it is read
+# (mnesio_site.limits: a JSON 413 `body_too_large` on /api/ and /v1/); so is one over this for Django's form parsing.
+JSON_BYTES_PER_UTF8_BYTE = 6
+DATA_UPLOAD_MAX_MEMORY_SIZE = MNESIO_MAX_BATCH_ITEMS * (
+    JSON_BYTES_PER_UTF8_BYTE * (MNESIO_MAX_MEMORY_BYTES + MNESIO_MAX_METADATA_BYTES)
+    + 12 * (MNESIO_MAX_SUBJECT_CHARS + MNESIO_MAX_IDEMPOTENCY_KEY_CHARS)
+    + 256
+) + 4096
 
 # ---------------------------------------------------------------------------
 # KV engine defaults (an operator can switch the active configuration at runtime)
@@ -343,6 +361,8 @@ MNESIO_KV_ALLOWED_MODELS = envlist("MNESIO_KV_ALLOWED_MODELS", ["smollm2-135m-in
 # Whether /readyz waits for the active model to be loaded in this process (the web process answers questions);
 # false for a process that never answers.
 MNESIO_READYZ_MODEL = envbool("MNESIO_READYZ_MODEL", True)
+# How long a process reuses its /readyz blob storage check (a write, a read and a delete: three S3 requests), seconds.
+MNESIO_READYZ_STORAGE_CACHE_S = envint("MNESIO_READYZ_STORAGE_CACHE_S", 5, minimum=0)
 
 # ---------------------------------------------------------------------------
 # Cartridge lifecycle: the gate and serving (read at call time through cartridges.conf, so the tests'
@@ -445,6 +465,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON bodies refuse lone surrogates and too deep nesting with a 400 (core/parsers.py); forms as DRF's default
+    "DEFAULT_PARSER_CLASSES": [
+        "core.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.errors.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "core.pagination.BoundedLimitOffsetPagination",

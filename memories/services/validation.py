@@ -10,10 +10,11 @@ from django.conf import settings
 
 from core.errors import MnesioError
 
-MAX_SUBJECT_CHARS = 200
-MAX_IDEMPOTENCY_KEY_CHARS = 200
+# in settings, which derives the request body limit from them (DATA_UPLOAD_MAX_MEMORY_SIZE)
+MAX_SUBJECT_CHARS = settings.MNESIO_MAX_SUBJECT_CHARS
+MAX_IDEMPOTENCY_KEY_CHARS = settings.MNESIO_MAX_IDEMPOTENCY_KEY_CHARS
 MAX_REASON_CHARS = 2000
-MAX_BATCH_ITEMS = 1000  # one request, one transaction: 1,000 rows of at most 8 KiB stay well under a second
+MAX_BATCH_ITEMS = settings.MNESIO_MAX_BATCH_ITEMS
 MAX_METADATA_DEPTH = 4  # {"a": {"b": [..]}} is depth 3: enough for tags and small records, not documents
 MAX_METADATA_KEY_CHARS = 100
 

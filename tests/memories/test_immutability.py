@@ -153,3 +153,28 @@ def test_the_database_rejects_changes_even_when_the_orm_guard_is_bypassed(two_me
     with pytest.raises(DatabaseError, match="Cannot delete"), transaction.atomic():
         Memory.objects.filter(seq=1)._raw_delete(using="default")
     assert Memory.objects.count() == 2 and Memory.objects.get(seq=1).idempotency_key is None
+
+
+@pytest.mark.postgres
+def test_it_refuses_to_undelete_a_scope_in_raw_sql(scope_a, scope_c, alice):
+    from memories.models import Scope
+    from memories.services import scope_delete_file
+
+    memory_append(scope=scope_a, content="The agent speaks French.")
+    alice.user_permissions.add(*_permissions("memories.delete_scope"))
+    alice = type(alice).objects.get(pk=alice.pk)  # a fresh row: has_perm caches permissions
+    scope_delete_file(scope=scope_a, requested_by=alice)
+    assert "Cannot update" in _rejected("UPDATE memories_scope SET deleted_at = NULL WHERE id = %s", [scope_a.pk])
+    assert "Cannot update" in _rejected("UPDATE memories_scope SET name = 'reborn' WHERE id = %s", [scope_a.pk])
+    assert "Cannot delete" in _rejected("DELETE FROM memories_scope WHERE id = %s", [scope_a.pk])
+    assert "TRUNCATE is not allowed" in _rejected("TRUNCATE memories_scope CASCADE")
+    assert Scope.objects.get(pk=scope_a.pk).deleted_at is not None
+    # a live scope's row still takes the one change it needs: being deleted (and a description edit)
+    _raw("UPDATE memories_scope SET description = 'edited' WHERE id = %s", [scope_c.pk])
+    assert Scope.objects.get(pk=scope_c.pk).description == "edited"
+
+
+def _permissions(*dotted: str) -> list:
+    from django.contrib.auth.models import Permission
+
+    return [Permission.objects.get(content_type__app_label=d.split(".")[0], codename=d.split(".")[1]) for d in dotted]

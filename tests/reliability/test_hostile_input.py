@@ -226,3 +226,55 @@ def test_a_nul_or_control_character_in_any_string_field_is_a_4xx(owner_client):
                 assert 400 <= response.status_code < 500, (url, field, response.status_code, response.content[:300])
                 checked += 1
     assert checked >= 8
+
+
+def test_a_lone_surrogate_in_a_batch_subject_is_a_400_naming_the_item(owner_client):
+    body = b'{"items": [{"content": "fine"}, {"content": "also fine", "subject": "da\\ud800na"}]}'
+    before = Memory.objects.count()
+    response = owner_client.generic("POST", "/api/v1/scopes/scope-a/memories/batch/", body, content_type=JSON)
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    error = response.json()
+    assert error["code"] == "invalid_input" and error["extra"]["field"] == "items[1].subject", error
+    assert Memory.objects.count() == before
+
+
+def test_a_lone_surrogate_anywhere_in_any_body_is_a_400_naming_where(owner_client):
+    for url, body in (
+        ("/api/v1/scopes/scope-a/memories/", b'{"content": "x", "metadata": {"t\\udc00g": "v"}}'),
+        ("/api/v1/scopes/scope-a/search/", b'{"query": "spare \\udfff key"}'),
+        ("/api/v1/scopes/scope-a/erasure-requests/", b'{"subject": "dana", "reason": "\\ud83d"}'),
+    ):
+        response = owner_client.generic("POST", url, body, content_type=JSON)
+        assert response.status_code == 400, (url, response.status_code, response.content[:300])
+        assert response.json()["code"] == "invalid_input" and response.json()["extra"]["field"], response.json()
+
+
+def _openai_post(client, body: bytes):
+    return client.generic("POST", "/v1/chat/completions", body, content_type=JSON)
+
+
+@pytest.fixture
+def openai_client(alice, owner_client):
+    from knox.models import AuthToken
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {AuthToken.objects.create(user=alice)[1]}")
+    return client
+
+
+def test_a_chat_completions_body_nested_100000_deep_is_a_400_in_openais_shape(openai_client):
+    for body in (_deep(100_000).encode(), b'{"model": "scope-a", "messages": ' + _deep(100_000).encode() + b"}"):
+        response = _openai_post(openai_client, body)
+        assert response.status_code == 400, (response.status_code, response.content[:300])
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_json", error
+
+
+def test_a_lone_surrogate_question_on_a_model_free_web_tier_is_a_400(openai_client, settings):
+    settings.MNESIO_WEB_LOADS_MODEL = False  # the question would be sealed for a gpu worker
+    body = b'{"model": "scope-a", "messages": [{"role": "user", "content": "where is \\ud800 the key?"}]}'
+    response = _openai_post(openai_client, body)
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    error = response.json()["error"]
+    assert error["param"] == "messages[0].content" and error["type"] == "invalid_request_error", error
