@@ -288,9 +288,12 @@ def blob_destroy(*, storage_name: str) -> bool:
     storage = blob_storage()
     existed = False
     try:
-        if storage.exists(storage_name):
-            storage.delete(storage_name)
-            existed = True
+        existed = storage.exists(storage_name)
+        # delete whatever exists() says: in a versioned bucket a first attempt that wrote the delete marker and
+        # then failed makes the key look absent while its old versions are still stored (cartridges.s3.delete)
+        storage.delete(storage_name)
+    except NotADirectoryError:  # a local path through a file: nothing can be stored there
+        pass
     except OSError as exc:
         # never report a blob destroyed that is still stored: the caller (an erasure) fails and is retried
         raise _unavailable(exc, doing=f"deleting blob {storage_name}") from exc
