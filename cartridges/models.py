@@ -279,9 +279,11 @@ class EvaluationCase(models.Model):
     (registered in memories.keyring for rotation and verification), the associated data naming the row.
     ``subjects`` are the people it concerns: those given explicitly, plus, at creation time, every subject
     of the scope whose memory text contains one of the accepted answers (normalized as the gate's
-    ``normalize``). A memory appended later is not matched. Erasing any of them destroys the case's key and
-    sealed bytes (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``,
-    and the gate runs without it. Read cases through ``cartridges.selectors.evaluation_case_open``.
+    ``normalize``). ``memories`` are the memories it quotes, found the same way (plus any whose whole text the
+    question quotes). A memory appended later is not matched. Erasing any of those subjects, forgetting any of
+    those memories, or deleting the scope destroys the case's key and sealed bytes
+    (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``, and the gate
+    runs without it. Read cases through ``cartridges.selectors.evaluation_case_open``.
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="evaluation_cases")
@@ -292,6 +294,11 @@ class EvaluationCase(models.Model):
     sealed = models.BinaryField(null=True, blank=True)
     erased_at = models.DateTimeField(null=True, blank=True)
     subjects = models.ManyToManyField("memories.Subject", blank=True, related_name="evaluation_cases")
+    # the memories it quotes (an accepted answer in their text, or their text in the question), found at creation;
+    # forgetting any of them erases the case. False on cases made before quotes were recorded: forgetting any
+    # memory of their scope erases them (nothing can tell which memory they quote once it is forgotten).
+    memories = models.ManyToManyField("memories.Memory", blank=True, related_name="evaluation_cases")
+    memories_recorded = models.BooleanField(default=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -35,6 +35,7 @@ from memories.selectors import erasure_request_memories, erasure_request_subject
 from .. import engine
 from ..models import (
     CartridgeActivation,
+    CartridgeBlob,
     CartridgeBlock,
     CartridgeBlockDestruction,
     CartridgeDestruction,
@@ -145,14 +146,20 @@ def versions_holding(*, subjects: list[Subject] | None = None, memories=None) ->
 def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
     """Destroy every cartridge holding the erased subjects, then recompile, gate and activate their scopes.
 
-    First the derived copies that are not cartridges: the evaluation cases linked to the subjects are
-    forgotten (their keys destroyed) and the pending answer requests of the scopes holding the subjects'
-    memories are discarded, so no rebuild gates with them and nothing sealed outlives the erasure.
+    First the derived copies that are not cartridges: the evaluation cases about what was erased (linked to an
+    erased subject, quoting a forgotten memory, or of a deleted scope) are forgotten (their keys destroyed) and
+    the pending answer requests of the scopes holding erased memories are discarded, so no rebuild gates with
+    them and nothing sealed outlives the erasure. A deleted scope's remaining blobs are destroyed too.
     """
     subjects = erasure_request_subjects(erasure_request=erasure_request)
     erased = erasure_request_memories(erasure_request=erasure_request)
-    evaluation_cases_forget(subject_ids=[subject.pk for subject in subjects])
-    answer_requests_discard(scope_ids=sorted(set(erased.values_list("scope_id", flat=True))))
+    deleted_scope_ids = [erasure_request.scope_id] if erasure_request.kind == ErasureKind.SCOPE else []
+    evaluation_cases_forget(
+        subject_ids=[subject.pk for subject in subjects],
+        memory_seqs=[erasure_request.memory_id] if erasure_request.kind == ErasureKind.MEMORY else [],
+        scope_ids=deleted_scope_ids,
+    )
+    answer_requests_discard(scope_ids=sorted(set(erased.values_list("scope_id", flat=True)) | set(deleted_scope_ids)))
     versions = versions_holding(memories=erased)
     # a deleted scope is not rebuilt: every cartridge of it is destroyed and none replaces it
     rebuild = erasure_request.kind != ErasureKind.SCOPE
@@ -183,6 +190,10 @@ def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
                 affected[version.scope_id] = version.scope
             cartridge_destroy(version=version, erasure_request=erasure_request, reason=reason + " (shared block)", from_block=index)
             versions.append(version)
+    # a deleted scope keeps no stored bytes at all: blobs no version row names (an unfinished compile's, a block
+    # of a pruned chain) go too, not only those of the versions holding its memories
+    for storage_name in CartridgeBlob.objects.filter(scope_id__in=deleted_scope_ids).values_list("storage_name", flat=True):
+        blob_destroy(storage_name=storage_name)
     failures = []
     for scope in affected.values():
         try:
