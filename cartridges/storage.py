@@ -202,6 +202,12 @@ def block_read(*, block: CartridgeBlock, key_row: CartridgeBlob) -> bytes:
     return data
 
 
+def block_cache_names() -> list[str]:
+    """The storage names of the block parts this process's cache holds."""
+    with _block_cache_lock:
+        return list(_block_cache)
+
+
 def block_cache_drop(storage_names: list[str] | None = None) -> None:
     """Drop blocks from this process's cache (all when None)."""
     with _block_cache_lock:
