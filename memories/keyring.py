@@ -138,6 +138,29 @@ def master_key_verify_once() -> None:
         _verified.add(known)
 
 
+def master_key_retired_check(key_id: str) -> None:
+    """Raise MasterKeyUnavailable when a rotation retired ``key_id`` after the last rotation back to it.
+
+    Runs before every wrap (one query on a table of a few rows): a process that verified its key before another
+    process rotated it away wraps nothing more with it, from the moment the rotation is recorded (before its
+    re-wrap starts; master_key_rotate re-wraps twice to take the keys of wraps that checked just before).
+    """
+    from memories.models import MasterKeyRotation  # keyring is imported before the app registry is ready
+
+    retired_by = None
+    for target, retired in MasterKeyRotation.objects.order_by("id").values_list("master_key_id", "retired_key_ids"):
+        if target == key_id:
+            retired_by = None
+        elif key_id in retired:
+            retired_by = target
+    if retired_by is not None:
+        master_key_verify_forget()
+        raise crypto.MasterKeyUnavailable(
+            f"`{MASTER_KEY_VARIABLE}` (master key id {key_id!r}) was retired by a rotation to master key id "
+            f"{retired_by!r}; start this process with the new key in `{MASTER_KEY_VARIABLE}`. Nothing was written."
+        )
+
+
 def master_key_verify_forget() -> None:
     """Drop this process's verified key sets (``crypto.unwrap`` calls it when it meets an unknown key id).
 
