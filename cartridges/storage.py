@@ -6,7 +6,8 @@ which lists every block with its digest, and the tail's tensors); each block is 
 scope (CartridgeBlock) and referenced by every version that uses it (CartridgeVersionBlock). A version is
 readable while its tail key and every one of its blocks' keys exist. Decrypted, verified block parts are kept in
 a per-process LRU (MNESIO_BLOCK_CACHE_BYTES) keyed by storage name; a read still checks in the database that the
-block's key exists, so a destroyed block is never served from the cache.
+block's key exists, so a destroyed block is never served from the cache, and every request and task first drops the
+parts whose key is gone (engine.cartridges_purge_destroyed), so none outlives its destruction in memory.
 
 Stored layout: ``MAGIC | nonce (12) | ciphertext+tag``; the associated data binds the ciphertext to its
 storage name, so a blob copied under another name fails to open. Destroying a blob deletes the file AND
