@@ -26,7 +26,13 @@ from cartridges.services.blocksecret import scope_block_secret
 from kvengine.base import canonical_json
 from kvengine.blocks import block_id, key_digest
 from kvengine.fake import FAKE_BLOCK_MEMORIES
-from memories.services import erasure_request_file, erasure_request_process, memory_append, scope_delete_file
+from memories.services import (
+    erasure_request_file,
+    erasure_request_process,
+    memory_append,
+    memory_forget_file,
+    scope_delete_file,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -70,25 +76,31 @@ def _stored_text() -> str:
     return "\n".join(chunks)
 
 
-@pytest.fixture
-def erased_pin(scope_a, fake_engine):
-    """A served, gated scope whose PIN memory was then erased with its subject; returns (the version, its key digest)."""
-    for text in _texts(PIN):
-        memory_append(scope=scope_a, content=text, subject="dana" if "PIN" in text else None)
+@pytest.fixture(params=["subject", "memory", "scope"])
+def erased_pin(request, scope_a, fake_engine):
+    """A served, gated scope whose PIN memory was then erased (with its subject, alone, or with the whole scope);
+    returns (the version, its key digest, the scope's block secret as unwrapped before the erasure)."""
+    memories = [memory_append(scope=scope_a, content=text, subject="dana" if "PIN" in text else None) for text in _texts(PIN)]
     version = cartridge_compile(scope=scope_a)
     cartridge_activate(version=version)  # the gate's figures record the verified blocks
     from cartridges import engine
 
     key = key_digest(engine.backend_for(active_configuration()).describe().compat_key())
-    assert _second_block_ids(PIN, key=key, secret=scope_block_secret(scope=scope_a)) in _stored_text()  # live: stored
-    erasure_request_process(erasure_request=erasure_request_file(subject="dana", scope=scope_a, requested_by=None, reason="asked"))
-    return version, key
+    secret = scope_block_secret(scope=scope_a)  # an operator with the master key unwrapped it before the erasure
+    assert _second_block_ids(PIN, key=key, secret=secret) in _stored_text()  # live: stored
+    if request.param == "subject":
+        erasure = erasure_request_file(subject="dana", scope=scope_a, requested_by=None, reason="asked")
+    elif request.param == "memory":
+        erasure = memory_forget_file(scope=scope_a, seq=memories[4].seq, requested_by=None, reason="asked")
+    else:
+        erasure = scope_delete_file(scope=scope_a, requested_by=None, reason="retired")
+    erasure_request_process(erasure_request=erasure)
+    return version, key, secret
 
 
-def test_it_leaves_no_stored_value_a_pin_guess_can_be_checked_against(scope_a, erased_pin):
-    version, key = erased_pin
+def test_it_leaves_no_stored_value_a_pin_guess_can_be_checked_against(erased_pin):
+    version, key, secret = erased_pin
     stored = _stored_text()
-    secret = scope_block_secret(scope=scope_a)  # even an operator who unwraps the scope's secret
     found = [
         pin for pin in (f"{n:04d}" for n in range(10_000))
         if _second_block_ids(pin, key=key, secret=None) in stored or _second_block_ids(pin, key=key, secret=secret) in stored

@@ -20,7 +20,13 @@ from django.conf import settings as django_settings
 
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_compile
-from memories.services import erasure_request_file, erasure_request_process, memory_append
+from memories.services import (
+    erasure_request_file,
+    erasure_request_process,
+    memory_append,
+    memory_forget_file,
+    scope_delete_file,
+)
 
 from .conftest import _database_url
 
@@ -121,15 +127,16 @@ print(json.dumps({"step": "after_one_request", "status": status, **cached()}), f
 """
 
 
-@pytest.mark.parametrize("lru_size", [8, 0], ids=["lru-on", "lru-off"])
+@pytest.mark.parametrize(("kind", "lru_size"), [("subject", 8), ("subject", 0), ("memory", 8), ("scope", 8)],
+                         ids=["subject-lru-on", "subject-lru-off", "memory", "scope"])
 def test_a_web_process_drops_blocks_destroyed_by_another_process_within_one_request(
-    fake_row, scope_a, blob_root, record_figures, lru_size
+    fake_row, scope_a, blob_root, record_figures, kind, lru_size
 ):
     from cartridges.models import CartridgeVersionBlock
 
     for i in range(4):  # the fake backend cuts blocks of 4 memories: bob's memory starts the second block
         memory_append(scope=scope_a, content=f"Fact {i}: locker {i} holds item {i * 7}.")
-    memory_append(scope=scope_a, subject="bob", content="Bob's locker code is 4417.")
+    bobs = memory_append(scope=scope_a, subject="bob", content="Bob's locker code is 4417.")
     for i in range(4, 8):
         memory_append(scope=scope_a, content=f"Fact {i}: locker {i} holds item {i * 7}.")
     version = cartridge_compile(scope=scope_a)
@@ -154,7 +161,12 @@ def test_a_web_process_drops_blocks_destroyed_by_another_process_within_one_requ
         assert loaded.get("step") == "loaded", web.stderr.read()[-3000:]
         assert loaded["version"] == version.pk and {first, second} <= set(loaded["blocks"])
 
-        request = erasure_request_file(subject="bob", requested_by=None, reason="asked", scope=scope_a)
+        if kind == "subject":
+            request = erasure_request_file(subject="bob", requested_by=None, reason="asked", scope=scope_a)
+        elif kind == "memory":
+            request = memory_forget_file(scope=scope_a, seq=bobs.seq, requested_by=None, reason="asked")
+        else:
+            request = scope_delete_file(scope=scope_a, requested_by=None, reason="retired")
         erasure_request_process(erasure_request=request)  # this process is the worker
         assert version_state(version=version) == "destroyed"
 
@@ -163,13 +175,14 @@ def test_a_web_process_drops_blocks_destroyed_by_another_process_within_one_requ
         after = json.loads(web.stdout.readline() or "{}")
         assert after.get("step") == "after_one_request", web.stderr.read()[-3000:]
         assert second not in after["blocks"]  # the destroyed block's decrypted part is gone from memory
-        assert first in after["blocks"]  # the block before it holds none of bob's tokens and stays live
+        # the block before it holds none of bob's tokens and stays live, unless the whole scope went
+        assert (first in after["blocks"]) == (kind != "scope")
         assert version.pk not in after["versions"]
         assert web.wait(timeout=30) == 0
     finally:
         if web.poll() is None:
             web.kill()
     record_figures(
-        scenario=f"destroyed block in another process's block cache (LRU size {lru_size})",
+        scenario=f"destroyed block in another process's block cache ({kind} erasure, LRU size {lru_size})",
         requests_until_dropped=1, blocks_before=len(loaded["blocks"]), blocks_after=len(after["blocks"]),
     )
