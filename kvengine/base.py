@@ -258,8 +258,8 @@ class KvBackend(abc.ABC):
         """Check the part of ``cartridge`` after its first ``num_verified_blocks`` blocks against ``texts``.
 
         The caller vouches for those blocks (their ids and digests passed an earlier check); this checks that
-        the header's block ids are the chain of ``texts`` (under ``block_secret``, the one it was compiled with), re-reads the new tokens ONCE on top of the verified blocks'
-        KV by a code path of its own (in the chunks compile() reads them in: where a prefill is cut changes the
+        the header's block ids are the chain of ``texts`` (under ``block_secret``, the one it was compiled with),
+        re-reads the new tokens ONCE on top of the verified blocks' KV by a code path of its own (in the chunks compile() reads them in: where a prefill is cut changes the
         float sums, so a right cartridge equals its re-reading bit for bit), compares the new positions' KV, and answers
         ``probes`` (``max_new_tokens`` each; None: the backend's fidelity default) and ``questions``
         (``answer_max_new_tokens`` each) from the cartridge and from that re-reading, computed once for all.

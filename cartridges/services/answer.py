@@ -27,7 +27,7 @@ from core.errors import Conflict, MnesioError
 from kvengine import ANSWER_MODES, ContextTooLongError
 from kvengine.errors import OverloadedError
 from memories import crypto
-from memories.models import Memory, Subject
+from memories.models import Memory, Scope, Subject
 from memories.selectors import (
     legacy_subjects_in_scope,
     log_head,
@@ -236,6 +236,9 @@ def evaluation_case_add(
     quoted = _memories_quoted(scope=scope, question=question, answers=answers)
     subject_ids = {s.pk for s in given} | {subject_id for _, subject_id in quoted if subject_id is not None}
     with transaction.atomic():
+        # the scope row first: a deletion committed before is seen here; one after waits and then erases this case
+        if not Scope.objects.select_for_update().filter(pk=scope.pk, deleted_at__isnull=True).exists():
+            raise Conflict(f"scope '{scope.name}' was deleted; a case about it is refused", extra={"field": "scope"})
         linked = list(Subject.objects.select_for_update().filter(pk__in=subject_ids).order_by("pk"))
         erased = sorted(s.external_id for s in linked if s.is_shredded)
         if erased:  # erased between the checks above and this lock

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from memories import crypto, keyring
@@ -35,9 +36,11 @@ def master_key_rotate() -> RotationReport:
     retired = sorted(set(crypto.known_master_keys()) - {current_id})
     if retired:  # from now on no process wraps with them (crypto.wrap checks), before anything is re-wrapped
         MasterKeyRotation.objects.create(master_key_id=current_id, retired_key_ids=retired)
+        # a process's passed check holds RETIRED_CHECK_TTL_S: after this wait every process checks again before a wrap
+        time.sleep(keyring.RETIRED_CHECK_TTL_S + 0.1)
     by_table = keyring.keys_rewrap()
-    # a wrap that checked just before the row above committed may store its key after the first pass listed its
-    # table: a second pass re-wraps it (each pass re-wraps only keys not already current)
+    # a wrap that checked just before the wait ended may store its key after the first pass listed its table: a
+    # second pass re-wraps it (each pass re-wraps only keys not already current)
     for title, num in keyring.keys_rewrap().items():
         by_table[title] = by_table.get(title, 0) + num
     num_rewrapped = sum(by_table.values())

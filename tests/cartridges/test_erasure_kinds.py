@@ -177,3 +177,11 @@ def test_it_destroys_blobs_no_version_names_when_a_scope_is_deleted(scope_a, fak
     world.erase()
     assert not CartridgeBlob.objects.filter(storage_name=orphan).exists()
     assert not storage.blob_exists(storage_name=orphan)
+
+
+def test_it_refuses_a_case_in_a_scope_deleted_meanwhile(scope_a, fake_engine):
+    from core.errors import Conflict
+
+    World(scope_a, "scope").erase()
+    with pytest.raises(Conflict, match="deleted"):
+        evaluation_case_add(scope=scope_a, question="What is in locker 2?", answers=["item 14"])
