@@ -35,8 +35,9 @@ Decisions
   a plain hash of public values and the token ids, and anyone holding an id could test a guess of the text
   (a 4-digit PIN in milliseconds). The Django side passes a secret per scope (cartridges.blocksecret): ids of one
   scope are stable across its versions (blocks are shared), equal texts in two scopes get unrelated ids, and
-  shredding the secret when the scope is deleted leaves every id of it useless. An empty secret (tests, benches)
-  gives public ids.
+  shredding the secret when the scope is deleted leaves every id of it useless. An empty secret (tests, benches,
+  the pinned cartridge bytes of tests/kvengine/test_cartridge_bytes.py) gives the public ids: a plain sha256 of the
+  same values.
 - **Positions and rope.** Every block records its first position (part metadata and the header), and its
   part carries the rope configuration with the rest of the compatibility key: a block is only reused at the
   position it was computed at today; a later step may re-rotate keys to place blocks elsewhere.
@@ -95,10 +96,10 @@ def key_digest(compat_key: dict[str, str]) -> str:
 
 
 def block_id(*, parent: str, key: str, block_size: int, first_position: int, token_ids: Sequence[int], secret: bytes = b"") -> str:
-    """The chain id of a block: HMAC-SHA256 under ``secret`` (module docstring, "Chain ids")."""
+    """The chain id of a block: HMAC-SHA256 under ``secret``, a plain sha256 without one (module docstring, "Chain ids")."""
     if not isinstance(secret, bytes):
         raise TypeError(f"`secret` has to be bytes but got {type(secret).__name__}")
-    h = hmac.new(secret, digestmod=hashlib.sha256)
+    h = hmac.new(secret, digestmod=hashlib.sha256) if secret else hashlib.sha256()
     h.update(canonical_json({"parent": parent, "key": key, "block_size": block_size, "first": first_position}).encode())
     h.update(b"\n")
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))

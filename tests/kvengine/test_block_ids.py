@@ -27,3 +27,15 @@ def test_it_chains_under_the_secret():
 def test_it_refuses_a_secret_that_is_not_bytes():
     with pytest.raises(TypeError, match="`secret` has to be bytes"):
         _id("a-string")  # type: ignore[arg-type]
+
+
+def test_it_gives_a_plain_sha256_without_a_secret():
+    import hashlib
+    import struct
+
+    from kvengine.base import canonical_json
+
+    expected = hashlib.sha256(canonical_json({"parent": "", "key": "k", "block_size": 64, "first": 0}).encode())
+    expected.update(b"\n")
+    expected.update(struct.pack(f"<{len(TOKENS)}q", *TOKENS))
+    assert _id(b"") == expected.hexdigest() != _id(b"s")
