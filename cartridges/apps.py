@@ -14,6 +14,7 @@ class CartridgesConfig(AppConfig):
 
         from .selectors import evaluation_case_aad
         from .services.answer import answer_request_aad
+        from .services.blocksecret import block_secret_aad
         from .services.erase import cartridge_views_rebuild
         from .storage import blob_key_aad
 
@@ -32,6 +33,8 @@ class CartridgesConfig(AppConfig):
                                       lambda row: answer_request_aad(row.pk, "key"), "answer request keys"))
         register_key_holder(KeyHolder("cartridges.EvaluationCase", "wrapped_key", "wrapped_by",
                                       lambda row: evaluation_case_aad(row.pk, "key"), "evaluation case keys"))
+        register_key_holder(KeyHolder("cartridges.ScopeBlockSecret", "wrapped_key", "wrapped_by",
+                                      lambda row: block_secret_aad(row.scope_id), "scope block-id secrets"))
 
 
 def _purge_on_every_request_and_task() -> None:

@@ -21,14 +21,15 @@ from core.errors import MnesioError
 from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, KvConfig, make_backend
 
 from . import conf
-from .models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
-from .storage import BlobTampered, BlobUnavailable, version_parts_read
+from .models import CartridgeBlob, CartridgeEvaluation, CartridgeVersion
+from .storage import BlobTampered, BlobUnavailable, block_cache_drop, block_cache_names, version_parts_read
 
 log = logging.getLogger("cartridges")
 
 _lock = threading.RLock()
 _backends: dict[KvConfig, KvBackend] = {}
 _cartridges: OrderedDict[tuple[int, KvConfig], Cartridge] = OrderedDict()
+_names: dict[int, str] = {}  # storage name of each cached version's own blob (cartridges_purge_destroyed checks it)
 _stats = {"hits": 0, "misses": 0, "evictions": 0, "backend_loads": 0}
 
 
@@ -103,9 +104,8 @@ def cartridge_load(*, version: CartridgeVersion, config: Any, record_refusal: bo
         size = conf.cartridge_cache_size()
         if size > 0:
             _cartridges[key] = cartridge
-            while len(_cartridges) > size:
-                _cartridges.popitem(last=False)
-                _stats["evictions"] += 1
+            _names[version.pk] = version.storage_name
+            _evict(size)
         return cartridge, backend
 
 
@@ -120,9 +120,17 @@ def cartridge_cache_put(*, version: CartridgeVersion, config: Any, cartridge: Ca
         return
     with _lock:
         _cartridges[(version.pk, kv_config(config))] = cartridge
-        while len(_cartridges) > size:
-            _cartridges.popitem(last=False)
-            _stats["evictions"] += 1
+        _names[version.pk] = version.storage_name
+        _evict(size)
+
+
+def _evict(size: int) -> None:
+    """Drop the least recently used cartridges beyond ``size`` (the caller holds the lock)."""
+    while len(_cartridges) > size:
+        (version_id, _), _ = _cartridges.popitem(last=False)
+        _stats["evictions"] += 1
+        if not any(key[0] == version_id for key in _cartridges):
+            _names.pop(version_id, None)
 
 
 def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exception) -> None:
@@ -154,22 +162,29 @@ def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exc
 
 
 def cartridges_purge_destroyed() -> list[int]:
-    """Drop every cached cartridge whose version was destroyed; return their ids.
+    """Drop every cached cartridge and decrypted block part whose key was destroyed; return the versions' ids.
 
     Runs at the start of every request and every task of this process (CartridgesConfig.ready connects
-    it), so a version destroyed by another process (an erasure processed by a worker) leaves this
-    process's memory within one request. One query while the LRU holds anything, none when it is empty.
-    (Whether a cached version may still serve is decided per answer by active_version, manifest included.)
+    it), so a version or block destroyed by another process (an erasure processed by a worker, a prune) leaves
+    this process's memory within one request. A blob is destroyed when its key row (CartridgeBlob) is gone,
+    which destruction and pruning do first: one query over the cached names while either cache holds
+    anything, none when both are empty. (Whether a cached version may still serve is decided per answer by
+    active_version, manifest included.)
     """
     with _lock:
-        cached = sorted({key[0] for key in _cartridges})
-    if not cached:
+        versions = {key[0]: _names[key[0]] for key in _cartridges if key[0] in _names}
+    blocks = block_cache_names()
+    if not versions and not blocks:
         return []
-    destroyed = sorted(CartridgeDestruction.objects.filter(version_id__in=cached).values_list("version_id", flat=True))
+    live = set(CartridgeBlob.objects.filter(storage_name__in=[*versions.values(), *blocks]).values_list("storage_name", flat=True))
+    destroyed = sorted(version_id for version_id, name in versions.items() if name not in live)
     for version_id in destroyed:
         cartridge_forget(version_id=version_id)
-    if destroyed:
-        log.info("dropped %d destroyed cartridge(s) from this process's cache: %s", len(destroyed), destroyed)
+    gone = [name for name in blocks if name not in live]
+    block_cache_drop(gone)
+    if destroyed or gone:
+        log.info("dropped %d destroyed cartridge(s) %s and %d destroyed block(s) from this process's caches",
+                 len(destroyed), destroyed, len(gone))
     return destroyed
 
 
@@ -178,12 +193,14 @@ def cartridge_forget(*, version_id: int) -> None:
     with _lock:
         for key in [k for k in _cartridges if k[0] == version_id]:
             del _cartridges[key]
+        _names.pop(version_id, None)
 
 
 def cache_clear(*, backends: bool = False) -> None:
     """Empty the cartridge LRU (and the backends when asked)."""
     with _lock:
         _cartridges.clear()
+        _names.clear()
         if backends:
             _backends.clear()
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import pgtrigger
 from django.conf import settings
 from django.db import models
 
-from core.models import AppendOnlyModel, append_only_triggers, reject_truncate, rewrap_only_trigger
+from core.models import AppendOnlyModel, append_only_triggers, blank_only_trigger, reject_truncate, rewrap_only_trigger
 from kvengine import KvConfig
 
 
@@ -98,7 +99,11 @@ class CartridgeVersion(AppendOnlyModel):
 
     class Meta:
         ordering = ["-id"]
-        triggers = append_only_triggers("cartridgeversion_")
+        # the one change allowed: an erasure blanks the digests of a version it destroyed (services/erase.py)
+        triggers = [
+            blank_only_trigger("cartridgeversion_protect_update", blanked=["sha256", "payload_sha256"]),
+            *[t for t in append_only_triggers("cartridgeversion_") if t.name != "cartridgeversion_protect_update"],
+        ]
         permissions = [
             ("compile_cartridge", "Can compile a scope's cartridge"),
             ("evaluate_cartridge", "Can evaluate (run the gate on) a cartridge version"),
@@ -147,7 +152,8 @@ class CartridgeBlock(AppendOnlyModel):
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="+")
-    block_id = models.CharField(max_length=64, help_text="chain id: sha256 over parent id, key, position and token ids")
+    # blank once the block is destroyed (block_destroy), as are part_sha256 and sha256
+    block_id = models.CharField(max_length=64, help_text="chain id: HMAC-SHA256 under the scope's block secret over parent id, key, position and token ids")
     first_position = models.PositiveIntegerField()
     num_tokens = models.PositiveIntegerField()
     part_sha256 = models.CharField(max_length=64, help_text="digest of the block part (tensor index and data)")
@@ -159,7 +165,11 @@ class CartridgeBlock(AppendOnlyModel):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        triggers = append_only_triggers("cartridgeblock_")
+        # the one change allowed: destruction blanks the id and digests (services/erase.py block_destroy)
+        triggers = [
+            blank_only_trigger("cartridgeblock_protect_update", blanked=["block_id", "part_sha256", "sha256"]),
+            *[t for t in append_only_triggers("cartridgeblock_") if t.name != "cartridgeblock_protect_update"],
+        ]
         indexes = [models.Index(fields=["scope", "block_id"], name="cartridges_block_lookup")]
 
     def __str__(self) -> str:
@@ -230,6 +240,28 @@ class CartridgeBlob(models.Model):
         ]
 
 
+class ScopeBlockSecret(models.Model):
+    """The secret that keys a scope's block ids (kvengine.blocks.block_id), wrapped by the master key.
+
+    One per scope, made at its first compile and kept for the scope's life, so the ids of its blocks are stable
+    across its versions (blocks are shared, a rebuild reproduces the same bytes). Deleted (shredded) when the scope
+    is deleted: then no id of it can be recomputed from a guess. Without it a stored id is a keyed hash nobody can
+    check a guess against, however short the text.
+    """
+
+    scope = models.OneToOneField("memories.Scope", on_delete=models.PROTECT, related_name="+")
+    wrapped_key = models.BinaryField()
+    wrapped_by = models.CharField(max_length=32, help_text="id of the master key that wrapped it")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # the changes it allows: deletion (the shred) and a re-wrap by a new master key
+        triggers = [
+            rewrap_only_trigger("scopeblocksecret_protect_update", rewrapped="wrapped_by", kept=["id", "scope_id", "created_at"]),
+            reject_truncate("scopeblocksecret_protect_truncate"),
+        ]
+
+
 class CartridgeEvaluation(LifecycleRecord):
     """One gate run over a version: passed or not, every reason, and the figures measured."""
 
@@ -242,7 +274,19 @@ class CartridgeEvaluation(LifecycleRecord):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
 
     class Meta(LifecycleRecord.Meta):
-        triggers = append_only_triggers("cartridgeevaluation_")
+        # the one change allowed: dropping ``figures["verified_blocks"]`` (block ids recorded before they were keyed
+        # per scope; the migration that keyed them drops them, and a later gate just runs in full)
+        triggers = [
+            pgtrigger.Protect(
+                name="cartridgeevaluation_protect_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(
+                    "NOT ((to_jsonb(NEW) - 'figures') = (to_jsonb(OLD) - 'figures')"
+                    " AND NEW.figures::jsonb = (OLD.figures::jsonb - 'verified_blocks'))"
+                ),
+            ),
+            *[t for t in append_only_triggers("cartridgeevaluation_") if t.name != "cartridgeevaluation_protect_update"],
+        ]
 
 
 class CartridgeActivation(LifecycleRecord):
@@ -283,9 +327,11 @@ class EvaluationCase(models.Model):
     (registered in memories.keyring for rotation and verification), the associated data naming the row.
     ``subjects`` are the people it concerns: those given explicitly, plus, at creation time, every subject
     of the scope whose memory text contains one of the accepted answers (normalized as the gate's
-    ``normalize``). A memory appended later is not matched. Erasing any of them destroys the case's key and
-    sealed bytes (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``,
-    and the gate runs without it. Read cases through ``cartridges.selectors.evaluation_case_open``.
+    ``normalize``). ``memories`` are the memories it quotes, found the same way (plus any whose whole text the
+    question quotes). A memory appended later is not matched. Erasing any of those subjects, forgetting any of
+    those memories, or deleting the scope destroys the case's key and sealed bytes
+    (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``, and the gate
+    runs without it. Read cases through ``cartridges.selectors.evaluation_case_open``.
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="evaluation_cases")
@@ -296,6 +342,11 @@ class EvaluationCase(models.Model):
     sealed = models.BinaryField(null=True, blank=True)
     erased_at = models.DateTimeField(null=True, blank=True)
     subjects = models.ManyToManyField("memories.Subject", blank=True, related_name="evaluation_cases")
+    # the memories it quotes (an accepted answer in their text, or their text in the question), found at creation;
+    # forgetting any of them erases the case. False on cases made before quotes were recorded: forgetting any
+    # memory of their scope erases them (nothing can tell which memory they quote once it is forgotten).
+    memories = models.ManyToManyField("memories.Memory", blank=True, related_name="evaluation_cases")
+    memories_recorded = models.BooleanField(default=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -6,7 +6,8 @@ which lists every block with its digest, and the tail's tensors); each block is 
 scope (CartridgeBlock) and referenced by every version that uses it (CartridgeVersionBlock). A version is
 readable while its tail key and every one of its blocks' keys exist. Decrypted, verified block parts are kept in
 a per-process LRU (MNESIO_BLOCK_CACHE_BYTES) keyed by storage name; a read still checks in the database that the
-block's key exists, so a destroyed block is never served from the cache.
+block's key exists, so a destroyed block is never served from the cache, and every request and task first drops the
+parts whose key is gone (engine.cartridges_purge_destroyed), so none outlives its destruction in memory.
 
 Stored layout: ``MAGIC | nonce (12) | ciphertext+tag``; the associated data binds the ciphertext to its
 storage name, so a blob copied under another name fails to open. Destroying a blob deletes the file AND
@@ -202,6 +203,12 @@ def block_read(*, block: CartridgeBlock, key_row: CartridgeBlob) -> bytes:
     return data
 
 
+def block_cache_names() -> list[str]:
+    """The storage names of the block parts this process's cache holds."""
+    with _block_cache_lock:
+        return list(_block_cache)
+
+
 def block_cache_drop(storage_names: list[str] | None = None) -> None:
     """Drop blocks from this process's cache (all when None)."""
     with _block_cache_lock:
@@ -288,9 +295,12 @@ def blob_destroy(*, storage_name: str) -> bool:
     storage = blob_storage()
     existed = False
     try:
-        if storage.exists(storage_name):
-            storage.delete(storage_name)
-            existed = True
+        existed = storage.exists(storage_name)
+        # delete whatever exists() says: in a versioned bucket a first attempt that wrote the delete marker and
+        # then failed makes the key look absent while its old versions are still stored (cartridges.s3.delete)
+        storage.delete(storage_name)
+    except NotADirectoryError:  # a local path through a file: nothing can be stored there
+        pass
     except OSError as exc:
         # never report a blob destroyed that is still stored: the caller (an erasure) fails and is retried
         raise _unavailable(exc, doing=f"deleting blob {storage_name}") from exc

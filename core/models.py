@@ -51,6 +51,20 @@ def rewrap_only_trigger(name: str, *, rewrapped: str, kept: Sequence[str]) -> pg
     )
 
 
+def blank_only_trigger(name: str, *, blanked: Sequence[str]) -> pgtrigger.Protect:
+    """A trigger that refuses every UPDATE but one setting each ``blanked`` column to '' and changing nothing else.
+
+    For digests that must not outlive what they digest (a destroyed block's id): the one change such a row
+    allows is forgetting them, one way."""
+    names = ", ".join(f"'{column}'" for column in blanked)
+    empty = " AND ".join(f"NEW.{column} = ''" for column in blanked)
+    return pgtrigger.Protect(
+        name=name,
+        operation=pgtrigger.Update,
+        condition=pgtrigger.Condition(f"NOT ({empty} AND (to_jsonb(NEW) - ARRAY[{names}]) = (to_jsonb(OLD) - ARRAY[{names}]))"),
+    )
+
+
 class AppendOnlyQuerySet(models.QuerySet):
     """A queryset that refuses bulk changes (the ORM half of append-only, the only half on SQLite)."""
 

@@ -201,12 +201,14 @@ class KvBackend(abc.ABC):
 
     @abc.abstractmethod
     def compile(
-        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None,
+        block_secret: bytes = b"",
     ) -> Cartridge:
         """Compile ``texts`` (in order) into a cartridge; deterministic for equal inputs.
 
         ``blocks`` looks up stored block parts by id (blocks.py): the longest run from block 0 found there is
-        reused, the rest computed; the result is byte-identical to a compile without it.
+        reused, the rest computed; the result is byte-identical to a compile without it. ``block_secret`` keys
+        the block ids (blocks.block_id): equal inputs under the same secret give the same bytes.
         Raises EmptyInputError for no texts and ContextTooLongError past the context window.
         """
 
@@ -251,12 +253,13 @@ class KvBackend(abc.ABC):
         max_new_tokens: int | None = None,
         questions: Sequence[str] = (),
         answer_max_new_tokens: int = 32,
+        block_secret: bytes = b"",
     ) -> ExtensionCheck:
         """Check the part of ``cartridge`` after its first ``num_verified_blocks`` blocks against ``texts``.
 
         The caller vouches for those blocks (their ids and digests passed an earlier check); this checks that
-        the header's block ids are the chain of ``texts``, re-reads the new tokens ONCE on top of the verified blocks'
-        KV by a code path of its own (in the chunks compile() reads them in: where a prefill is cut changes the
+        the header's block ids are the chain of ``texts`` (under ``block_secret``, the one it was compiled with),
+        re-reads the new tokens ONCE on top of the verified blocks' KV by a code path of its own (in the chunks compile() reads them in: where a prefill is cut changes the
         float sums, so a right cartridge equals its re-reading bit for bit), compares the new positions' KV, and answers
         ``probes`` (``max_new_tokens`` each; None: the backend's fidelity default) and ``questions``
         (``answer_max_new_tokens`` each) from the cartridge and from that re-reading, computed once for all.

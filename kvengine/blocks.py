@@ -28,9 +28,16 @@ Decisions
   loaded from storage and the block just computed are the same input to the next one. The attention over the
   cache runs on contiguous tensors whose shape depends only on the token count (never on a buffer's spare
   capacity), so the arithmetic does not depend on which compile computes a block.
-- **Chain ids.** ``block_id = sha256(parent id, compatibility key digest, block size, first position, token
-  ids)``: equal ids mean equal token ids from position 0 to the block's end under the same model, weights,
-  tokenizer, template, rope, dtype and quant, hence (above) equal bytes. Block 0's parent is "".
+- **Chain ids.** ``block_id = HMAC-SHA256(secret, parent id, compatibility key digest, block size, first
+  position, token ids)``: equal ids under one secret mean equal token ids from position 0 to the block's end under
+  the same model, weights, tokenizer, template, rope, dtype and quant, hence (above) equal bytes. Block 0's parent
+  is "". The secret is the caller's (``compile``/``verify_extension`` take ``block_secret``): without it an id is
+  a plain hash of public values and the token ids, and anyone holding an id could test a guess of the text
+  (a 4-digit PIN in milliseconds). The Django side passes a secret per scope (cartridges.blocksecret): ids of one
+  scope are stable across its versions (blocks are shared), equal texts in two scopes get unrelated ids, and
+  shredding the secret when the scope is deleted leaves every id of it useless. An empty secret (tests, benches,
+  the pinned cartridge bytes of tests/kvengine/test_cartridge_bytes.py) gives the public ids: a plain sha256 of the
+  same values.
 - **Positions and rope.** Every block records its first position (part metadata and the header), and its
   part carries the rope configuration with the rest of the compatibility key: a block is only reused at the
   position it was computed at today; a later step may re-rotate keys to place blocks elsewhere.
@@ -52,6 +59,7 @@ tail part plus one part per block, what the Django side stores, each block once 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
@@ -87,21 +95,25 @@ def key_digest(compat_key: dict[str, str]) -> str:
     return hashlib.sha256(canonical_json(key).encode()).hexdigest()
 
 
-def block_id(*, parent: str, key: str, block_size: int, first_position: int, token_ids: Sequence[int]) -> str:
-    """The chain id of a block (module docstring)."""
-    h = hashlib.sha256()
+def block_id(*, parent: str, key: str, block_size: int, first_position: int, token_ids: Sequence[int], secret: bytes = b"") -> str:
+    """The chain id of a block: HMAC-SHA256 under ``secret``, a plain sha256 without one (module docstring, "Chain ids")."""
+    if not isinstance(secret, bytes):
+        raise TypeError(f"`secret` has to be bytes but got {type(secret).__name__}")
+    h = hmac.new(secret, digestmod=hashlib.sha256) if secret else hashlib.sha256()
     h.update(canonical_json({"parent": parent, "key": key, "block_size": block_size, "first": first_position}).encode())
     h.update(b"\n")
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return h.hexdigest()
 
 
-def chain(token_ids: Sequence[int], *, num_blocks: int, block_size: int, key: str) -> list[tuple[str, int]]:
-    """(block id, first position) of the first ``num_blocks`` full blocks of ``token_ids``."""
+def chain(token_ids: Sequence[int], *, num_blocks: int, block_size: int, key: str, secret: bytes = b"") -> list[tuple[str, int]]:
+    """(block id, first position) of the first ``num_blocks`` full blocks of ``token_ids``, keyed by ``secret``."""
     out, parent = [], ""
     for index in range(num_blocks):
         first = index * block_size
-        parent = block_id(parent=parent, key=key, block_size=block_size, first_position=first, token_ids=token_ids[first : first + block_size])
+        parent = block_id(
+            parent=parent, key=key, block_size=block_size, first_position=first, token_ids=token_ids[first : first + block_size], secret=secret
+        )
         out.append((parent, first))
     return out
 

@@ -124,7 +124,8 @@ class FakeKvBackend(KvBackend):
         return SCAFFOLD_TOKENS + sum(len(_tokens(t)) + 1 for t in texts)
 
     def compile(
-        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None,
+        block_secret: bytes = b"",
     ) -> Cartridge:
         """Compile memories into a cartridge holding their UTF-8 bytes, in blocks of FAKE_BLOCK_MEMORIES memories.
 
@@ -142,7 +143,10 @@ class FakeKvBackend(KvBackend):
         refs, parent, reused = [], "", 0
         for index in range(num_blocks):
             chunk = texts[index * size : (index + 1) * size]
-            parent = block_id(parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()))
+            parent = block_id(
+                parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()),
+                secret=block_secret,
+            )
             tensors = _encode(chunk)
             data = blocks(parent) if blocks is not None and reused == index else None
             if data is not None:
@@ -221,6 +225,7 @@ class FakeKvBackend(KvBackend):
         max_new_tokens: int | None = None,
         questions: Sequence[str] = (),
         answer_max_new_tokens: int = 32,
+        block_secret: bytes = b"",
     ) -> ExtensionCheck:
         """The fake's re-reading of the new part: the verified blocks' memories from the cartridge, then the new
         memories from ``texts``; the "KV difference" is 0.0 when the cartridge's new memories are the texts', else 1.0."""
@@ -234,7 +239,7 @@ class FakeKvBackend(KvBackend):
         if isinstance(num_verified_blocks, bool) or not isinstance(num_verified_blocks, int) or not 0 <= num_verified_blocks <= len(refs):
             raise ConfigError(f"`num_verified_blocks` has to be an integer from 0 to {len(refs)} but got {num_verified_blocks!r}")
         size = header.block_size
-        expected = self._chain(texts)
+        expected = self._chain(texts, block_secret)
         chain_matches = [ref.block_id for ref in refs] == expected and header.num_tokens == self.count_tokens(texts)
         begin = num_verified_blocks * size
         held = list(cartridge.payload)
@@ -252,12 +257,14 @@ class FakeKvBackend(KvBackend):
             reread_s=reread_s, probe_s=time.perf_counter() - started - reread_s,
         )
 
-    def _chain(self, texts: list[str]) -> list[str]:
+    def _chain(self, texts: list[str], secret: bytes) -> list[str]:
         """The block ids compile() gives ``texts`` (the fake's blocks are FAKE_BLOCK_MEMORIES memories)."""
         size, key, parent, ids = FAKE_BLOCK_MEMORIES, key_digest(self._description.compat_key()), "", []
         for index in range((len(texts) - 1) // size):
             chunk = texts[index * size : (index + 1) * size]
-            parent = block_id(parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()))
+            parent = block_id(
+                parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()), secret=secret
+            )
             ids.append(parent)
         return ids
 

@@ -171,7 +171,8 @@ class TransformersKvBackend(KvBackend):
         return len(layout.encode(layout.prefix_text(layout.clean_memories(texts))))
 
     def compile(
-        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None,
+        block_secret: bytes = b"",
     ) -> Cartridge:
         """Prefill the memories' prompt prefix block by block on top of each other and keep the KV state.
 
@@ -192,7 +193,7 @@ class TransformersKvBackend(KvBackend):
         size = self.block_size
         num_blocks = num_full_blocks(len(ids), len(layout.encode(layout.closing_text())), size)
         compat = self._description.compat_key()
-        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(compat))
+        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(compat), secret=block_secret)
         num_layers = self.model.config.get_text_config().num_hidden_layers
         refs: list[BlockRef] = []
         reused: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []  # copied into the cache's buffers once
@@ -430,6 +431,7 @@ class TransformersKvBackend(KvBackend):
         max_new_tokens: int | None = None,
         questions: Sequence[str] = (),
         answer_max_new_tokens: int = 32,
+        block_secret: bytes = b"",
     ) -> ExtensionCheck:
         """Re-read the tokens after the first ``num_verified_blocks`` blocks once and compare (base.py).
 
@@ -457,7 +459,7 @@ class TransformersKvBackend(KvBackend):
         layout.check_split(memories, ids)
         size = header.block_size
         num_blocks = num_full_blocks(len(ids), len(layout.encode(layout.closing_text())), size)
-        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(self._description.compat_key()))
+        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(self._description.compat_key()), secret=block_secret)
         chain_matches = len(ids) == header.num_tokens and [ref.block_id for ref in refs] == [link for link, _ in links]
         state = self._payload(cartridge).state
         begin = num_verified_blocks * size

@@ -138,14 +138,16 @@ def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> WrappedKey:
 
     The first wrap of a process (per set of configured keys) verifies that the master key opens the keys
     already stored (memories.keyring): a process started with the wrong key refuses to write rather than
-    wrap keys the right process could never open. ``verify=False`` only for migrations, which run before
+    wrap keys the right process could never open. Every wrap checks that no rotation retired the key
+    (memories.models.MasterKeyRotation), so a process left behind by a rotation elsewhere refuses too. ``verify=False`` only for migrations, which run before
     every holder's table exists.
     """
+    current = master_key()
     if verify:
-        from memories.keyring import master_key_verify_once  # keyring imports this module
+        from memories.keyring import master_key_retired_check, master_key_verify_once  # keyring imports this module
 
         master_key_verify_once()
-    current = master_key()
+        master_key_retired_check(master_key_id(current))
     return WrappedKey(seal_box(current, data_key, aad=aad), master_key_id(current))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,41 @@ def master_key_verify_once() -> None:
         report.raise_if_unknown()
     with _verified_lock:
         _verified.add(known)
+
+
+# How long a passed check of the current key holds in one process: a batch wrapping 1,000 new subject keys checks
+# once, not 1,000 times. master_key_rotate waits longer than this after recording a rotation and before it
+# re-wraps, so once a rotation has finished every process has checked again and met it.
+RETIRED_CHECK_TTL_S = 1.0
+_retired_checked: dict[str, float] = {}  # key id -> time.monotonic() of the last check that passed
+
+
+def master_key_retired_check(key_id: str) -> None:
+    """Raise MasterKeyUnavailable when a rotation retired ``key_id`` after the last rotation back to it.
+
+    Runs before every wrap (one query on a table of a few rows, at most once per RETIRED_CHECK_TTL_S per
+    process): a process that verified its key before another process rotated it away wraps nothing more with it
+    once that rotation has finished (master_key_rotate records it, waits out the TTL, then re-wraps twice).
+    """
+    from memories.models import MasterKeyRotation  # keyring is imported before the app registry is ready
+
+    checked = _retired_checked.get(key_id)
+    if checked is not None and time.monotonic() - checked < RETIRED_CHECK_TTL_S:
+        return
+    retired_by = None
+    for target, retired in MasterKeyRotation.objects.order_by("id").values_list("master_key_id", "retired_key_ids"):
+        if target == key_id:
+            retired_by = None
+        elif key_id in retired:
+            retired_by = target
+    if retired_by is not None:
+        _retired_checked.pop(key_id, None)
+        master_key_verify_forget()
+        raise crypto.MasterKeyUnavailable(
+            f"`{MASTER_KEY_VARIABLE}` (master key id {key_id!r}) was retired by a rotation to master key id "
+            f"{retired_by!r}; start this process with the new key in `{MASTER_KEY_VARIABLE}`. Nothing was written."
+        )
+    _retired_checked[key_id] = time.monotonic()
 
 
 def master_key_verify_forget() -> None:

@@ -160,6 +160,25 @@ class ScopeKey(AppendOnlyModel):
         return self.shredded_at is not None
 
 
+class MasterKeyRotation(AppendOnlyModel):
+    """A master-key rotation, recorded before its re-wrap starts: the master keys it retired wrap nothing more.
+
+    ``crypto.wrap`` checks the rows before each wrap (memories.keyring.master_key_retired_check), so a process
+    still configured with a retired key, even one that verified it before the rotation, refuses to wrap a new key
+    that a process holding only the new key could never open.
+    """
+
+    master_key_id = models.CharField(max_length=16, help_text="id of the master key it rotated to")
+    retired_key_ids = models.JSONField(default=list, help_text="ids of the master keys it re-wrapped away from")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        triggers = append_only_triggers("masterkeyrotation_")
+
+    def __str__(self) -> str:
+        return f"rotation to master key {self.master_key_id} retiring {', '.join(self.retired_key_ids) or 'none'}"
+
+
 class Subject(AppendOnlyModel):
     """A person memories are about, within one scope. Holds its wrapped data key until shredded (one way).
 

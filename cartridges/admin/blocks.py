@@ -1,5 +1,7 @@
 """Stored blocks and retention prunes in the admin, read-only: which blocks a scope stores, whether each is live
-(its key exists) or destroyed and why, and what retention pruned. No block content is ever shown."""
+(its key exists) or destroyed and why, and what retention pruned. No block content is ever shown, nor a full block
+id or part digest: ids are keyed per scope (services/blocksecret.py) and only a short prefix is shown, to tell
+blocks apart; a destroyed block's id and digests are blank."""
 from __future__ import annotations
 
 from django.contrib import admin
@@ -12,14 +14,14 @@ from .common import ReadOnlyAdmin
 @admin.register(CartridgeBlock)
 class CartridgeBlockAdmin(ReadOnlyAdmin):
     list_display = ["id", "scope", "short_id", "first_position", "num_tokens", "stored_size_bytes", "live", "created_at"]
-    search_fields = ["scope__name", "block_id"]
+    search_fields = ["scope__name"]
     list_select_related = ["scope", "destruction"]
-    readonly_fields = ["scope", "block_id", "first_position", "num_tokens", "part_sha256", "sha256", "size_bytes",
-                       "stored_sha256", "stored_size_bytes", "storage_name", "created_at"]
+    fields = readonly_fields = ["scope", "short_id", "first_position", "num_tokens", "size_bytes", "stored_sha256",
+                                "stored_size_bytes", "storage_name", "created_at"]
 
-    @admin.display(description="block id")
+    @admin.display(description="block id (keyed, first 8 hex)")
     def short_id(self, obj: CartridgeBlock) -> str:
-        return obj.block_id[:16]
+        return obj.block_id[:8] or "(destroyed)"
 
     @admin.display(boolean=True, description="live")
     def live(self, obj: CartridgeBlock) -> bool:

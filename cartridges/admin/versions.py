@@ -162,12 +162,12 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
                     "configuration_label", "created_by", "created_at"]
     list_filter = ["scope", "quant", "dtype", "config_backend", "config_model"]
     list_select_related = ["scope", "created_by"]
-    search_fields = ["=id", "scope__name", "sha256"]
+    search_fields = ["=id", "scope__name"]
     ordering = ["-id"]
     inlines = [EvaluationInline, ActivationInline, DestructionInline]
     actions = ["evaluate", "activate", compile_scopes, rollback_scopes]
     fields = ["scope", "state", "configuration_label", "log_head", "num_memories", "num_tokens", "size_bytes",
-              "sha256", "payload_sha256", "stored_sha256", "storage_name", "manifest_digest", "manifest_summary",
+              "stored_sha256", "storage_name", "manifest_digest", "manifest_summary",
               "backend", "model_id", "dtype", "quant", "rope_config", "weights_fingerprint", "tokenizer_fingerprint",
               "template_fingerprint", "key_digest", "format_version", "supersedes", "created_by", "created_at"]
     readonly_fields = fields

@@ -27,8 +27,14 @@ from core.errors import Conflict, MnesioError
 from kvengine import ANSWER_MODES, ContextTooLongError
 from kvengine.errors import OverloadedError
 from memories import crypto
-from memories.models import Subject
-from memories.selectors import legacy_subjects_in_scope, log_head, scope_memories_open, subject_id_variants
+from memories.models import Memory, Scope, Subject
+from memories.selectors import (
+    legacy_subjects_in_scope,
+    log_head,
+    memory_keys_forgotten_lock,
+    scope_memories_open,
+    subject_id_variants,
+)
 from memories.services import subject_id_validate
 
 from .. import conf, engine, prometheus
@@ -193,16 +199,19 @@ def evaluation_case_subjects_resolve(*, scope, subjects: object) -> list[Subject
     return list(rows.values())
 
 
-def _subjects_quoted(*, scope, answers: list[str]) -> set[int]:
-    """Subject rows (pks) of the scope whose memory text contains an accepted answer (normalized, whole words)."""
+def _memories_quoted(*, scope, question: str, answers: list[str]) -> list[tuple[int, int | None]]:
+    """(seq, subject pk) of the scope's memories a case quotes: an accepted answer in their text, or their whole
+    text in the question (normalized as the gate's ``normalize``, whole words)."""
     wanted = [f" {n} " for n in (normalize(a) for a in answers) if n]
-    found: set[int] = set()
+    asked = f" {normalize(question)} "
+    found = []
     for memory in scope_memories_open(scope=scope, as_of=log_head()):
-        if memory.erased or memory.subject_id is None or memory.subject_id in found:
+        if memory.erased:
             continue
-        text = f" {normalize(memory.text)} "
-        if any(w in text for w in wanted):
-            found.add(memory.subject_id)
+        said = normalize(memory.text)
+        text = f" {said} "
+        if any(w in text for w in wanted) or (said and f" {said} " in asked):
+            found.append((memory.seq, memory.subject_id))
     return found
 
 
@@ -212,8 +221,10 @@ def evaluation_case_add(
     """Attach a sealed evaluation case to ``scope`` for the gate, linked to the subjects it concerns.
 
     The subjects are ``subjects`` (external ids with memories in the scope) plus every subject whose memory
-    quotes an accepted answer now; erasing any of them erases the case (services.forget). The subject rows
-    are locked while the case is linked, so an erasure either sees the link or is seen here (refused).
+    quotes an accepted answer now; the memories are those _memories_quoted finds. Erasing any of those subjects,
+    forgetting any of those memories or deleting the scope erases the case (services.forget). The subject rows
+    and the memories' own keys are locked while the case is linked, so an erasure either sees the link or is
+    seen here (refused).
     """
     question = question_validate(question)
     if not isinstance(answers, list) or not answers:
@@ -222,14 +233,22 @@ def evaluation_case_add(
         raise MnesioError("`answers` has to hold only non-empty strings", extra={"field": "answers"})
     answers = [a.strip() for a in answers]
     given = evaluation_case_subjects_resolve(scope=scope, subjects=subjects) if subjects is not None else []
-    subject_ids = {s.pk for s in given} | _subjects_quoted(scope=scope, answers=answers)
+    quoted = _memories_quoted(scope=scope, question=question, answers=answers)
+    subject_ids = {s.pk for s in given} | {subject_id for _, subject_id in quoted if subject_id is not None}
     with transaction.atomic():
+        # the scope row first: a deletion committed before is seen here; one after waits and then erases this case
+        if not Scope.objects.select_for_update().filter(pk=scope.pk, deleted_at__isnull=True).exists():
+            raise Conflict(f"scope '{scope.name}' was deleted; a case about it is refused", extra={"field": "scope"})
         linked = list(Subject.objects.select_for_update().filter(pk__in=subject_ids).order_by("pk"))
         erased = sorted(s.external_id for s in linked if s.is_shredded)
         if erased:  # erased between the checks above and this lock
             raise Conflict(f"`subjects` {erased} were erased; a case about them is refused", extra={"field": "subjects"})
+        # a memory forgotten since it was read above: its shred committed, so its erasure may have run already
+        forgotten = memory_keys_forgotten_lock(seqs=[seq for seq, _ in quoted])
+        if forgotten:
+            raise Conflict("a memory this case quotes was forgotten; a case about it is refused", extra={"field": "answers"})
         case = EvaluationCase.objects.create(
-            scope=scope, created_by=actor if getattr(actor, "is_authenticated", False) else None
+            scope=scope, created_by=actor if getattr(actor, "is_authenticated", False) else None, memories_recorded=True
         )
         # the associated data names the row, so the key and the content are sealed once the id exists
         key = crypto.new_data_key()
@@ -239,6 +258,7 @@ def evaluation_case_add(
             wrapped_key=wrapped, wrapped_by=wrapped_by, sealed=crypto.seal_box(key, content, aad=evaluation_case_aad(case.pk, "content"))
         )
         case.subjects.set(linked)
+        case.memories.set(Memory.objects.filter(seq__in=[seq for seq, _ in quoted]))
     case.refresh_from_db()
     log.info("evaluation case added id=%s scope=%s num_subjects=%d", case.pk, scope.pk, len(linked))
     return case

@@ -40,6 +40,7 @@ from .. import conf, engine
 from ..models import CartridgeBlob, CartridgeBlock, CartridgeVersion, CartridgeVersionBlock, CartridgeVersionSubject
 from ..selectors import ActiveConfiguration, active_configuration, active_version
 from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep, block_lookup, scope_blocks_live
+from .blocksecret import scope_block_secret
 from .errors import ContextTooLong, NothingToCompile
 
 log = logging.getLogger("cartridges")
@@ -125,20 +126,23 @@ def key_digest(compat_key: dict[str, str]) -> str:
     return engine_key_digest(compat_key)
 
 
-def compile_parts(*, backend, data: CompileInput, scope=None) -> tuple[Any, CartridgeParts]:
-    """Compile (reusing the scope's stored blocks when ``scope`` is given) and serialize by parts; the blocks the
-    scope stores already are not serialized again (their bytes are None: _version_store links their rows)."""
-    if scope is None:
-        cartridge = compile_cartridge(backend=backend, data=data)
+def compile_parts(*, backend, data: CompileInput, scope, reuse: bool = True) -> tuple[Any, CartridgeParts]:
+    """Compile under the scope's block-id secret (reusing its stored blocks unless ``reuse`` is False) and serialize
+    by parts; the blocks the scope stores already are not serialized again (their bytes are None: _version_store
+    links their rows)."""
+    secret = scope_block_secret(scope=scope)
+    if not reuse:
+        cartridge = compile_cartridge(backend=backend, data=data, block_secret=secret)
         return cartridge, backend.dump_parts(cartridge)
     live = scope_blocks_live(scope=scope)
-    cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=live))
+    cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=live), block_secret=secret)
     stored = {BlockRef(row.block_id, row.first_position, row.num_tokens, row.part_sha256) for row, _ in live.values()}
     return cartridge, backend.dump_parts(cartridge, stored=stored)
 
 
-def compile_cartridge(*, backend, data: CompileInput, blocks=None):
-    """Run the backend over the texts (reusing ``blocks``, a kvengine BlockLookup) and return the Cartridge."""
+def compile_cartridge(*, backend, data: CompileInput, blocks=None, block_secret: bytes = b""):
+    """Run the backend over the texts (reusing ``blocks``, a kvengine BlockLookup; block ids keyed by
+    ``block_secret``, services/blocksecret.py) and return the Cartridge."""
     limit = backend.describe().max_context_tokens
     num_tokens = backend.count_tokens(data.texts)
     if num_tokens > limit:
@@ -148,7 +152,7 @@ def compile_cartridge(*, backend, data: CompileInput, blocks=None):
             extra={"field": "scope", "num_tokens": num_tokens, "limit": limit},
         )
     try:
-        return backend.compile(data.texts, log_head=data.head, blocks=blocks)
+        return backend.compile(data.texts, log_head=data.head, blocks=blocks, block_secret=block_secret)
     except ContextTooLongError as exc:
         raise ContextTooLong(str(exc), extra={"field": "scope", "num_tokens": exc.num_tokens, "limit": exc.limit}) from None
     except EmptyInputError as exc:
@@ -374,5 +378,5 @@ def cartridge_rebuild(*, version: CartridgeVersion) -> RebuildResult:
         )
     if version.block_size and getattr(backend, "block_size", version.block_size) != version.block_size:
         backend = backend.variant(block_size=version.block_size)  # the same weights, cut as the version was
-    _, parts = compile_parts(backend=backend, data=data)  # from scratch: no stored block is reused
+    _, parts = compile_parts(backend=backend, data=data, scope=version.scope, reuse=False)  # from scratch: no stored block is reused
     return RebuildResult(version_id=version.pk, expected_sha256=version.sha256, rebuilt_sha256=parts.digest, size_bytes=parts.size_bytes)

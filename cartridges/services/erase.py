@@ -18,8 +18,14 @@ subject is already forgotten by every cartridge, and processing the request agai
 Safe to run twice: destruction is idempotent and a second compile at the same head finds the first.
 
 Why the rebuilt blob equals one compiled from a log that never held the subject: a compile depends only
-on the surviving texts in seq order and the head written into the header (no scope name, no labels), so
-another scope holding the same other memories, compiled at the same head, gives the same bytes.
+on the surviving texts in seq order, the head written into the header (no scope name, no labels) and the scope's
+block-id secret, so another scope holding the same other memories under the same secret, compiled at the same head,
+gives the same bytes (under its own secret: the same KV, ``payload_sha256``, with other block ids).
+
+What outlives a destruction forgets what it digested: a destroyed block's id and part digests are blanked
+(block_destroy), an erasure blanks the digests of every version it destroys, evaluations record verified blocks
+by row, and deleting a scope shreds its block secret (services/blocksecret.py), so no stored value lets anyone,
+master key or not, test a guess of erased text.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from memories.selectors import erasure_request_memories, erasure_request_subject
 from .. import engine
 from ..models import (
     CartridgeActivation,
+    CartridgeBlob,
     CartridgeBlock,
     CartridgeBlockDestruction,
     CartridgeDestruction,
@@ -43,6 +50,7 @@ from ..models import (
 )
 from ..storage import blob_destroy
 from .activate import cartridge_activate
+from .blocksecret import scope_block_secret_shred
 from .compile import cartridge_compile
 from .errors import NothingToCompile
 from .forget import answer_requests_discard, evaluation_cases_forget
@@ -77,6 +85,12 @@ def cartridge_destroy(
     for block in targets:
         block_destroy(block=block, reason=reason, erasure_request=erasure_request)
     engine.cartridge_forget(version_id=version.pk)
+    if erasure_request is not None:
+        # the version digest commits to every block id and the tail's KV, the payload digest to every part's
+        # tensors: both are functions of the erased text (an operator's destruction keeps them for cartridge_rebuild)
+        CartridgeVersion.objects.filter(pk=version.pk).exclude(sha256="", payload_sha256="")._privileged_update(
+            sha256="", payload_sha256=""
+        )
     existing = CartridgeDestruction.objects.filter(version=version).first()
     if existing is not None:
         return existing
@@ -95,8 +109,15 @@ def cartridge_destroy(
 
 
 def block_destroy(*, block: CartridgeBlock, reason: str, erasure_request: ErasureRequest | None = None) -> None:
-    """Delete a block's blob and key and record it (the row stays); safe to run twice."""
+    """Delete a block's blob and key, blank its id and digests, and record it (the row stays); safe to run twice.
+
+    The id and the part's digests are functions of the token ids up to the block's end: kept after the bytes are
+    gone they would let whoever holds the scope's block secret test a guess of erased text.
+    """
     blob_destroy(storage_name=block.storage_name)
+    CartridgeBlock.objects.filter(pk=block.pk).exclude(block_id="", part_sha256="", sha256="")._privileged_update(
+        block_id="", part_sha256="", sha256=""
+    )
     try:
         with transaction.atomic():
             CartridgeBlockDestruction.objects.get_or_create(
@@ -145,14 +166,20 @@ def versions_holding(*, subjects: list[Subject] | None = None, memories=None) ->
 def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
     """Destroy every cartridge holding the erased subjects, then recompile, gate and activate their scopes.
 
-    First the derived copies that are not cartridges: the evaluation cases linked to the subjects are
-    forgotten (their keys destroyed) and the pending answer requests of the scopes holding the subjects'
-    memories are discarded, so no rebuild gates with them and nothing sealed outlives the erasure.
+    First the derived copies that are not cartridges: the evaluation cases about what was erased (linked to an
+    erased subject, quoting a forgotten memory, or of a deleted scope) are forgotten (their keys destroyed) and
+    the pending answer requests of the scopes holding erased memories are discarded, so no rebuild gates with
+    them and nothing sealed outlives the erasure. A deleted scope's remaining blobs are destroyed too.
     """
     subjects = erasure_request_subjects(erasure_request=erasure_request)
     erased = erasure_request_memories(erasure_request=erasure_request)
-    evaluation_cases_forget(subject_ids=[subject.pk for subject in subjects])
-    answer_requests_discard(scope_ids=sorted(set(erased.values_list("scope_id", flat=True))))
+    deleted_scope_ids = [erasure_request.scope_id] if erasure_request.kind == ErasureKind.SCOPE else []
+    evaluation_cases_forget(
+        subject_ids=[subject.pk for subject in subjects],
+        memory_seqs=[erasure_request.memory_id] if erasure_request.kind == ErasureKind.MEMORY else [],
+        scope_ids=deleted_scope_ids,
+    )
+    answer_requests_discard(scope_ids=sorted(set(erased.values_list("scope_id", flat=True)) | set(deleted_scope_ids)))
     versions = versions_holding(memories=erased)
     # a deleted scope is not rebuilt: every cartridge of it is destroyed and none replaces it
     rebuild = erasure_request.kind != ErasureKind.SCOPE
@@ -183,6 +210,12 @@ def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
                 affected[version.scope_id] = version.scope
             cartridge_destroy(version=version, erasure_request=erasure_request, reason=reason + " (shared block)", from_block=index)
             versions.append(version)
+    # a deleted scope keeps no stored bytes at all: blobs no version row names (an unfinished compile's, a block
+    # of a pruned chain) go too, not only those of the versions holding its memories
+    for storage_name in CartridgeBlob.objects.filter(scope_id__in=deleted_scope_ids).values_list("storage_name", flat=True):
+        blob_destroy(storage_name=storage_name)
+    for scope_id in deleted_scope_ids:  # every block id of the scope becomes a keyed hash under a key nobody has
+        scope_block_secret_shred(scope_id=scope_id)
     failures = []
     for scope in affected.values():
         try:

@@ -32,9 +32,10 @@ checks and tokens re-read as text).
 - **full**: checks 1-7 above. The probes compare with ONE re-reading of every memory as text, in one pass
   independent of compile (KvBackend.fidelity: each probe's answer is teacher-forced through it), and each case's
   text answer re-reads every memory with its question.
-- **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are, by id AND part
-  digest, blocks that an earlier version of the same scope had verified, by a passing evaluation (full or
-  incremental) made under the active configuration since it became active (``figures["verified_blocks"]``), of a
+- **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are the very block rows
+  (one row: one keyed id and part digest of the scope) that an earlier version of the same scope had verified, by a
+  passing evaluation (full or incremental) made under the active configuration since it became active
+  (``figures["verified_blocks"]``: row ids, never block ids or digests, which would outlive an erasure), of a
   version that never failed a full gate (a scheduled full gate that fails after an incremental pass withdraws it).
   Checks 1-4 as always; then, through ``KvBackend.verify_extension``, (a) the header's block ids are the chain of
   this version's own memories' token ids and its token count theirs; (b) the new part, from the first
@@ -100,7 +101,7 @@ from kvengine.text import normalize_answer as normalize  # noqa: F401 - still im
 from memories.selectors import scope_memories_open
 
 from .. import conf, engine
-from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion
+from ..models import CartridgeDestruction, CartridgeEvaluation, CartridgeVersion, CartridgeVersionBlock
 from ..selectors import (
     ActiveConfiguration,
     active_configuration,
@@ -110,6 +111,7 @@ from ..selectors import (
     version_erased_subjects,
 )
 from ..storage import BlobTampered, BlobUnavailable, version_parts_read
+from .blocksecret import scope_block_secret
 from .compile import key_digest
 
 
@@ -211,8 +213,14 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
             "tokens_reread": (result.figures.get("incremental") or {}).get("num_new_tokens", 0),
         }
     # what this evaluation vouches for, when it passes: every block of the version (a later version's parent)
-    result.figures["verified_blocks"] = [[ref.block_id, ref.sha256] for ref in refs]
+    # by block row: an id or digest here would outlive the block's destruction in an immutable row (services/erase.py)
+    result.figures["verified_blocks"] = _block_rows(version)
     return result
+
+
+def _block_rows(version: CartridgeVersion) -> list[int]:
+    """The CartridgeBlock pks of ``version``'s blocks in order: one row is one (keyed id, part digest) of one scope."""
+    return list(CartridgeVersionBlock.objects.filter(version=version).order_by("index").values_list("block_id", flat=True))
 
 
 @dataclass
@@ -248,11 +256,11 @@ def _incremental_plan(*, version: CartridgeVersion, config: ActiveConfiguration,
     ).values("version_id")
     candidates = candidates.exclude(version_id__in=failed)
     best = _Plan(reason="no earlier version of the scope that passed the gate under the active configuration shares its first block")
-    mine = [[ref.block_id, ref.sha256] for ref in refs]
+    mine = _block_rows(version)
     for evaluation in candidates[:MAX_PARENT_CANDIDATES]:
         verified = evaluation.figures.get("verified_blocks") or []
         num = 0
-        while num < min(len(verified), len(mine)) and list(verified[num]) == mine[num]:
+        while num < min(len(verified), len(mine)) and verified[num] == mine[num]:
             num += 1
         if num > best.num_verified_blocks:
             best = _Plan(parent=evaluation, num_verified_blocks=num)
@@ -313,7 +321,7 @@ def _incremental_checks(*, version: CartridgeVersion, backend, config, plan: _Pl
     started = time.perf_counter()
     try:
         check = backend.verify_extension(
-            cartridge, texts, probes, num_verified_blocks=plan.num_verified_blocks,
+            cartridge, texts, probes, num_verified_blocks=plan.num_verified_blocks, block_secret=scope_block_secret(scope=version.scope),
             max_new_tokens=conf.gate_fidelity_max_new_tokens(), questions=[c.question for c in cases], answer_max_new_tokens=max_new,
         )
     except KvError as exc:

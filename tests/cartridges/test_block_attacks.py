@@ -6,7 +6,7 @@
 - A compile that reuses a block of a version being pruned (services/retention.py, "Races") ends with every block
   it links live, whichever side takes the block's key row first; nothing is left without a version or a record;
   and the two lock the shared key rows in one order, whatever plan each query gets (no deadlock).
-- Blocks are per scope: identical memories in two scopes give identical block ids but never one shared row, and
+- Blocks are per scope: identical memories in two scopes give unrelated block ids (keyed per scope), never one shared row, and
   an erasure in one scope leaves the other's identical version whole.
 
 The fake backend cuts blocks of 4 memories (kvengine.fake.FAKE_BLOCK_MEMORIES): 9 memories give blocks b0 b1 and a
@@ -439,17 +439,18 @@ def test_a_scope_never_finds_or_links_another_scopes_identical_block(scope_a, ap
     _fill(theirs, append, 9)
     mine = cartridge_compile(scope=scope_a)
     mine_ids = [link.block.block_id for link in _links(mine)]
-    # the same memories give the same chain ids, yet tenant-b's lookup finds none of them before it stores its own
+    # tenant-b's lookup finds none of A's blocks before it stores its own
     lookup = block_lookup(scope=theirs, live=scope_blocks_live(scope=theirs))
     assert scope_blocks_live(scope=theirs) == {} and [lookup(block_id) for block_id in mine_ids] == [None, None]
     other = cartridge_compile(scope=theirs)
     other_links = _links(other)
-    assert [link.block.block_id for link in other_links] == mine_ids  # identical content...
+    # identical content (the same tensors)...
+    assert [link.block.part_sha256 for link in other_links] == [link.block.part_sha256 for link in _links(mine)]
+    assert not {link.block.block_id for link in other_links} & set(mine_ids)  # ...under ids keyed per scope...
     assert {link.block.scope_id for link in other_links} == {theirs.pk}  # ...in rows of its own
     assert not {link.block_id for link in other_links} & {link.block_id for link in _links(mine)}
     assert all(link.block.storage_name.startswith(f"scope-{theirs.pk}/") for link in other_links)
     assert CartridgeBlob.objects.filter(scope=theirs).count() == 3  # b0, b1 and its tail: nothing borrowed
-    assert version_parts_read(version=other)[1] == version_parts_read(version=mine)[1]  # the same block bytes, stored twice
 
 
 @pytest.mark.django_db
@@ -474,14 +475,14 @@ def test_a_link_to_another_scopes_block_inserted_by_sql_is_refused_at_read(scope
 @pytest.mark.django_db
 def test_erasing_a_subject_in_one_scope_leaves_another_scopes_identical_version_whole(scope_a, append, fake_engine):
     theirs = scope_create(name="tenant-b")
-    for scope in (scope_a, theirs):  # the same subject id and the same texts in both: identical block ids
+    for scope in (scope_a, theirs):  # the same subject id and the same texts in both: identical block contents
         _fill(scope, append, 3)
         append(scope, "Dana's locker code is 4417.", subject="dana")  # block 0
         _fill(scope, append, 5, start=3)
         cartridge_activate(version=cartridge_compile(scope=scope))
     mine, other = active_version(scope=scope_a), active_version(scope=theirs)
     other_links = _links(other)
-    assert [link.block.block_id for link in other_links] == [link.block.block_id for link in _links(mine)]
+    assert [link.block.part_sha256 for link in other_links] == [link.block.part_sha256 for link in _links(mine)]
     other_bytes = blob_read(version=other)
 
     request = erasure_request_file(subject="dana", requested_by=None, reason="asked", scope=scope_a)

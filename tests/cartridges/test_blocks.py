@@ -21,6 +21,7 @@ from cartridges.services.scope_settings import scope_settings_update
 from cartridges.storage import blob_exists, blob_read, version_parts_read
 from core.errors import MnesioError
 from memories.services import erasure_request_file, erasure_request_process, scope_create
+from tests.cartridges.conftest import share_block_secret
 
 pytestmark = pytest.mark.django_db
 
@@ -37,6 +38,7 @@ def _live_blocks(scope) -> set[str]:
 
 def test_versions_of_a_growing_scope_store_each_block_once(scope_a, append, fake_engine, blob_root):
     other = scope_create(name="scratch")  # the same log in a scope that stores nothing else (filled first: lower seqs)
+    share_block_secret(source=scope_a, target=other)  # block ids are keyed per scope: equal bytes need one secret
     _fill(other, append, 13)
     _fill(scope_a, append, 9)
     first = cartridge_compile(scope=scope_a)
@@ -75,15 +77,20 @@ def test_an_incremental_compile_serializes_only_the_blocks_the_scope_does_not_st
 def test_another_scopes_blocks_are_never_reused(scope_a, append, fake_engine, blob_root):
     other = scope_create(name="tenant-b")
     _fill(other, append, 9)
-    cartridge_compile(scope=other)
-    _fill(scope_a, append, 9)  # the same texts: the same block ids
+    theirs = cartridge_compile(scope=other)
+    _fill(scope_a, append, 9)  # the same texts: the same token ids, under another scope's block secret
     mine = cartridge_compile(scope=scope_a)
     blocks = CartridgeBlock.objects.filter(version_links__version=mine)
     assert blocks.count() == 2 and set(blocks.values_list("scope_id", flat=True)) == {scope_a.pk}
+    # equal texts in two scopes give unrelated ids: an id of one scope says nothing about another's content
+    their_ids = set(CartridgeBlock.objects.filter(version_links__version=theirs).values_list("block_id", flat=True))
+    assert their_ids and not their_ids & set(blocks.values_list("block_id", flat=True))
+    assert theirs.payload_sha256 == mine.payload_sha256  # while the KV itself is the same
 
 
 def test_erasure_destroys_the_blocks_an_erased_memory_reaches_and_keeps_the_ones_before(scope_a, append, fake_engine, blob_root):
     never = scope_create(name="never-dana")  # the log without Dana, filled first (lower seqs)
+    share_block_secret(source=scope_a, target=never)
     _fill(never, append, 8)
     _fill(never, append, 4, start=9)
     _fill(scope_a, append, 8)  # blocks 0 and 1 hold no subject memory

@@ -12,6 +12,7 @@ from memories.models import ErasureStatus
 from memories.registry import view_rebuilders
 from memories.selectors import erasure_request_status, log_head, scope_head
 from memories.services import erasure_request_file, erasure_request_process, scope_create
+from tests.cartridges.conftest import share_block_secret
 
 pytestmark = pytest.mark.django_db
 
@@ -40,6 +41,7 @@ def test_it_registers_the_rebuilder_with_the_log():
 def test_it_destroys_and_rebuilds_cartridges_holding_an_erased_subject(scope_a, append, fake_engine, blob_root):
     # a log that never held Dana's memories: the same other memories in another scope, below the same head
     clean_scope = scope_create(name="never-dana")
+    share_block_secret(source=scope_a, target=clean_scope)  # block ids are keyed per scope
     for text in OTHERS:
         append(clean_scope, text)
     _log_with_dana(scope_a, append)

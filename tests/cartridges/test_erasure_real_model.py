@@ -7,6 +7,7 @@ from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, evaluation_case_add
 from cartridges.storage import blob_exists, blob_read
 from memories.services import erasure_request_file, erasure_request_process, scope_create
+from tests.cartridges.conftest import share_block_secret
 
 pytestmark = [pytest.mark.django_db, pytest.mark.model]
 
@@ -22,6 +23,7 @@ def test_it_forgets_an_erased_fact_on_the_real_model(scope_a, append, real_engin
     settings.MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = 4
     settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 16
     clean = scope_create(name="never-dana")  # the same other memories, below the rebuilt version's head
+    share_block_secret(source=scope_a, target=clean)  # block ids are keyed per scope
     for text in OTHERS:
         append(clean, text)
     append(scope_a, OTHERS[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cartridges import engine
-from cartridges.models import CartridgeEvaluation
+from cartridges.models import CartridgeBlock, CartridgeEvaluation
 from cartridges.selectors import active_version
 from cartridges.services import (
     GateFailed,
@@ -134,15 +134,16 @@ def test_a_configuration_switch_makes_the_next_gate_full(verified, scope_a, appe
     assert evaluation.passed and evaluation.figures["gate"] == "full"
 
 
-def test_a_block_whose_id_matches_but_whose_digest_does_not_is_not_verified(verified, scope_a, append):
-    # a forged passing evaluation that claims the parent's block id with other bytes
+def test_a_block_named_by_id_and_digest_instead_of_its_row_is_not_verified(verified, scope_a, append):
+    # a forged passing evaluation that names the parent's first block by id and some digest, not by its row
     real = CartridgeEvaluation.objects.get(version=verified)
-    block_id, _ = real.figures["verified_blocks"][0]
+    (row_id, *_) = real.figures["verified_blocks"]
+    block = CartridgeBlock.objects.get(pk=row_id)
     append(scope_a, FACTS[5])
     v2 = cartridge_compile(scope=scope_a)
     forged = CartridgeEvaluation.objects.create(
         version=verified, passed=True, reasons=[], config_key=real.config_key,
-        figures={"gate": "full", "verified_blocks": [[block_id, "0" * 64]]},
+        figures={"gate": "full", "verified_blocks": [[block.block_id, "0" * 64]]},
     )
     evaluation = cartridge_evaluate(version=v2, gate="auto")
     assert evaluation.figures["incremental"]["parent_evaluation_id"] == real.pk != forged.pk

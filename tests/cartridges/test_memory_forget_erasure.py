@@ -21,6 +21,7 @@ from memories.services import (
     scope_create,
     scope_delete_file,
 )
+from tests.cartridges.conftest import share_block_secret
 
 pytestmark = pytest.mark.django_db
 
@@ -44,6 +45,7 @@ def _forget(scope, seq):
 
 def test_forgetting_a_memory_destroys_and_rebuilds_every_cartridge_holding_it(scope_a, fake_engine, blob_root):
     clean = scope_create(name="never-had-it")
+    share_block_secret(source=scope_a, target=clean)  # block ids are keyed per scope
     memories_append_batch(scope=clean, items=[{"content": OTHERS[0]}, {"content": OTHERS[1], "subject": "dana"},
                                               {"content": OTHERS[2]}])
     seq = _log_with_secret(scope_a)

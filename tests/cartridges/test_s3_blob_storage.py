@@ -191,3 +191,30 @@ def test_a_large_blob_goes_up_in_parts_and_comes_back_whole(moto_s3, bucket):
         assert hashlib.sha256(fh.read()).digest() == hashlib.sha256(data).digest()
     storage.delete("scope-0/large.kvc")
     assert moto_s3.keys(bucket) == [] and moto_s3.all_versions(bucket) == []
+
+
+def test_it_deletes_every_version_on_a_retry_after_the_delete_marker_was_written(moto_s3, scope_a, fake_engine,
+                                                                                 settings, monkeypatch):
+    """A destroy whose first attempt wrote the delete marker and then failed to list the versions: the key now
+    looks absent (exists() is False), and the retry still has to delete the object's old version."""
+    from cartridges.s3 import CartridgeS3Storage
+
+    name = moto_s3.bucket(versioned=True)
+    settings.STORAGES = {**settings.STORAGES, "cartridges": moto_s3.storage_setting(name)}
+    version = _served(scope_a)
+    listing = CartridgeS3Storage._versions
+
+    def listing_fails(self, key):
+        raise OSError(5, "S3 timed out listing versions")
+
+    monkeypatch.setattr(CartridgeS3Storage, "_versions", listing_fails)
+    with pytest.raises(BlobStorageUnavailable):
+        blob_destroy(storage_name=version.storage_name)
+    assert not blob_storage().exists(version.storage_name)  # the delete marker hides the key
+    assert len(moto_s3.all_versions(name)) == 2  # the object's version and the marker
+    assert CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()  # not reported destroyed
+
+    monkeypatch.setattr(CartridgeS3Storage, "_versions", listing)
+    blob_destroy(storage_name=version.storage_name)
+    assert moto_s3.all_versions(name) == []  # the old version is gone too, not only hidden
+    assert not CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()

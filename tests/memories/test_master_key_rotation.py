@@ -56,3 +56,65 @@ def test_it_keeps_every_memory_openable_across_a_master_key_rotation(settings, s
     out = io.StringIO()
     call_command("rotate_master_key", stdout=out)  # re-running is a no-op
     assert "re-wrapped 0 key(s)" in out.getvalue()
+
+
+LEFT_BEHIND = """
+import sys
+from memories.models import Scope
+from memories.services import memory_append
+scope = Scope.objects.get(name="scope-a")
+memory_append(scope=scope, subject="erin", content="written before the rotation")  # verifies the old key here
+print("ready", flush=True)
+sys.stdin.readline()  # another process rotates meanwhile
+try:
+    memory_append(scope=scope, subject="zed", content="written after the rotation finished")
+except Exception as exc:
+    print(f"refused: {type(exc).__name__}: {exc}", flush=True)
+else:
+    print("appended", flush=True)
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_wrap_with_the_retired_key_in_a_process_left_behind_by_a_rotation(settings, scope_a, tmp_path):
+    """Two processes: one verified the old key before another rotated; after the rotation it wraps nothing more
+    with the retired key, so a process holding only the new key opens every stored key."""
+    import base64
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from django.conf import settings as django_settings
+
+    from tests.cartridges.test_worker import _database_url
+
+    old = crypto.master_key()
+    memory_append(scope=scope_a, subject="dana", content="Dana's locker code is 4417.")
+    env = {**os.environ, "DATABASE_URL": _database_url(), "MNESIO_DATA_DIR": str(django_settings.DATA_DIR),
+           "MNESIO_MASTER_KEY": base64.urlsafe_b64encode(old).decode()}
+    env.pop("MNESIO_MASTER_KEY_OLD", None)
+    log = tmp_path / "behind.log"  # a file, not a pipe: its log lines never fill a buffer and block it
+    behind = subprocess.Popen([sys.executable, "manage.py", "shell", "--no-imports", "-c", LEFT_BEHIND], cwd=Path(__file__).resolve().parents[2],
+                              env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"))
+    try:
+        assert behind.stdout.readline().strip() == "ready", log.read_text()[-3000:]
+        settings.MNESIO_MASTER_KEY, settings.MNESIO_MASTER_KEY_OLD = NEW_KEY, old
+        call_command("rotate_master_key", stdout=io.StringIO())  # this process rotates, and finishes
+        behind.stdin.write("go\n")
+        behind.stdin.flush()
+        outcome = behind.stdout.readline().strip()
+        assert behind.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if behind.poll() is None:
+            behind.kill()
+    assert outcome.startswith("refused: MasterKeyUnavailable") and "MNESIO_MASTER_KEY" in outcome, outcome
+    assert not Memory.objects.filter(subject__external_id="zed").exists()
+    # the old key is retired everywhere: a process with only the new key opens every stored key
+    settings.MNESIO_MASTER_KEY, settings.MNESIO_MASTER_KEY_OLD = NEW_KEY, None
+    from memories import keyring
+
+    assert keyring.master_key_verify().ok
+    assert [m.text for m in scope_memories_open(scope=scope_a)] == [
+        "Dana's locker code is 4417.", "written before the rotation",
+    ]

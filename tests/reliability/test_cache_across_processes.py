@@ -1,9 +1,9 @@
-"""Other processes keep an erased cartridge in memory (issue 11, item 10).
+"""Other processes keep no erased cartridge or block in memory.
 
-Before the fix a web process's LRU still held the destroyed version's decrypted KV after another process (a
-worker) processed the erasure; serving was refused by the database check, but the decrypted state stayed in
-memory. Now every request and task first drops cached versions that were destroyed or list an erased
-subject (cartridges.engine.cartridges_purge_destroyed). Two real processes: this test process plays the
+A web process's LRU of loaded versions and its cache of decrypted block parts would otherwise keep a destroyed
+version's or block's KV after another process (a worker) processed the erasure: serving is refused by the
+database check, but the decrypted state would stay in memory. Every request and task first drops cached versions
+and blocks that were destroyed (cartridges.engine.cartridges_purge_destroyed). Two real processes: this test process plays the
 worker, a second Python process plays the web process and handles one real request through Django's
 handler after the erasure.
 """
@@ -20,7 +20,13 @@ from django.conf import settings as django_settings
 
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_compile
-from memories.services import erasure_request_file, erasure_request_process, memory_append
+from memories.services import (
+    erasure_request_file,
+    erasure_request_process,
+    memory_append,
+    memory_forget_file,
+    scope_delete_file,
+)
 
 from .conftest import _database_url
 
@@ -96,4 +102,87 @@ def test_a_web_process_drops_a_version_destroyed_by_another_process_within_one_r
     record_figures(
         scenario="destroyed cartridge in another process's LRU",
         requests_until_dropped=1, cached_before=loaded["cached"], cached_after=after["cached"],
+    )
+
+
+BLOCK_WEB_PROCESS = r"""
+import json, os, sys
+import django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
+django.setup()
+from django.test import Client
+from cartridges import engine, storage
+from cartridges.services import cartridge_answer
+from memories.models import Scope
+
+def cached():
+    return {"versions": sorted({key[0] for key in engine._cartridges}), "blocks": sorted(storage._block_cache)}
+
+scope = Scope.objects.get(name=sys.argv[1])
+answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
+print(json.dumps({"step": "loaded", "version": answer.version_id, **cached()}), flush=True)
+sys.stdin.readline()  # the other process erases meanwhile
+status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+print(json.dumps({"step": "after_one_request", "status": status, **cached()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("kind", "lru_size"), [("subject", 8), ("subject", 0), ("memory", 8), ("scope", 8)],
+                         ids=["subject-lru-on", "subject-lru-off", "memory", "scope"])
+def test_a_web_process_drops_blocks_destroyed_by_another_process_within_one_request(
+    fake_row, scope_a, blob_root, record_figures, kind, lru_size
+):
+    from cartridges.models import CartridgeVersionBlock
+
+    for i in range(4):  # the fake backend cuts blocks of 4 memories: bob's memory starts the second block
+        memory_append(scope=scope_a, content=f"Fact {i}: locker {i} holds item {i * 7}.")
+    bobs = memory_append(scope=scope_a, subject="bob", content="Bob's locker code is 4417.")
+    for i in range(4, 8):
+        memory_append(scope=scope_a, content=f"Fact {i}: locker {i} holds item {i * 7}.")
+    version = cartridge_compile(scope=scope_a)
+    cartridge_activate(version=version)
+    first, second = (link.block.storage_name for link in CartridgeVersionBlock.objects.filter(version=version).order_by("index"))
+
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "MNESIO_KV_BACKEND": "fake",
+        "MNESIO_KV_MODEL": "fake-model",
+        "MNESIO_BLOB_ROOT": str(blob_root),
+        "MNESIO_DATA_DIR": str(django_settings.DATA_DIR),
+        "MNESIO_CARTRIDGE_CACHE_SIZE": str(lru_size),
+    }
+    web = subprocess.Popen(
+        [sys.executable, "-c", BLOCK_WEB_PROCESS, scope_a.name], cwd=ROOT, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        loaded = json.loads(web.stdout.readline() or "{}")
+        assert loaded.get("step") == "loaded", web.stderr.read()[-3000:]
+        assert loaded["version"] == version.pk and {first, second} <= set(loaded["blocks"])
+
+        if kind == "subject":
+            request = erasure_request_file(subject="bob", requested_by=None, reason="asked", scope=scope_a)
+        elif kind == "memory":
+            request = memory_forget_file(scope=scope_a, seq=bobs.seq, requested_by=None, reason="asked")
+        else:
+            request = scope_delete_file(scope=scope_a, requested_by=None, reason="retired")
+        erasure_request_process(erasure_request=request)  # this process is the worker
+        assert version_state(version=version) == "destroyed"
+
+        web.stdin.write("go\n")
+        web.stdin.flush()
+        after = json.loads(web.stdout.readline() or "{}")
+        assert after.get("step") == "after_one_request", web.stderr.read()[-3000:]
+        assert second not in after["blocks"]  # the destroyed block's decrypted part is gone from memory
+        # the block before it holds none of bob's tokens and stays live, unless the whole scope went
+        assert (first in after["blocks"]) == (kind != "scope")
+        assert version.pk not in after["versions"]
+        assert web.wait(timeout=30) == 0
+    finally:
+        if web.poll() is None:
+            web.kill()
+    record_figures(
+        scenario=f"destroyed block in another process's block cache ({kind} erasure, LRU size {lru_size})",
+        requests_until_dropped=1, blocks_before=len(loaded["blocks"]), blocks_after=len(after["blocks"]),
     )
