@@ -12,7 +12,7 @@ from memories.services import erasure_request_file, erasure_request_process, mem
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-BEFORE = [("cartridges", "0010_evaluation_case_quoted_memories")]
+BEFORE = [("cartridges", "0011_evaluation_case_quoted_memories")]
 PLAIN = "ab" * 32  # a plain id as stored before ids were keyed
 
 

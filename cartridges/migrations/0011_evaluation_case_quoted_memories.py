@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cartridges', '0009_keep_three_by_default'),
+        ('cartridges', '0010_kv_metrics_permission'),
         ('memories', '0004_memory_keys_batch_metadata_scope_delete'),
     ]
 

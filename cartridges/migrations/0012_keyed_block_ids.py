@@ -29,8 +29,8 @@ def forget_digests(apps, schema_editor) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cartridges', '0010_evaluation_case_quoted_memories'),
-        ('memories', '0005_master_key_rotation'),
+        ('cartridges', '0011_evaluation_case_quoted_memories'),
+        ('memories', '0007_master_key_rotation'),
     ]
 
     operations = [

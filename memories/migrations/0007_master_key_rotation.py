@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memories', '0004_memory_keys_batch_metadata_scope_delete'),
+        ('memories', '0006_scope_grant_events_and_self_grant_permission'),
     ]
 
     operations = [
