@@ -17,5 +17,5 @@ class MemoriesConfig(AppConfig):
                                       lambda row: crypto.subject_key_aad(row.external_id, row.scope_id), "subject keys"))
         register_key_holder(KeyHolder("memories.ScopeKey", "wrapped_key", "master_key_id",
                                       lambda row: crypto.scope_key_aad(row.scope_id), "scope keys"))
-        register_key_holder(KeyHolder("memories.SearchIndexKey", "wrapped_key", "master_key_id",
+        register_key_holder(KeyHolder("memories.SearchIndex", "wrapped_key", "master_key_id",
                                       lambda row: index_key_aad(row.scope_id), "search index keys"))

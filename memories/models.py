@@ -358,28 +358,45 @@ class ErasureEvent(AppendOnlyModel):
 # ---------------------------------------------------------------------------
 # The search index (memories.search_index): BM25 postings kept up to date by appends and erasures
 # ---------------------------------------------------------------------------
-class SearchIndexKey(models.Model):
-    """A scope's secret for its search index's term digests (HMAC-SHA256), wrapped by the master key.
+class SearchIndex(models.Model):
+    """A scope's search index: the secret of its term digests (HMAC-SHA256), wrapped by the master key, and the
+    totals BM25 needs (documents and their summed length), kept by the same transactions as the postings.
 
     Terms are stored only as digests under this key, so the index holds no plaintext word, and once the key is
     shredded (the scope deleted) nobody can test a guessed word against what is left. A key of its own, not one
     derived from the scope key: a backfill re-keys the scope key, and every digest would change with it.
     """
 
-    scope = models.OneToOneField(Scope, on_delete=models.PROTECT, related_name="search_index_key")
+    scope = models.OneToOneField(Scope, on_delete=models.PROTECT, related_name="search_index")
     wrapped_key = models.BinaryField(null=True)  # NULL once shredded
     master_key_id = models.CharField(max_length=16)
     created_at = models.DateTimeField(default=timezone.now)
     shredded_at = models.DateTimeField(null=True, blank=True)
+    num_documents = models.BigIntegerField(default=0)
+    total_length = models.BigIntegerField(default=0)  # in tokens: the mean document length is this / num_documents
 
     class Meta:
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
                 | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
-                name="memories_searchindexkey_key_xor_shredded",
+                name="memories_searchindex_key_xor_shredded",
             ),
         ]
+
+
+class SearchTerm(models.Model):
+    """How many of a scope's indexed memories hold a term (BM25's document frequency), by the term's digest.
+
+    Kept so that a search knows each query term's weight before reading any posting, and can skip the postings
+    of frequent terms that cannot change the top results (memories.search_index.rank). A term no memory holds
+    any more is deleted with the erasure that took its last memory.
+    """
+
+    pk = models.CompositePrimaryKey("scope", "term")
+    scope = models.ForeignKey(Scope, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+")
+    term = models.BigIntegerField()
+    df = models.BigIntegerField()
 
 
 class SearchDocument(models.Model):
@@ -403,7 +420,7 @@ class SearchDocument(models.Model):
 
 
 class SearchPosting(models.Model):
-    """A term of one indexed memory: the term's digest under the scope's SearchIndexKey and its count there.
+    """A term of one indexed memory: the term's digest under the scope's SearchIndex key and its count there.
 
     The primary key (seq, term) is what an erasure deletes by; the (scope, term, seq, tf, length) index is what
     scoring reads, without touching the table.

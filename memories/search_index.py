@@ -1,24 +1,31 @@
 """The search index: BM25 postings of each scope's memories, in the database, kept current by appends and erasures.
 
-Why in the database and not in a process: a search then reads only the postings of its query's terms (no
-decrypting the scope, no per-request indexing), and an append or erasure changes the index in its own
-transaction, so every process sees the change at its commit: there is no in-process copy to purge.
+Why in the database and not in a process: a search then reads only postings of its query's terms (no decrypting
+the scope, no per-request indexing), and an append or erasure changes the index in its own transaction, so every
+process sees the change at its commit: there is no in-process copy to purge.
 
-- Terms are never stored: a posting holds the first 8 bytes of HMAC-SHA256(the scope's SearchIndexKey, term).
-  Without the key the table cannot be searched for a guessed word; deleting the scope shreds the key.
+- Terms are never stored: a posting holds the first 8 bytes of HMAC-SHA256(the scope's index key, term).
+  Without the key the tables cannot be searched for a guessed word; deleting the scope shreds the key.
 - Scoring is bm25s's, exactly (kvengine.retrieval: Lucene's BM25, idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
   term part tf / (tf + k1 (1 - b + b dl / avgdl)), k1 = 1.5, b = 0.75, a query term counted once per
-  occurrence), over the same tokens (kvengine.retrieval.bm25_tokenize), computed in SQL over the postings.
-  N, df and avgdl are over the memories the search's filters keep, as an index built of those memories
-  would have them; tests/memories/test_search_index.py compares rankings with kvengine.retrieval.Bm25.
-- An erased memory has no postings: an erasure deletes them in the transaction that records its keys shredded
-  (memories.services.erasure); a memory that opens as erased is dropped by the reader all the same.
+  occurrence), over the same tokens (kvengine.retrieval.bm25_tokenize). N, df and avgdl are the scope's (as of
+  ``as_of``); the subject and time filters choose among its memories without changing them, as a filter does in
+  Lucene. tests/memories/test_search_index.py compares rankings and scores with kvengine.retrieval.Bm25.
+- Exact top k without reading every posting (MaxScore): a term's part of any score is below its weight
+  (qtf x idf; the term part is < 1). The postings of rare ("essential") terms are scored first; if the weights
+  of the remaining frequent terms sum to no more than the k-th best score found, no memory holding only frequent
+  terms can reach the top k, and only the few close candidates get the frequent terms' parts added. Otherwise
+  the heaviest frequent term becomes essential and the search runs again. Without it, a question holding "the"
+  reads the postings of nearly every memory of the scope.
+- An erased memory has no postings: an erasure deletes them (and lowers the counts) in the transaction that
+  records its keys shredded (memories.services.erasure); a memory that opens as erased is dropped all the same.
 """
 from __future__ import annotations
 
 import hmac
+import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import connection, transaction
@@ -27,13 +34,18 @@ from django.views.decorators.debug import sensitive_variables
 
 from kvengine.retrieval import BM25_B, BM25_K1, bm25_tokenize
 from memories import crypto
-from memories.models import Memory, Scope, SearchDocument, SearchIndexKey, SearchPosting, Subject
+from memories.models import LogHead, Memory, Scope, SearchDocument, SearchIndex, SearchPosting, SearchTerm, Subject
 
 _DOCS = SearchDocument._meta.db_table
 _POSTINGS = SearchPosting._meta.db_table
-_KEYS = SearchIndexKey._meta.db_table
+_TERMS = SearchTerm._meta.db_table
+_INDEX = SearchIndex._meta.db_table
 _MEMORIES = Memory._meta.db_table
 _SUBJECTS = Subject._meta.db_table
+_NO_HEAD = 2**63 - 1  # as_of when none is given: every seq is at or before it
+# Terms held by at most this share of the scope's memories are essential from the start (their postings are few).
+ESSENTIAL_DF_SHARE = 0.05
+_MARGIN = 1e-9  # relative slack on the bounds, for float rounding of sums computed in another order
 
 
 def index_key_aad(scope_id: int) -> bytes:
@@ -45,10 +57,14 @@ def index_key_aad(scope_id: int) -> bytes:
 # still holds these bytes (a re-wrap by a new master key changes them, and a test database can reuse an id), so a
 # stale entry is never used to write; it only saves a read.
 _keys: dict[int, tuple[bytes, bytes]] = {}
+# (scope id, scope created_at) -> its key, for searches: a search reads no key row once its process knows the key.
+# A key never changes while its scope lives (a master-key rotation re-wraps the same key), and a deleted scope
+# has no postings left to search; created_at tells a scope from another that reuses its id (a test database).
+_read_keys: dict[tuple[int, object], bytes] = {}
 
 
 @sensitive_variables()
-def _key_unwrap(row: SearchIndexKey) -> bytes:
+def _key_unwrap(row: SearchIndex) -> bytes:
     wrapped = bytes(row.wrapped_key)
     cached = _keys.get(row.scope_id)
     if cached is not None and cached[0] == wrapped:
@@ -64,22 +80,16 @@ def _key_for_write(scope_id: int, *, reread: bool) -> tuple[bytes, bytes]:
     so two writers never create it at once."""
     if not reread and scope_id in _keys:
         return _keys[scope_id]
-    row = SearchIndexKey.objects.filter(scope_id=scope_id).first()
+    row = SearchIndex.objects.filter(scope_id=scope_id).first()
     if row is None:
         key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(key, aad=index_key_aad(scope_id))
-        SearchIndexKey.objects.create(scope_id=scope_id, wrapped_key=wrapped, master_key_id=kid)
+        SearchIndex.objects.create(scope_id=scope_id, wrapped_key=wrapped, master_key_id=kid)
         _keys[scope_id] = (bytes(wrapped), key)
         return _keys[scope_id]
     if row.wrapped_key is None:
         raise AssertionError(f"scope {scope_id}'s search index key is shredded: the scope is deleted")
     return bytes(row.wrapped_key), _key_unwrap(row)
-
-
-# (scope id, scope created_at) -> its key, for searches: a search reads no key row once its process knows the key.
-# A key never changes while its scope lives (a master-key rotation re-wraps the same key), and a deleted scope
-# has no postings left to search; created_at tells a scope from another that reuses its id (a test database).
-_read_keys: dict[tuple[int, object], bytes] = {}
 
 
 def index_key_for_read(*, scope: Scope) -> bytes | None:
@@ -88,7 +98,7 @@ def index_key_for_read(*, scope: Scope) -> bytes | None:
     cached = _read_keys.get((scope.pk, scope.created_at))
     if cached is not None:
         return cached
-    row = SearchIndexKey.objects.filter(scope_id=scope.pk).first()
+    row = SearchIndex.objects.filter(scope_id=scope.pk).first()
     if row is None or row.wrapped_key is None:
         return None
     key = _read_keys[(scope.pk, scope.created_at)] = _key_unwrap(row)
@@ -100,6 +110,9 @@ def term_digest(key: bytes, term: str) -> int:
     return int.from_bytes(hmac.digest(key, term.encode(), "sha256")[:8], "big", signed=True)
 
 
+# ---------------------------------------------------------------------------
+# Writes: indexing (appends, the backfill) and unindexing (erasures)
+# ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class IndexedText:
     """What indexing one memory needs: its row's identity and filters, and its opened text."""
@@ -110,7 +123,7 @@ class IndexedText:
     text: str
 
 
-def _rows(key: bytes, scope_id: int, texts: Sequence[IndexedText]) -> tuple[list[tuple], list[tuple]]:
+def _rows(key: bytes, texts: Sequence[IndexedText]) -> tuple[list[tuple], list[tuple]]:
     """Document rows (seq, subject, created_at, length) and posting rows (seq, term, tf, length)."""
     digests: dict[str, int] = {}
     docs, postings = [], []
@@ -129,22 +142,53 @@ def _rows(key: bytes, scope_id: int, texts: Sequence[IndexedText]) -> tuple[list
 
 def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], postings: list[tuple]) -> bool:
     """One statement (one round trip), written only if the scope's key row still holds ``wrapped``; False if not."""
-    guard = f"WHERE EXISTS (SELECT 1 FROM {_KEYS} k WHERE k.scope_id = %s AND k.wrapped_key = %s)"
+    guard = f"WHERE EXISTS (SELECT 1 FROM {_INDEX} k WHERE k.scope_id = %s AND k.wrapped_key = %s)"
     sql = (
         f"WITH posted AS (INSERT INTO {_POSTINGS} (seq, term, scope_id, tf, length) "
         "SELECT p.seq, p.term, %s, p.tf, p.length FROM unnest(%s::bigint[], %s::bigint[], %s::int[], %s::int[]) "
-        f"AS p(seq, term, tf, length) {guard} RETURNING 1) "
+        f"AS p(seq, term, tf, length) {guard} RETURNING 1), "
+        f"termed AS (INSERT INTO {_TERMS} AS t (scope_id, term, df) "
+        f"SELECT %s, n.term, count(*) FROM unnest(%s::bigint[]) AS n(term) {guard} GROUP BY n.term "
+        "ON CONFLICT (scope_id, term) DO UPDATE SET df = t.df + EXCLUDED.df RETURNING 1), "
+        f"totals AS (UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s "
+        "WHERE scope_id = %s AND wrapped_key = %s RETURNING 1) "
         f"INSERT INTO {_DOCS} (seq, scope_id, subject_id, created_at, length) "
         "SELECT d.seq, %s, d.subject_id, d.created_at, d.length "
         "FROM unnest(%s::bigint[], %s::bigint[], %s::timestamptz[], %s::int[]) "
         f"AS d(seq, subject_id, created_at, length) {guard} RETURNING 1"
     )
-    columns = list(zip(*postings, strict=True)) if postings else [[], [], [], []]
-    doc_columns = list(zip(*docs, strict=True))
-    params = [scope_id, *map(list, columns), scope_id, wrapped, scope_id, *map(list, doc_columns), scope_id, wrapped]
+    columns = [list(c) for c in zip(*postings, strict=True)] if postings else [[], [], [], []]
+    doc_columns = [list(c) for c in zip(*docs, strict=True)]
+    params = [
+        scope_id, *columns, scope_id, wrapped,
+        scope_id, columns[1], scope_id, wrapped,
+        len(docs), sum(doc_columns[3]), scope_id, wrapped,
+        scope_id, *doc_columns, scope_id, wrapped,
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return len(cursor.fetchall()) == len(docs)
+
+
+def _insert_portable(scope_id: int, docs: list[tuple], postings: list[tuple]) -> None:
+    """The same rows through the ORM and an upsert (SQLite, the embedded default)."""
+    SearchDocument.objects.bulk_create([
+        SearchDocument(memory_id=seq, scope_id=scope_id, subject_id=subject_id, created_at=created_at, length=n)
+        for seq, subject_id, created_at, n in docs
+    ])
+    SearchPosting.objects.bulk_create([
+        SearchPosting(seq=seq, term=term, scope_id=scope_id, tf=tf, length=n) for seq, term, tf, n in postings
+    ])
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {_TERMS} (scope_id, term, df) VALUES (%s, %s, %s) "
+            "ON CONFLICT (scope_id, term) DO UPDATE SET df = df + excluded.df",
+            [(scope_id, term, df) for term, df in Counter(p[1] for p in postings).items()],
+        )
+        cursor.execute(
+            f"UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s WHERE scope_id = %s",
+            [len(docs), sum(d[3] for d in docs), scope_id],
+        )
 
 
 def documents_index(*, scope_id: int, texts: Sequence[IndexedText]) -> None:
@@ -157,15 +201,9 @@ def documents_index(*, scope_id: int, texts: Sequence[IndexedText]) -> None:
     assert transaction.get_connection().in_atomic_block
     for reread in (False, True):
         wrapped, key = _key_for_write(scope_id, reread=reread)
-        docs, postings = _rows(key, scope_id, texts)
+        docs, postings = _rows(key, texts)
         if connection.vendor != "postgresql":
-            SearchDocument.objects.bulk_create([
-                SearchDocument(memory_id=seq, scope_id=scope_id, subject_id=subject_id, created_at=created_at, length=n)
-                for seq, subject_id, created_at, n in docs
-            ])
-            SearchPosting.objects.bulk_create([
-                SearchPosting(seq=seq, term=term, scope_id=scope_id, tf=tf, length=n) for seq, term, tf, n in postings
-            ])
+            _insert_portable(scope_id, docs, postings)
             return
         if _insert_postgresql(scope_id, wrapped, docs, postings):
             return
@@ -181,23 +219,60 @@ def memories_index(*, memories: Sequence[Memory], texts: Sequence[str]) -> None:
         ])
 
 
-def memories_unindex(*, seqs: Iterable[int] | None = None, scope: Scope | None = None) -> int:
-    """Delete the postings and documents of ``seqs`` (a queryset of seqs or a list), or all of ``scope``'s and
-    shred its index key; return how many documents went. Runs in the erasure's transaction."""
+def _in(column: str, values: list) -> tuple[str, list]:
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)", [values]
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
+def memories_unindex(*, seqs: Sequence[int] | None = None, scope: Scope | None = None) -> int:
+    """Delete the postings and documents of ``seqs``, lowering the counts, or all of ``scope``'s (and shred its
+    index key); return how many documents went. In the caller's transaction (an erasure's)."""
     assert (seqs is None) != (scope is None)
+    # the counter lock: appends (which raise the same counts) and the backfill wait; no two orders of row locks
+    list(LogHead.objects.select_for_update().filter(pk=1).values_list("pk", flat=True))
     if scope is not None:
         SearchPosting.objects.filter(scope_id=scope.pk).delete()
+        SearchTerm.objects.filter(scope_id=scope.pk).delete()
         num = SearchDocument.objects.filter(scope_id=scope.pk).delete()[0]
-        SearchIndexKey.objects.filter(scope_id=scope.pk, shredded_at__isnull=True).update(
-            wrapped_key=None, shredded_at=timezone.now()
+        SearchIndex.objects.filter(scope_id=scope.pk, shredded_at__isnull=True).update(
+            wrapped_key=None, shredded_at=timezone.now(), num_documents=0, total_length=0
         )
         _keys.pop(scope.pk, None)
         _read_keys.pop((scope.pk, scope.created_at), None)
         return num
-    SearchPosting.objects.filter(seq__in=seqs).delete()
-    return SearchDocument.objects.filter(memory_id__in=seqs).delete()[0]
+    seqs = list(seqs)
+    num = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(seqs), 10_000):
+            where, params = _in("seq", seqs[start:start + 10_000])
+            cursor.execute(f"SELECT DISTINCT scope_id FROM {_DOCS} WHERE {where}", params)
+            scopes = [row[0] for row in cursor.fetchall()]
+            if not scopes:
+                continue
+            cursor.execute(
+                f"UPDATE {_TERMS} SET df = df - g.c FROM (SELECT scope_id, term, count(*) AS c FROM {_POSTINGS} "
+                f"WHERE {where} GROUP BY scope_id, term) g WHERE {_TERMS}.scope_id = g.scope_id AND {_TERMS}.term = g.term",
+                params,
+            )
+            cursor.execute(
+                f"UPDATE {_INDEX} SET num_documents = num_documents - g.n, total_length = total_length - g.l "
+                f"FROM (SELECT scope_id, count(*) AS n, sum(length) AS l FROM {_DOCS} WHERE {where} GROUP BY scope_id) g "
+                f"WHERE {_INDEX}.scope_id = g.scope_id",
+                params,
+            )
+            cursor.execute(f"DELETE FROM {_POSTINGS} WHERE {where}", params)
+            cursor.execute(f"DELETE FROM {_DOCS} WHERE {where}", params)
+            num += cursor.rowcount
+            # a term no memory holds any more leaves too: its digest would say the scope once held it
+            in_scopes, scope_params = _in("scope_id", scopes)
+            cursor.execute(f"DELETE FROM {_TERMS} WHERE {in_scopes} AND df <= 0", scope_params)
+    return num
 
 
+# ---------------------------------------------------------------------------
+# Reads: ranking
+# ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ranked:
     """One memory that matches a query: its seq and BM25 score."""
@@ -208,75 +283,136 @@ class Ranked:
 
 @dataclass(frozen=True)
 class RankedPage:
-    """Ranked memories, best first (equal scores: the earlier first), and the scope head the ranking read."""
+    """Ranked memories, best first (equal scores: the earlier first), the scope head the ranking read, and how
+    many ranking statements it took (1 unless frequent terms had to be read)."""
 
     head: int
     ranked: list[Ranked]
+    num_passes: int = 0
+    plans: list[list[str]] | None = None  # EXPLAIN ANALYZE of each pass, when asked for (bench/search_index.py)
 
 
-def rank(
-    *,
-    scope: Scope,
-    key: bytes | None,
-    query: str,
-    limit: int,
-    subject_ids_of: Sequence[str] | None = None,
-    since=None,
-    until=None,
-    as_of: int | None = None,
-) -> RankedPage:
-    """The ``limit`` best memories of ``scope`` for ``query`` by BM25, in one statement (with the scope's head).
+@dataclass(frozen=True)
+class _Weights:
+    """What scoring needs: each query term's weight (qtf x idf) and document frequency, and the length terms."""
 
-    Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
-    ``seq <= as_of``; the statistics (N, df, avgdl) are those of the memories the filters keep.
-    """
-    head_sql = f"SELECT max(seq) AS head FROM {_MEMORIES} WHERE scope_id = %s"
-    params: list = [scope.pk]
-    counts = Counter(term_digest(key, token) for token in bm25_tokenize(query)) if key is not None else Counter()
-    if not counts:
-        with connection.cursor() as cursor:
-            cursor.execute(head_sql, params)
-            return RankedPage(head=cursor.fetchone()[0] or 0, ranked=[])
-    doc_where, doc_params = ["d.scope_id = %s"], [scope.pk]
-    if subject_ids_of is not None:
-        marks = ", ".join(["%s"] * len(subject_ids_of))
-        doc_where.append(f"d.subject_id IN (SELECT s.id FROM {_SUBJECTS} s WHERE s.external_id IN ({marks}))")
-        doc_params += list(subject_ids_of)
-    if since is not None:
-        doc_where.append("d.created_at >= %s")
-        doc_params.append(since)
-    if until is not None:
-        doc_where.append("d.created_at < %s")
-        doc_params.append(until)
-    post_where, post_params = ["p.scope_id = %s"], [scope.pk]
-    if as_of is not None:
-        doc_where.append("d.seq <= %s")
-        doc_params.append(as_of)
-        post_where.append("p.seq <= %s")
-        post_params.append(as_of)
-    if len(doc_where) > 1 + (as_of is not None):  # a filter the postings do not carry: keep the documents it keeps
-        post_where.append(f"p.seq IN (SELECT d.seq FROM {_DOCS} d WHERE {' AND '.join(doc_where)})")
-        post_params += doc_params
-    values = ", ".join(["(CAST(%s AS bigint), CAST(%s AS double precision))"] * len(counts))
-    value_params = [v for term, qtf in counts.items() for v in (term, float(qtf))]
+    head: int
+    weight: dict[int, float]
+    df: dict[int, int]
+    num_documents: int
+    c1: float  # k1 (1 - b)
+    c2: float  # k1 b / avgdl: the term part is tf / (tf + c1 + c2 dl)
+
+
+def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
+    """One statement: the scope's head, its totals and the query terms' document frequencies, as of ``as_of``
+    (the memories appended after it are few, and their counts are taken off)."""
+    terms, term_params = _in("t.term", list(counts))
     sql = (
-        f"WITH q(term, qtf) AS (VALUES {values}), "
-        f"stats AS (SELECT CAST(count(*) AS double precision) AS n, CAST(avg(d.length) AS double precision) AS avgdl "
-        f"FROM {_DOCS} d WHERE {' AND '.join(doc_where)}), "
-        f"hits AS (SELECT p.seq, p.term, p.tf, p.length FROM {_POSTINGS} p "
-        f"WHERE p.term IN (SELECT term FROM q) AND {' AND '.join(post_where)}), "
-        "df AS (SELECT term, count(*) AS df FROM hits GROUP BY term), "
-        "weights AS (SELECT q.term, q.qtf * ln(1 + (stats.n - df.df + 0.5) / (df.df + 0.5)) AS w "
-        "FROM q JOIN df ON df.term = q.term CROSS JOIN stats), "
-        "scored AS (SELECT h.seq, sum(weights.w * h.tf / (h.tf + %s * (1 - %s + %s * h.length / stats.avgdl))) AS score "
-        "FROM hits h JOIN weights ON weights.term = h.term CROSS JOIN stats GROUP BY h.seq "
-        "ORDER BY score DESC, h.seq LIMIT %s), "
-        f"head AS ({head_sql}) "
-        "SELECT head.head, scored.seq, scored.score FROM head LEFT JOIN scored ON 1 = 1 ORDER BY scored.score DESC, scored.seq"
+        f"SELECT 0, NULL, i.num_documents - (SELECT count(*) FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq > %s), "
+        f"i.total_length - (SELECT coalesce(sum(d.length), 0) FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq > %s) "
+        f"FROM {_INDEX} i WHERE i.scope_id = %s "
+        f"UNION ALL SELECT 1, t.term, t.df - (SELECT count(*) FROM {_POSTINGS} p WHERE p.scope_id = t.scope_id "
+        f"AND p.term = t.term AND p.seq > %s), NULL FROM {_TERMS} t WHERE t.scope_id = %s AND {terms} "
+        f"UNION ALL SELECT 2, NULL, max(m.seq), NULL FROM {_MEMORIES} m WHERE m.scope_id = %s"
     )
-    params = [*value_params, *doc_params, *post_params, BM25_K1, BM25_B, BM25_B, limit, scope.pk]
+    params = [scope.pk, as_of, scope.pk, as_of, scope.pk, as_of, scope.pk, *term_params, scope.pk]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    ranked = [Ranked(int(seq), float(score)) for _, seq, score in rows if seq is not None]
-    return RankedPage(head=rows[0][0] or 0, ranked=ranked)
+    head, num_documents, total_length, df = 0, 0, 0, {}
+    for kind, term, value, length in rows:
+        if kind == 0:
+            num_documents, total_length = int(value), int(length)
+        elif kind == 1 and value > 0:
+            df[int(term)] = int(value)
+        elif kind == 2:
+            head = int(value or 0)
+    weight = {
+        term: counts[term] * math.log(1 + (num_documents - n + 0.5) / (n + 0.5)) for term, n in df.items()
+    }
+    avgdl = total_length / num_documents if num_documents else 1.0
+    return _Weights(head, weight, df, num_documents, BM25_K1 * (1 - BM25_B), BM25_K1 * BM25_B / avgdl if avgdl else 0.0)
+
+
+def _filter_sql(*, scope_id: int, subject_ids_of, since, until) -> tuple[str, list]:
+    """`` AND p.seq IN (the documents the filters keep)``, or nothing without filters."""
+    where, params = [], []
+    if subject_ids_of is not None:
+        marks = ", ".join(["%s"] * len(subject_ids_of))
+        where.append(f"d.subject_id IN (SELECT s.id FROM {_SUBJECTS} s WHERE s.external_id IN ({marks}))")
+        params += list(subject_ids_of)
+    if since is not None:
+        where.append("d.created_at >= %s")
+        params.append(since)
+    if until is not None:
+        where.append("d.created_at < %s")
+        params.append(until)
+    if not where:
+        return "", []
+    return f" AND p.seq IN (SELECT d.seq FROM {_DOCS} d WHERE d.scope_id = %s AND {' AND '.join(where)})", [scope_id, *params]
+
+
+def rank_statement(*, scope: Scope, weights: _Weights, essential: set[int], limit: int, as_of: int,
+                   subject_ids_of=None, since=None, until=None) -> tuple[str, list]:
+    """One pass: score the memories holding an ``essential`` term by those terms, keep the ones that the other
+    terms' weights could still lift to the k-th best, and score those fully. Rows: (seq, score), best first."""
+    rest = sum(w for term, w in weights.weight.items() if term not in essential) * (1 + _MARGIN)
+    values = ", ".join(["(CAST(%s AS bigint), CAST(%s AS double precision))"] * len(weights.weight))
+    value_params = [v for term, w in weights.weight.items() for v in (term, w)]
+    chosen, chosen_params = _in("p.term", sorted(essential))
+    filters, filter_params = _filter_sql(scope_id=scope.pk, subject_ids_of=subject_ids_of, since=since, until=until)
+    part = "sum(w.weight * p.tf / (p.tf + CAST(%s AS double precision) + CAST(%s AS double precision) * p.length))"
+    sql = (
+        f"WITH w(term, weight) AS (VALUES {values}), "
+        f"part AS (SELECT p.seq, {part} AS s FROM {_POSTINGS} p JOIN w ON w.term = p.term "
+        f"WHERE p.scope_id = %s AND {chosen} AND p.seq <= %s{filters} GROUP BY p.seq), "
+        "theta AS (SELECT s FROM part ORDER BY s DESC LIMIT 1 OFFSET %s), "
+        "near AS (SELECT seq FROM part WHERE s + CAST(%s AS double precision) >= "
+        "coalesce((SELECT s FROM theta), 0) * CAST(%s AS double precision)), "
+        f"full_score AS (SELECT p.seq, {part} AS score FROM near JOIN {_POSTINGS} p ON p.seq = near.seq "
+        "JOIN w ON w.term = p.term GROUP BY p.seq) "
+        "SELECT seq, score FROM full_score ORDER BY score DESC, seq LIMIT %s"
+    )
+    params = [*value_params, weights.c1, weights.c2, scope.pk, *chosen_params, as_of, *filter_params, limit - 1,
+              rest, 1 - _MARGIN, weights.c1, weights.c2, limit]
+    return sql, params
+
+
+def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids_of: Sequence[str] | None = None,
+         since=None, until=None, as_of: int | None = None, explain: bool = False) -> RankedPage:
+    """The ``limit`` best memories of ``scope`` for ``query`` by BM25, best first (equal scores: the earlier first).
+
+    Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
+    ``seq <= as_of``. Usually two statements (the weights, one pass); one more per frequent term that the first
+    passes could not rule out.
+    """
+    counts = Counter(term_digest(key, token) for token in bm25_tokenize(query)) if key is not None else Counter()
+    head_only = not counts
+    if head_only:
+        counts = Counter({0: 1})  # no term: the statement still reads the head
+    weights = _weights(scope, counts, _NO_HEAD if as_of is None else as_of)
+    if head_only or not weights.weight:
+        return RankedPage(head=weights.head, ranked=[])
+    by_df = sorted(weights.weight, key=lambda term: (weights.df[term], term))
+    essential = {t for t in by_df if weights.df[t] <= ESSENTIAL_DF_SHARE * weights.num_documents} or {by_df[0]}
+    passes, plans = 0, []
+    while True:
+        passes += 1
+        sql, params = rank_statement(scope=scope, weights=weights, essential=essential, limit=limit,
+                                     as_of=_NO_HEAD if as_of is None else as_of, subject_ids_of=subject_ids_of,
+                                     since=since, until=until)
+        with connection.cursor() as cursor:
+            if explain:
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+                plans.append([row[0] for row in cursor.fetchall()])
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        rest = [t for t in weights.weight if t not in essential]
+        bound = sum(weights.weight[t] for t in rest) * (1 + _MARGIN)
+        # a memory holding none of the essential terms scores below ``bound``: it cannot enter a full top k whose
+        # last score is at least that
+        if not rest or (len(rows) >= limit and bound <= rows[limit - 1][1]):
+            ranked = [Ranked(int(seq), float(score)) for seq, score in rows]
+            return RankedPage(head=weights.head, ranked=ranked, num_passes=passes, plans=plans if explain else None)
+        essential.add(max(rest, key=lambda term: (weights.weight[term], term)))

@@ -23,7 +23,8 @@ def search_index_erase(*, erasure_request: ErasureRequest) -> int:
     if erasure_request.kind == ErasureKind.SCOPE:
         num = search_index.memories_unindex(scope=erasure_request.scope)
     else:
-        num = search_index.memories_unindex(seqs=erasure_request_memories(erasure_request=erasure_request).values("seq"))
+        seqs = erasure_request_memories(erasure_request=erasure_request).values_list("seq", flat=True)
+        num = search_index.memories_unindex(seqs=list(seqs))
     logger.info("search index erased id=%s memories=%s", erasure_request.pk, num)
     return num
 
