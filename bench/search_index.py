@@ -130,12 +130,30 @@ def _append_cost(scope, text: Text, num: int, batch_size: int, num_batches: int)
 
 
 def _explain(scope, query: str) -> dict:
-    """EXPLAIN (ANALYZE, BUFFERS) of each ranking pass for ``query``, as memories.search_index runs them."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the two statements a search runs on the index: the weights (every search),
+    and the read of the query terms' postings (a process's first search with those terms)."""
+    from collections import Counter
+
+    from django.db import connection
+
+    from kvengine.retrieval import bm25_tokenize
     from memories import search_index
 
     key = search_index.index_key_for_read(scope=scope)
-    page = search_index.rank(scope=scope, key=key, query=query, limit=10, explain=True)
-    return {"query": query, "num_passes": page.num_passes, "plans": page.plans}
+    counts = Counter(search_index.term_digest(key, token) for token in bm25_tokenize(query))
+    sql, params = search_index.weights_statement(scope, counts, 2**63 - 1)
+    plans = {}
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+        plans["weights"] = [row[0] for row in cursor.fetchall()]
+        where = " OR ".join(["(p.term = %s AND p.seq > 0)"] * len(counts))
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) SELECT p.term, p.seq, p.tf, p.length FROM memories_searchposting p "
+            f"WHERE p.scope_id = %s AND ({where}) AND p.seq <= %s ORDER BY p.term, p.seq",
+            [scope.pk, *counts, 2**63 - 1],
+        )
+        plans["postings_first_read"] = [row[0] for row in cursor.fetchall()]
+    return {"query": query, "plans": plans}
 
 
 def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batch: int = 1000,
@@ -148,7 +166,7 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
 
     from memories.models import Memory
     from memories.selectors import memories_search, memory_search
-    from memories.services import memory_forget_file, scope_create, scope_delete_file, scope_grant
+    from memories.services import memory_append, memory_forget_file, scope_create, scope_delete_file, scope_grant
 
     rng = random.Random(seed)
     text = Text(rng)
@@ -187,6 +205,15 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
         return {"query": query, "top_k": top_k}
 
     def measure(label: str) -> None:
+        from memories import search_index
+
+        search_index._cache.clear()  # as a new process: the first searches read their terms' postings
+        cold = []
+        for i in range(10):
+            started = time.perf_counter()
+            assert client.post(url, data=body(i), format="json").status_code == 200
+            cold.append(time.perf_counter() - started)
+        figures.setdefault("first_searches_of_a_process", {})[label] = _summary(cold)
         for i in range(10):  # warm-up: the connection, the key, the caches
             assert client.post(url, data=body(i), format="json").status_code == 200
         api, plain, filtered, hits = [], [], [], []
@@ -224,6 +251,20 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
         "frequent_words_only": _explain(scope, "what did the i you and a"),
     }
     figures["append_cost"] = _append_cost(scope, text, num_appends, batch, num_batches)
+    from memories import search_index
+
+    cached = sum(held.seqs.nbytes + held.tfs.nbytes + held.lengths.nbytes
+                 for held_scope in search_index._cache.values() for held in held_scope.terms.values())
+    figures["process_cache"] = {"terms": sum(len(c.terms) for c in search_index._cache.values()),
+                                "mb": round(cached / 2**20, 1)}
+    # searches right after appends: each reads the postings appended past what it held (a delta)
+    after_append = []
+    for _ in range(30):
+        memory_append(scope=scope, content=text.memory())
+        started = time.perf_counter()
+        assert client.post(url, data=body(0), format="json").status_code == 200
+        after_append.append(time.perf_counter() - started)
+    figures["search_after_each_append"] = _summary(after_append)
 
     # forget one memory in the big scope: the request, then the next search no longer returns it
     target = seqs[len(seqs) // 2]
@@ -233,7 +274,10 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
     memory_forget_file(scope=scope, seq=target, requested_by=user)
     forget_s = time.perf_counter() - started
     assert target not in [h.seq for h in memories_search(scope=scope, query=query, top_k=100).hits]
-    figures["forget_one"] = {"request_ms": round(1000 * forget_s, 1), "gone_from_next_search": True}
+    started = time.perf_counter()
+    assert client.post(url, data=body(0), format="json").status_code == 200
+    figures["forget_one"] = {"request_ms": round(1000 * forget_s, 1), "gone_from_next_search": True,
+                             "next_search_ms": round(1000 * (time.perf_counter() - started), 1)}
 
     if old_path:
         from kvengine.retrieval import Bm25

@@ -374,6 +374,9 @@ class SearchIndex(models.Model):
     shredded_at = models.DateTimeField(null=True, blank=True)
     num_documents = models.BigIntegerField(default=0)
     total_length = models.BigIntegerField(default=0)  # in tokens: the mean document length is this / num_documents
+    # +1 by every change other than an append (an erasure, a backfill): a process's cached postings of this scope
+    # (memories.search_index) are then dropped; an append only adds seqs past the scope's head, read as a delta
+    generation = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -11,12 +11,11 @@ process sees the change at its commit: there is no in-process copy to purge.
   occurrence), over the same tokens (kvengine.retrieval.bm25_tokenize). N, df and avgdl are the scope's (as of
   ``as_of``); the subject and time filters choose among its memories without changing them, as a filter does in
   Lucene. tests/memories/test_search_index.py compares rankings and scores with kvengine.retrieval.Bm25.
-- Exact top k without reading every posting (MaxScore): a term's part of any score is below its weight
-  (qtf x idf; the term part is < 1). The postings of rare ("essential") terms are scored first; if the weights
-  of the remaining frequent terms sum to no more than the k-th best score found, no memory holding only frequent
-  terms can reach the top k, and only the few close candidates get the frequent terms' parts added. Otherwise
-  the heaviest frequent term becomes essential and the search runs again. Without it, a question holding "the"
-  reads the postings of nearly every memory of the scope.
+- Ranking reads the query terms' postings into this process once and then only what was appended past them
+  (a scope's head only grows with appends); an erasure or a backfill moves the scope's generation in its own
+  transaction, and the next search in any process drops what it held of that scope. Ranked in SQL instead, a
+  question holding "the" made PostgreSQL aggregate the postings of nearly every memory of the scope per request
+  (BENCHMARKS.md: 130-240 ms at 100,000 memories); numpy does it in a few milliseconds.
 - An erased memory has no postings: an erasure deletes them (and lowers the counts) in the transaction that
   records its keys shredded (memories.services.erasure); a memory that opens as erased is dropped all the same.
 """
@@ -28,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
@@ -43,9 +42,6 @@ _INDEX = SearchIndex._meta.db_table
 _MEMORIES = Memory._meta.db_table
 _SUBJECTS = Subject._meta.db_table
 _NO_HEAD = 2**63 - 1  # as_of when none is given: every seq is at or before it
-# Terms held by at most this share of the scope's memories are essential from the start (their postings are few).
-ESSENTIAL_DF_SHARE = 0.05
-_MARGIN = 1e-9  # relative slack on the bounds, for float rounding of sums computed in another order
 
 
 def index_key_aad(scope_id: int) -> bytes:
@@ -140,7 +136,7 @@ def _rows(key: bytes, texts: Sequence[IndexedText]) -> tuple[list[tuple], list[t
     return docs, postings
 
 
-def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], postings: list[tuple]) -> bool:
+def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], postings: list[tuple], bump: bool) -> bool:
     """One statement (one round trip), written only if the scope's key row still holds ``wrapped``; False if not."""
     guard = f"WHERE EXISTS (SELECT 1 FROM {_INDEX} k WHERE k.scope_id = %s AND k.wrapped_key = %s)"
     sql = (
@@ -150,8 +146,8 @@ def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], posting
         f"termed AS (INSERT INTO {_TERMS} AS t (scope_id, term, df) "
         f"SELECT %s, n.term, count(*) FROM unnest(%s::bigint[]) AS n(term) {guard} GROUP BY n.term "
         "ON CONFLICT (scope_id, term) DO UPDATE SET df = t.df + EXCLUDED.df RETURNING 1), "
-        f"totals AS (UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s "
-        "WHERE scope_id = %s AND wrapped_key = %s RETURNING 1) "
+        f"totals AS (UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s, "
+        "generation = generation + %s WHERE scope_id = %s AND wrapped_key = %s RETURNING 1) "
         f"INSERT INTO {_DOCS} (seq, scope_id, subject_id, created_at, length) "
         "SELECT d.seq, %s, d.subject_id, d.created_at, d.length "
         "FROM unnest(%s::bigint[], %s::bigint[], %s::timestamptz[], %s::int[]) "
@@ -162,7 +158,7 @@ def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], posting
     params = [
         scope_id, *columns, scope_id, wrapped,
         scope_id, columns[1], scope_id, wrapped,
-        len(docs), sum(doc_columns[3]), scope_id, wrapped,
+        len(docs), sum(doc_columns[3]), int(bump), scope_id, wrapped,
         scope_id, *doc_columns, scope_id, wrapped,
     ]
     with connection.cursor() as cursor:
@@ -170,7 +166,7 @@ def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], posting
         return len(cursor.fetchall()) == len(docs)
 
 
-def _insert_portable(scope_id: int, docs: list[tuple], postings: list[tuple]) -> None:
+def _insert_portable(scope_id: int, docs: list[tuple], postings: list[tuple], bump: bool) -> None:
     """The same rows through the ORM and an upsert (SQLite, the embedded default)."""
     SearchDocument.objects.bulk_create([
         SearchDocument(memory_id=seq, scope_id=scope_id, subject_id=subject_id, created_at=created_at, length=n)
@@ -186,15 +182,18 @@ def _insert_portable(scope_id: int, docs: list[tuple], postings: list[tuple]) ->
             [(scope_id, term, df) for term, df in Counter(p[1] for p in postings).items()],
         )
         cursor.execute(
-            f"UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s WHERE scope_id = %s",
-            [len(docs), sum(d[3] for d in docs), scope_id],
+            f"UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s, "
+            "generation = generation + %s WHERE scope_id = %s",
+            [len(docs), sum(d[3] for d in docs), int(bump), scope_id],
         )
 
 
-def documents_index(*, scope_id: int, texts: Sequence[IndexedText]) -> None:
+def documents_index(*, scope_id: int, texts: Sequence[IndexedText], appended: bool = False) -> None:
     """Index memories of one scope (opened texts), in the caller's transaction; the caller holds the counter lock.
 
-    On PostgreSQL one statement; it checks the key this process cached, and reads the key again if that changed.
+    ``appended``: they are the newest of the scope (an append), which processes read as a delta; anything else
+    (the backfill) moves the scope's generation. On PostgreSQL one statement; it checks the key this process
+    cached, and reads the key again if that changed.
     """
     if not texts:
         return
@@ -203,9 +202,9 @@ def documents_index(*, scope_id: int, texts: Sequence[IndexedText]) -> None:
         wrapped, key = _key_for_write(scope_id, reread=reread)
         docs, postings = _rows(key, texts)
         if connection.vendor != "postgresql":
-            _insert_portable(scope_id, docs, postings)
+            _insert_portable(scope_id, docs, postings, not appended)
             return
-        if _insert_postgresql(scope_id, wrapped, docs, postings):
+        if _insert_postgresql(scope_id, wrapped, docs, postings, not appended):
             return
         _keys.pop(scope_id, None)
     raise AssertionError(f"scope {scope_id}'s search index key changed twice during one append")
@@ -214,7 +213,7 @@ def documents_index(*, scope_id: int, texts: Sequence[IndexedText]) -> None:
 def memories_index(*, memories: Sequence[Memory], texts: Sequence[str]) -> None:
     """Index new rows of one scope with their texts (an append, in its transaction)."""
     if memories:
-        documents_index(scope_id=memories[0].scope_id, texts=[
+        documents_index(scope_id=memories[0].scope_id, appended=True, texts=[
             IndexedText(m.seq, m.subject_id, m.created_at, text) for m, text in zip(memories, texts, strict=True)
         ])
 
@@ -236,7 +235,8 @@ def memories_unindex(*, seqs: Sequence[int] | None = None, scope: Scope | None =
         SearchTerm.objects.filter(scope_id=scope.pk).delete()
         num = SearchDocument.objects.filter(scope_id=scope.pk).delete()[0]
         SearchIndex.objects.filter(scope_id=scope.pk, shredded_at__isnull=True).update(
-            wrapped_key=None, shredded_at=timezone.now(), num_documents=0, total_length=0
+            wrapped_key=None, shredded_at=timezone.now(), num_documents=0, total_length=0,
+            generation=models.F("generation") + 1,
         )
         _keys.pop(scope.pk, None)
         _read_keys.pop((scope.pk, scope.created_at), None)
@@ -256,7 +256,8 @@ def memories_unindex(*, seqs: Sequence[int] | None = None, scope: Scope | None =
                 params,
             )
             cursor.execute(
-                f"UPDATE {_INDEX} SET num_documents = num_documents - g.n, total_length = total_length - g.l "
+                f"UPDATE {_INDEX} SET num_documents = num_documents - g.n, total_length = total_length - g.l, "
+                "generation = generation + 1 "
                 f"FROM (SELECT scope_id, count(*) AS n, sum(length) AS l FROM {_DOCS} WHERE {where} GROUP BY scope_id) g "
                 f"WHERE {_INDEX}.scope_id = g.scope_id",
                 params,
@@ -283,47 +284,48 @@ class Ranked:
 
 @dataclass(frozen=True)
 class RankedPage:
-    """Ranked memories, best first (equal scores: the earlier first), the scope head the ranking read, and how
-    many ranking statements it took (1 unless frequent terms had to be read)."""
+    """Ranked memories, best first (equal scores: the earlier first), and the scope head the ranking read."""
 
     head: int
     ranked: list[Ranked]
-    num_passes: int = 0
-    plans: list[list[str]] | None = None  # EXPLAIN ANALYZE of each pass, when asked for (bench/search_index.py)
 
 
 @dataclass(frozen=True)
 class _Weights:
-    """What scoring needs: each query term's weight (qtf x idf) and document frequency, and the length terms."""
+    """What scoring needs: each query term's weight (qtf x idf), the length terms, and what the cache checks."""
 
     head: int
     weight: dict[int, float]
-    df: dict[int, int]
     num_documents: int
     c1: float  # k1 (1 - b)
-    c2: float  # k1 b / avgdl: the term part is tf / (tf + c1 + c2 dl)
+    c2: float  # k1 b / avgdl: a term's part is weight x tf / (tf + c1 + c2 dl)
+    generation: int
 
 
-def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
-    """One statement: the scope's head, its totals and the query terms' document frequencies, as of ``as_of``
-    (the memories appended after it are few, and their counts are taken off)."""
+def weights_statement(scope: Scope, counts: Counter[int], as_of: int) -> tuple[str, list]:
+    """The scope's head, totals and generation, and the query terms' document frequencies, as of ``as_of`` (the
+    memories appended after it are few, and their counts are taken off), in one statement."""
     terms, term_params = _in("t.term", list(counts))
     sql = (
-        f"SELECT 0, NULL, i.num_documents - (SELECT count(*) FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq > %s), "
-        f"i.total_length - (SELECT coalesce(sum(d.length), 0) FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq > %s) "
-        f"FROM {_INDEX} i WHERE i.scope_id = %s "
+        f"SELECT 0, i.generation, i.num_documents - (SELECT count(*) FROM {_DOCS} d WHERE d.scope_id = %s "
+        f"AND d.seq > %s), i.total_length - (SELECT coalesce(sum(d.length), 0) FROM {_DOCS} d WHERE d.scope_id = %s "
+        f"AND d.seq > %s) FROM {_INDEX} i WHERE i.scope_id = %s "
         f"UNION ALL SELECT 1, t.term, t.df - (SELECT count(*) FROM {_POSTINGS} p WHERE p.scope_id = t.scope_id "
         f"AND p.term = t.term AND p.seq > %s), NULL FROM {_TERMS} t WHERE t.scope_id = %s AND {terms} "
         f"UNION ALL SELECT 2, NULL, max(m.seq), NULL FROM {_MEMORIES} m WHERE m.scope_id = %s"
     )
-    params = [scope.pk, as_of, scope.pk, as_of, scope.pk, as_of, scope.pk, *term_params, scope.pk]
+    return sql, [scope.pk, as_of, scope.pk, as_of, scope.pk, as_of, scope.pk, *term_params, scope.pk]
+
+
+def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
+    sql, params = weights_statement(scope, counts, as_of)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    head, num_documents, total_length, df = 0, 0, 0, {}
+    head, generation, num_documents, total_length, df = 0, -1, 0, 0, {}
     for kind, term, value, length in rows:
         if kind == 0:
-            num_documents, total_length = int(value), int(length)
+            generation, num_documents, total_length = int(term), int(value), int(length)
         elif kind == 1 and value > 0:
             df[int(term)] = int(value)
         elif kind == 2:
@@ -332,11 +334,77 @@ def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
         term: counts[term] * math.log(1 + (num_documents - n + 0.5) / (n + 0.5)) for term, n in df.items()
     }
     avgdl = total_length / num_documents if num_documents else 1.0
-    return _Weights(head, weight, df, num_documents, BM25_K1 * (1 - BM25_B), BM25_K1 * BM25_B / avgdl if avgdl else 0.0)
+    return _Weights(head, weight, num_documents, BM25_K1 * (1 - BM25_B), BM25_K1 * BM25_B / (avgdl or 1.0),
+                    generation)
 
 
-def _filter_sql(*, scope_id: int, subject_ids_of, since, until) -> tuple[str, list]:
-    """`` AND p.seq IN (the documents the filters keep)``, or nothing without filters."""
+# ---------------------------------------------------------------------------
+# This process's postings of the terms it was asked for, per scope: read once, then only what was appended
+# ---------------------------------------------------------------------------
+# The database stays the only truth: each search reads the scope's head and generation in the statement that reads
+# its weights, and reads the postings appended past what a cached term holds (up to that head) before ranking; an
+# erasure or backfill moves the generation in its own transaction, and the next search in any process drops what it
+# held of the scope. So a search never ranks with a posting the database no longer has.
+@dataclass
+class _TermPostings:
+    """One term's postings in this process, up to ``upto`` (a scope head): seqs ascending, tf and length."""
+
+    upto: int
+    seqs: object  # numpy int64 arrays
+    tfs: object
+    lengths: object
+
+
+@dataclass
+class _ScopeCache:
+    generation: int
+    terms: dict[int, _TermPostings]
+
+
+_MAX_CACHED_SCOPES = 16  # a process serving more scopes reads the least recently searched one again
+_cache: dict[tuple[int, object], _ScopeCache] = {}
+
+
+def _postings(scope: Scope, weights: _Weights) -> dict[int, _TermPostings]:
+    """The query terms' postings up to the head, from this process's cache and one delta read (none when current)."""
+    import numpy as np
+
+    cache_key = (scope.pk, scope.created_at)
+    cached = _cache.pop(cache_key, None)
+    if cached is None or cached.generation != weights.generation:
+        cached = _ScopeCache(weights.generation, {})
+    _cache[cache_key] = cached  # most recently used last
+    while len(_cache) > _MAX_CACHED_SCOPES:
+        _cache.pop(next(iter(_cache)))
+    stale = {t: cached.terms[t].upto if t in cached.terms else 0 for t in weights.weight
+             if t not in cached.terms or cached.terms[t].upto < weights.head}
+    if stale:
+        where = " OR ".join(["(p.term = %s AND p.seq > %s)"] * len(stale))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT p.term, p.seq, p.tf, p.length FROM {_POSTINGS} p WHERE p.scope_id = %s AND ({where}) "
+                "AND p.seq <= %s ORDER BY p.term, p.seq",
+                [scope.pk, *[v for t, upto in stale.items() for v in (t, upto)], weights.head],
+            )
+            rows = cursor.fetchall()
+        columns = np.array(rows, dtype=np.int64).reshape(-1, 4)
+        for term in stale:
+            mine = columns[columns[:, 0] == term]
+            held = cached.terms.get(term)
+            if held is None:
+                cached.terms[term] = _TermPostings(weights.head, mine[:, 1], mine[:, 2], mine[:, 3])
+            else:
+                cached.terms[term] = _TermPostings(
+                    weights.head, np.concatenate([held.seqs, mine[:, 1]]), np.concatenate([held.tfs, mine[:, 2]]),
+                    np.concatenate([held.lengths, mine[:, 3]]),
+                )
+    return {t: cached.terms[t] for t in weights.weight}
+
+
+def _allowed(scope: Scope, *, head: int, subject_ids_of, since, until):
+    """The seqs the subject and time filters keep (numpy, ascending), or None without such filters."""
+    import numpy as np
+
     where, params = [], []
     if subject_ids_of is not None:
         marks = ", ".join(["%s"] * len(subject_ids_of))
@@ -349,44 +417,23 @@ def _filter_sql(*, scope_id: int, subject_ids_of, since, until) -> tuple[str, li
         where.append("d.created_at < %s")
         params.append(until)
     if not where:
-        return "", []
-    return f" AND p.seq IN (SELECT d.seq FROM {_DOCS} d WHERE d.scope_id = %s AND {' AND '.join(where)})", [scope_id, *params]
-
-
-def rank_statement(*, scope: Scope, weights: _Weights, essential: set[int], limit: int, as_of: int,
-                   subject_ids_of=None, since=None, until=None) -> tuple[str, list]:
-    """One pass: score the memories holding an ``essential`` term by those terms, keep the ones that the other
-    terms' weights could still lift to the k-th best, and score those fully. Rows: (seq, score), best first."""
-    rest = sum(w for term, w in weights.weight.items() if term not in essential) * (1 + _MARGIN)
-    values = ", ".join(["(CAST(%s AS bigint), CAST(%s AS double precision))"] * len(weights.weight))
-    value_params = [v for term, w in weights.weight.items() for v in (term, w)]
-    chosen, chosen_params = _in("p.term", sorted(essential))
-    filters, filter_params = _filter_sql(scope_id=scope.pk, subject_ids_of=subject_ids_of, since=since, until=until)
-    part = "sum(w.weight * p.tf / (p.tf + CAST(%s AS double precision) + CAST(%s AS double precision) * p.length))"
-    sql = (
-        f"WITH w(term, weight) AS (VALUES {values}), "
-        f"part AS (SELECT p.seq, {part} AS s FROM {_POSTINGS} p JOIN w ON w.term = p.term "
-        f"WHERE p.scope_id = %s AND {chosen} AND p.seq <= %s{filters} GROUP BY p.seq), "
-        "theta AS (SELECT s FROM part ORDER BY s DESC LIMIT 1 OFFSET %s), "
-        "near AS (SELECT seq FROM part WHERE s + CAST(%s AS double precision) >= "
-        "coalesce((SELECT s FROM theta), 0) * CAST(%s AS double precision)), "
-        f"full_score AS (SELECT p.seq, {part} AS score FROM near JOIN {_POSTINGS} p ON p.seq = near.seq "
-        "JOIN w ON w.term = p.term GROUP BY p.seq) "
-        "SELECT seq, score FROM full_score ORDER BY score DESC, seq LIMIT %s"
-    )
-    params = [*value_params, weights.c1, weights.c2, scope.pk, *chosen_params, as_of, *filter_params, limit - 1,
-              rest, 1 - _MARGIN, weights.c1, weights.c2, limit]
-    return sql, params
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT d.seq FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq <= %s AND {' AND '.join(where)}",
+                       [scope.pk, head, *params])
+        return np.array(sorted(row[0] for row in cursor.fetchall()), dtype=np.int64)
 
 
 def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids_of: Sequence[str] | None = None,
-         since=None, until=None, as_of: int | None = None, explain: bool = False) -> RankedPage:
+         since=None, until=None, as_of: int | None = None) -> RankedPage:
     """The ``limit`` best memories of ``scope`` for ``query`` by BM25, best first (equal scores: the earlier first).
 
     Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
-    ``seq <= as_of``. Usually two statements (the weights, one pass); one more per frequent term that the first
-    passes could not rule out.
+    ``seq <= as_of``. One statement when this process holds the query's terms up to the head; one more to read
+    what it lacks, and one for the seqs the subject and time filters keep.
     """
+    import numpy as np
+
     counts = Counter(term_digest(key, token) for token in bm25_tokenize(query)) if key is not None else Counter()
     head_only = not counts
     if head_only:
@@ -394,25 +441,21 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
     weights = _weights(scope, counts, _NO_HEAD if as_of is None else as_of)
     if head_only or not weights.weight:
         return RankedPage(head=weights.head, ranked=[])
-    by_df = sorted(weights.weight, key=lambda term: (weights.df[term], term))
-    essential = {t for t in by_df if weights.df[t] <= ESSENTIAL_DF_SHARE * weights.num_documents} or {by_df[0]}
-    passes, plans = 0, []
-    while True:
-        passes += 1
-        sql, params = rank_statement(scope=scope, weights=weights, essential=essential, limit=limit,
-                                     as_of=_NO_HEAD if as_of is None else as_of, subject_ids_of=subject_ids_of,
-                                     since=since, until=until)
-        with connection.cursor() as cursor:
-            if explain:
-                cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
-                plans.append([row[0] for row in cursor.fetchall()])
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-        rest = [t for t in weights.weight if t not in essential]
-        bound = sum(weights.weight[t] for t in rest) * (1 + _MARGIN)
-        # a memory holding none of the essential terms scores below ``bound``: it cannot enter a full top k whose
-        # last score is at least that
-        if not rest or (len(rows) >= limit and bound <= rows[limit - 1][1]):
-            ranked = [Ranked(int(seq), float(score)) for seq, score in rows]
-            return RankedPage(head=weights.head, ranked=ranked, num_passes=passes, plans=plans if explain else None)
-        essential.add(max(rest, key=lambda term: (weights.weight[term], term)))
+    postings = _postings(scope, weights)
+    seqs, parts = [], []
+    for term, held in postings.items():
+        keep = held.seqs <= as_of if as_of is not None else slice(None)
+        tfs = held.tfs[keep].astype(np.float64)
+        seqs.append(held.seqs[keep])
+        parts.append(weights.weight[term] * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[keep]))
+    all_seqs = np.concatenate(seqs)
+    unique, inverse = np.unique(all_seqs, return_inverse=True)
+    scores = np.zeros(len(unique), dtype=np.float64)
+    for start, part in zip(np.cumsum([0] + [len(x) for x in seqs[:-1]]), parts, strict=True):
+        np.add.at(scores, inverse[start:start + len(part)], part)  # term by term, in query order, as bm25s sums
+    allowed = _allowed(scope, head=weights.head, subject_ids_of=subject_ids_of, since=since, until=until)
+    if allowed is not None:
+        mask = np.isin(unique, allowed, assume_unique=True)
+        unique, scores = unique[mask], scores[mask]
+    best = np.lexsort((unique, -scores))[:limit]  # by score descending, then seq ascending
+    return RankedPage(head=weights.head, ranked=[Ranked(int(unique[i]), float(scores[i])) for i in best])
