@@ -347,17 +347,23 @@ def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
 # held of the scope. So a search never ranks with a posting the database no longer has.
 @dataclass
 class _TermPostings:
-    """One term's postings in this process, up to ``upto`` (a scope head): seqs ascending, tf and length."""
+    """One term's postings in this process, up to ``upto`` (a scope head): documents (indices into the scope's
+    ``seqs``, ascending) and the term's count in each."""
 
     upto: int
-    seqs: object  # numpy int64 arrays
-    tfs: object
-    lengths: object
+    docs: object  # numpy int64
+    tfs: object  # numpy float64
 
 
 @dataclass
 class _ScopeCache:
+    """What this process holds of one scope's index, as of ``generation`` and up to ``upto``: every indexed
+    memory's seq (ascending) and length, and the postings of the terms it was asked for."""
+
     generation: int
+    upto: int
+    seqs: object  # numpy int64
+    lengths: object  # numpy float64
     terms: dict[int, _TermPostings]
 
 
@@ -365,40 +371,46 @@ _MAX_CACHED_SCOPES = 16  # a process serving more scopes reads the least recentl
 _cache: dict[tuple[int, object], _ScopeCache] = {}
 
 
-def _postings(scope: Scope, weights: _Weights) -> dict[int, _TermPostings]:
-    """The query terms' postings up to the head, from this process's cache and one delta read (none when current)."""
+def _held(scope: Scope, weights: _Weights) -> _ScopeCache:
+    """This process's copy of the scope's documents and query terms up to the head: one read of what was appended
+    past what it held (none when current), or of everything after a change of generation."""
     import numpy as np
 
     cache_key = (scope.pk, scope.created_at)
-    cached = _cache.pop(cache_key, None)
-    if cached is None or cached.generation != weights.generation:
-        cached = _ScopeCache(weights.generation, {})
-    _cache[cache_key] = cached  # most recently used last
+    held = _cache.pop(cache_key, None)
+    if held is None or held.generation != weights.generation:
+        held = _ScopeCache(weights.generation, 0, np.zeros(0, np.int64), np.zeros(0, np.float64), {})
+    _cache[cache_key] = held  # most recently used last
     while len(_cache) > _MAX_CACHED_SCOPES:
         _cache.pop(next(iter(_cache)))
-    stale = {t: cached.terms[t].upto if t in cached.terms else 0 for t in weights.weight
-             if t not in cached.terms or cached.terms[t].upto < weights.head}
+    stale = {t: held.terms[t].upto if t in held.terms else 0 for t in weights.weight
+             if t not in held.terms or held.terms[t].upto < weights.head}
+    if held.upto >= weights.head and not stale:
+        return held
+    # documents past what is held (kind 0), then each stale term's postings past what is held of it (kind 1)
+    sql = f"SELECT 0, 0, d.seq, 0, d.length FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq > %s AND d.seq <= %s"
+    params: list = [scope.pk, held.upto, weights.head]
     if stale:
         where = " OR ".join(["(p.term = %s AND p.seq > %s)"] * len(stale))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT p.term, p.seq, p.tf, p.length FROM {_POSTINGS} p WHERE p.scope_id = %s AND ({where}) "
-                "AND p.seq <= %s ORDER BY p.term, p.seq",
-                [scope.pk, *[v for t, upto in stale.items() for v in (t, upto)], weights.head],
-            )
-            rows = cursor.fetchall()
-        columns = np.array(rows, dtype=np.int64).reshape(-1, 4)
-        for term in stale:
-            mine = columns[columns[:, 0] == term]
-            held = cached.terms.get(term)
-            if held is None:
-                cached.terms[term] = _TermPostings(weights.head, mine[:, 1], mine[:, 2], mine[:, 3])
-            else:
-                cached.terms[term] = _TermPostings(
-                    weights.head, np.concatenate([held.seqs, mine[:, 1]]), np.concatenate([held.tfs, mine[:, 2]]),
-                    np.concatenate([held.lengths, mine[:, 3]]),
-                )
-    return {t: cached.terms[t] for t in weights.weight}
+        sql += (f" UNION ALL SELECT 1, p.term, p.seq, p.tf, 0 FROM {_POSTINGS} p WHERE p.scope_id = %s AND ({where}) "
+                "AND p.seq <= %s")
+        params += [scope.pk, *[v for t, upto in stale.items() for v in (t, upto)], weights.head]
+    with connection.cursor() as cursor:
+        cursor.execute(sql + " ORDER BY 1, 2, 3", params)
+        rows = np.array(cursor.fetchall(), dtype=np.int64).reshape(-1, 5)
+    docs = rows[rows[:, 0] == 0]
+    held.seqs = np.concatenate([held.seqs, docs[:, 2]])  # seqs past the held head: still ascending
+    held.lengths = np.concatenate([held.lengths, docs[:, 4].astype(np.float64)])
+    held.upto = weights.head
+    postings = rows[rows[:, 0] == 1]
+    for term in stale:
+        mine = postings[postings[:, 1] == term]
+        new = _TermPostings(weights.head, np.searchsorted(held.seqs, mine[:, 2]), mine[:, 3].astype(np.float64))
+        old = held.terms.get(term)
+        if old is not None:
+            new = _TermPostings(weights.head, np.concatenate([old.docs, new.docs]), np.concatenate([old.tfs, new.tfs]))
+        held.terms[term] = new
+    return held
 
 
 def _allowed(scope: Scope, *, head: int, subject_ids_of, since, until):
@@ -441,21 +453,20 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
     weights = _weights(scope, counts, _NO_HEAD if as_of is None else as_of)
     if head_only or not weights.weight:
         return RankedPage(head=weights.head, ranked=[])
-    postings = _postings(scope, weights)
-    seqs, parts = [], []
-    for term, held in postings.items():
-        keep = held.seqs <= as_of if as_of is not None else slice(None)
-        tfs = held.tfs[keep].astype(np.float64)
-        seqs.append(held.seqs[keep])
-        parts.append(weights.weight[term] * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[keep]))
-    all_seqs = np.concatenate(seqs)
-    unique, inverse = np.unique(all_seqs, return_inverse=True)
-    scores = np.zeros(len(unique), dtype=np.float64)
-    for start, part in zip(np.cumsum([0] + [len(x) for x in seqs[:-1]]), parts, strict=True):
-        np.add.at(scores, inverse[start:start + len(part)], part)  # term by term, in query order, as bm25s sums
+    held = _held(scope, weights)
+    upto = len(held.seqs) if as_of is None else int(np.searchsorted(held.seqs, as_of, side="right"))
+    scores = np.zeros(upto, dtype=np.float64)
+    for term, weight in weights.weight.items():  # term by term, as bm25s sums them
+        postings = held.terms[term]
+        keep = postings.docs < upto
+        docs, tfs = postings.docs[keep], postings.tfs[keep]
+        scores += np.bincount(docs, weight * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[docs]), upto)
     allowed = _allowed(scope, head=weights.head, subject_ids_of=subject_ids_of, since=since, until=until)
     if allowed is not None:
-        mask = np.isin(unique, allowed, assume_unique=True)
-        unique, scores = unique[mask], scores[mask]
-    best = np.lexsort((unique, -scores))[:limit]  # by score descending, then seq ascending
-    return RankedPage(head=weights.head, ranked=[Ranked(int(unique[i]), float(scores[i])) for i in best])
+        scores[~np.isin(held.seqs[:upto], allowed, assume_unique=True)] = 0.0
+    matching = np.flatnonzero(scores > 0)
+    if len(matching) > limit:  # the k-th score, and every memory tied with it (the earlier seq wins a tie)
+        kth = np.partition(scores[matching], len(matching) - limit)[len(matching) - limit]
+        matching = matching[scores[matching] >= kth]
+    best = matching[np.lexsort((matching, -scores[matching]))][:limit]  # seq order = index order
+    return RankedPage(head=weights.head, ranked=[Ranked(int(held.seqs[i]), float(scores[i])) for i in best])

@@ -403,8 +403,8 @@ def scope_erasure_requests(*, scope: Scope) -> QuerySet[ErasureRequest]:
 # ---------------------------------------------------------------------------
 # Search: BM25 over a scope's search index (memories.search_index), ranked in the database
 # ---------------------------------------------------------------------------
-# The index is kept by appends and erasures; a search reads the postings of its query's terms and opens only
-# the memories it returns. One BM25 and one tokenization for the whole project: the index scores exactly as
+# The index is kept by appends and erasures; a search ranks the postings of its query's terms (held by the process
+# and checked against the database's head and generation on every search) and opens only the memories it returns. One BM25 and one tokenization for the whole project: the index scores exactly as
 # kvengine.retrieval.Bm25 (bm25s), which the gate and kveval call.
 MAX_SEARCH_TOP_K = 100
 MAX_SEARCH_QUERY_CHARS = 2000
@@ -478,7 +478,8 @@ def _top_k_validate(top_k: object, *, field: str) -> int:
 
 def memory_search(*, scope: Scope, query: str, k: int) -> list[RankedMemory]:
     """The seqs of the ``k`` memories of ``scope`` that best match ``query`` by BM25, best first (equal scores:
-    the earlier first); ``sorted(r.seq for r in ...)`` is their log order. Opens nothing: two queries.
+    the earlier first); ``sorted(r.seq for r in ...)`` is their log order. Opens nothing: one query once this
+    process holds the terms' postings up to the scope's head, one more to read what it lacks.
 
     Erased memories are not in the index once their erasure's shred step has committed; a caller that opens
     the rows still checks each for ``erased`` (a forget in flight between its shred and that commit).
@@ -506,10 +507,11 @@ def memories_search(
     """Return the scope's memories that best match ``query`` by BM25, best first, at most ``top_k``.
 
     Filters: ``subject`` (external id), ``since <= created_at < until``, ``seq <= as_of`` (default: the
-    scope's head, read by the same statement as the ranking, so the reported ``as_of`` is exactly what was
-    read), and ``metadata`` (exact match on each given top-level key). BM25's statistics are those of the
-    memories the first three filters keep; metadata is sealed, so it is checked on the ranked memories as they
-    are opened (more are ranked until ``top_k`` match or none is left), and does not change the statistics.
+    scope's head, read by the same statement as the statistics, so the reported ``as_of`` is exactly what was
+    ranked), and ``metadata`` (exact match on each given top-level key). BM25's statistics are the scope's as
+    of ``as_of``: the other filters choose among its memories without changing them (as a filter does in
+    Lucene). Metadata is sealed, so it is checked on the ranked memories as they are opened (more are ranked
+    until ``top_k`` match or none is left).
     Erased memories are never returned: they leave the index with their erasure, and any that opens as
     erased is dropped. Only ``scope``'s rows are read. Raises naming the field.
     """
