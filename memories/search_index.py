@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import hmac
 import math
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db import connection, models, transaction
 from django.utils import timezone
@@ -40,7 +42,6 @@ _POSTINGS = SearchPosting._meta.db_table
 _TERMS = SearchTerm._meta.db_table
 _INDEX = SearchIndex._meta.db_table
 _MEMORIES = Memory._meta.db_table
-_SUBJECTS = Subject._meta.db_table
 _NO_HEAD = 2**63 - 1  # as_of when none is given: every seq is at or before it
 
 
@@ -364,11 +365,14 @@ class _ScopeCache:
     upto: int
     seqs: object  # numpy int64
     lengths: object  # numpy float64
+    subjects: object  # numpy int64, -1 for none: what the subject filter reads
+    created: object  # numpy datetime64[us] (UTC): what the time filters read
     terms: dict[int, _TermPostings]
 
 
 _MAX_CACHED_SCOPES = 16  # a process serving more scopes reads the least recently searched one again
 _cache: dict[tuple[int, object], _ScopeCache] = {}
+_cache_lock = threading.Lock()  # a threaded server's searches extend the same arrays: one at a time per process
 
 
 def _held(scope: Scope, weights: _Weights) -> _ScopeCache:
@@ -379,7 +383,8 @@ def _held(scope: Scope, weights: _Weights) -> _ScopeCache:
     cache_key = (scope.pk, scope.created_at)
     held = _cache.pop(cache_key, None)
     if held is None or held.generation != weights.generation:
-        held = _ScopeCache(weights.generation, 0, np.zeros(0, np.int64), np.zeros(0, np.float64), {})
+        held = _ScopeCache(weights.generation, 0, np.zeros(0, np.int64), np.zeros(0, np.float64),
+                           np.zeros(0, np.int64), np.zeros(0, "datetime64[us]"), {})
     _cache[cache_key] = held  # most recently used last
     while len(_cache) > _MAX_CACHED_SCOPES:
         _cache.pop(next(iter(_cache)))
@@ -388,21 +393,26 @@ def _held(scope: Scope, weights: _Weights) -> _ScopeCache:
     if held.upto >= weights.head and not stale:
         return held
     # documents past what is held (kind 0), then each stale term's postings past what is held of it (kind 1)
-    sql = f"SELECT 0, 0, d.seq, 0, d.length FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq > %s AND d.seq <= %s"
+    sql = (f"SELECT 0, 0, d.seq, d.created_at, d.length, coalesce(d.subject_id, -1) FROM {_DOCS} d "
+           "WHERE d.scope_id = %s AND d.seq > %s AND d.seq <= %s")
     params: list = [scope.pk, held.upto, weights.head]
     if stale:
         where = " OR ".join(["(p.term = %s AND p.seq > %s)"] * len(stale))
-        sql += (f" UNION ALL SELECT 1, p.term, p.seq, p.tf, 0 FROM {_POSTINGS} p WHERE p.scope_id = %s AND ({where}) "
-                "AND p.seq <= %s")
+        sql += (f" UNION ALL SELECT 1, p.term, p.seq, NULL, p.tf, 0 FROM {_POSTINGS} p WHERE p.scope_id = %s "
+                f"AND ({where}) AND p.seq <= %s")
         params += [scope.pk, *[v for t, upto in stale.items() for v in (t, upto)], weights.head]
     with connection.cursor() as cursor:
         cursor.execute(sql + " ORDER BY 1, 2, 3", params)
-        rows = np.array(cursor.fetchall(), dtype=np.int64).reshape(-1, 5)
-    docs = rows[rows[:, 0] == 0]
+        rows = cursor.fetchall()
+    num_docs = next((i for i, row in enumerate(rows) if row[0] == 1), len(rows))
+    created = np.array([_utc_naive(row[3]) for row in rows[:num_docs]], dtype="datetime64[us]")
+    columns = np.array([(k, t, q, n, subject) for k, t, q, _, n, subject in rows], dtype=np.int64).reshape(-1, 5)
+    docs, postings = columns[:num_docs], columns[num_docs:]
     held.seqs = np.concatenate([held.seqs, docs[:, 2]])  # seqs past the held head: still ascending
-    held.lengths = np.concatenate([held.lengths, docs[:, 4].astype(np.float64)])
+    held.lengths = np.concatenate([held.lengths, docs[:, 3].astype(np.float64)])
+    held.subjects = np.concatenate([held.subjects, docs[:, 4]])
+    held.created = np.concatenate([held.created, created])
     held.upto = weights.head
-    postings = rows[rows[:, 0] == 1]
     for term in stale:
         mine = postings[postings[:, 1] == term]
         new = _TermPostings(weights.head, np.searchsorted(held.seqs, mine[:, 2]), mine[:, 3].astype(np.float64))
@@ -413,27 +423,31 @@ def _held(scope: Scope, weights: _Weights) -> _ScopeCache:
     return held
 
 
-def _allowed(scope: Scope, *, head: int, subject_ids_of, since, until):
-    """The seqs the subject and time filters keep (numpy, ascending), or None without such filters."""
+def _utc_naive(value):
+    """A stored datetime as naive UTC (numpy's datetime64 has no time zone)."""
+    if isinstance(value, str):  # SQLite returns a UNION's datetimes as text
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+def _kept(held: _ScopeCache, upto: int, scope: Scope, *, subject_ids_of, since, until):
+    """Which of the first ``upto`` held memories the subject and time filters keep (numpy bools), or None."""
     import numpy as np
 
-    where, params = [], []
-    if subject_ids_of is not None:
-        marks = ", ".join(["%s"] * len(subject_ids_of))
-        where.append(f"d.subject_id IN (SELECT s.id FROM {_SUBJECTS} s WHERE s.external_id IN ({marks}))")
-        params += list(subject_ids_of)
-    if since is not None:
-        where.append("d.created_at >= %s")
-        params.append(since)
-    if until is not None:
-        where.append("d.created_at < %s")
-        params.append(until)
-    if not where:
+    if subject_ids_of is None and since is None and until is None:
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT d.seq FROM {_DOCS} d WHERE d.scope_id = %s AND d.seq <= %s AND {' AND '.join(where)}",
-                       [scope.pk, head, *params])
-        return np.array(sorted(row[0] for row in cursor.fetchall()), dtype=np.int64)
+    keep = np.ones(upto, dtype=bool)
+    if subject_ids_of is not None:
+        # the subject rows with these spellings: the scope's own, and legacy global ones with memories here
+        ids = list(Subject.objects.filter(external_id__in=list(subject_ids_of)).values_list("pk", flat=True))
+        keep &= np.isin(held.subjects[:upto], np.array(ids, dtype=np.int64))
+    if since is not None:
+        keep &= held.created[:upto] >= np.datetime64(_utc_naive(since), "us")
+    if until is not None:
+        keep &= held.created[:upto] < np.datetime64(_utc_naive(until), "us")
+    return keep
 
 
 def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids_of: Sequence[str] | None = None,
@@ -442,7 +456,7 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
 
     Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
     ``seq <= as_of``. One statement when this process holds the query's terms up to the head; one more to read
-    what it lacks, and one for the seqs the subject and time filters keep.
+    what it lacks, and one for the subject rows of a subject filter.
     """
     import numpy as np
 
@@ -453,20 +467,22 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
     weights = _weights(scope, counts, _NO_HEAD if as_of is None else as_of)
     if head_only or not weights.weight:
         return RankedPage(head=weights.head, ranked=[])
-    held = _held(scope, weights)
-    upto = len(held.seqs) if as_of is None else int(np.searchsorted(held.seqs, as_of, side="right"))
-    scores = np.zeros(upto, dtype=np.float64)
-    for term, weight in weights.weight.items():  # term by term, as bm25s sums them
-        postings = held.terms[term]
-        keep = postings.docs < upto
-        docs, tfs = postings.docs[keep], postings.tfs[keep]
-        scores += np.bincount(docs, weight * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[docs]), upto)
-    allowed = _allowed(scope, head=weights.head, subject_ids_of=subject_ids_of, since=since, until=until)
-    if allowed is not None:
-        scores[~np.isin(held.seqs[:upto], allowed, assume_unique=True)] = 0.0
+    with _cache_lock:
+        held = _held(scope, weights)
+        upto = len(held.seqs) if as_of is None else int(np.searchsorted(held.seqs, as_of, side="right"))
+        seqs = held.seqs[:upto]
+        scores = np.zeros(upto, dtype=np.float64)
+        for term, weight in weights.weight.items():  # term by term, as bm25s sums them
+            postings = held.terms[term]
+            keep = postings.docs < upto
+            docs, tfs = postings.docs[keep], postings.tfs[keep]
+            scores += np.bincount(docs, weight * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[docs]), upto)
+        kept = _kept(held, upto, scope, subject_ids_of=subject_ids_of, since=since, until=until)
+    if kept is not None:
+        scores[~kept] = 0.0
     matching = np.flatnonzero(scores > 0)
     if len(matching) > limit:  # the k-th score, and every memory tied with it (the earlier seq wins a tie)
         kth = np.partition(scores[matching], len(matching) - limit)[len(matching) - limit]
         matching = matching[scores[matching] >= kth]
     best = matching[np.lexsort((matching, -scores[matching]))][:limit]  # seq order = index order
-    return RankedPage(head=weights.head, ranked=[Ranked(int(held.seqs[i]), float(scores[i])) for i in best])
+    return RankedPage(head=weights.head, ranked=[Ranked(int(seqs[i]), float(scores[i])) for i in best])
