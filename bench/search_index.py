@@ -253,8 +253,9 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
     figures["append_cost"] = _append_cost(scope, text, num_appends, batch, num_batches)
     from memories import search_index
 
-    cached = sum(held.seqs.nbytes + held.tfs.nbytes + held.lengths.nbytes
-                 for held_scope in search_index._cache.values() for held in held_scope.terms.values())
+    cached = sum(held.seqs.nbytes + held.lengths.nbytes + held.subjects.nbytes + held.created.nbytes
+                 + sum(term.docs.nbytes + term.tfs.nbytes for term in held.terms.values())
+                 for held in search_index._cache.values())
     figures["process_cache"] = {"terms": sum(len(c.terms) for c in search_index._cache.values()),
                                 "mb": round(cached / 2**20, 1)}
     # searches right after appends: each reads the postings appended past what it held (a delta)

@@ -304,27 +304,23 @@ class _Weights:
 
 
 def weights_statement(scope: Scope, counts: Counter[int], as_of: int) -> tuple[str, list]:
-    """The scope's head, totals and generation, and the query terms' document frequencies, as of ``as_of`` (the
-    memories appended after it are few, and their counts are taken off), in one statement."""
+    """The scope's head, totals and generation (kind 0, 2), and the query terms' document frequencies (kind 1), as
+    of ``as_of`` (the memories appended after it are few, and their counts are taken off). Rows of _ROW's shape."""
     terms, term_params = _in("t.term", list(counts))
     sql = (
         f"SELECT 0, i.generation, i.num_documents - (SELECT count(*) FROM {_DOCS} d WHERE d.scope_id = %s "
-        f"AND d.seq > %s), i.total_length - (SELECT coalesce(sum(d.length), 0) FROM {_DOCS} d WHERE d.scope_id = %s "
-        f"AND d.seq > %s) FROM {_INDEX} i WHERE i.scope_id = %s "
+        f"AND d.seq > %s), CAST(NULL AS timestamp with time zone), i.total_length - (SELECT coalesce(sum(d.length), 0) FROM {_DOCS} d "
+        f"WHERE d.scope_id = %s AND d.seq > %s), 0 FROM {_INDEX} i WHERE i.scope_id = %s "
         f"UNION ALL SELECT 1, t.term, t.df - (SELECT count(*) FROM {_POSTINGS} p WHERE p.scope_id = t.scope_id "
-        f"AND p.term = t.term AND p.seq > %s), NULL FROM {_TERMS} t WHERE t.scope_id = %s AND {terms} "
-        f"UNION ALL SELECT 2, NULL, max(m.seq), NULL FROM {_MEMORIES} m WHERE m.scope_id = %s"
+        f"AND p.term = t.term AND p.seq > %s), CAST(NULL AS timestamp with time zone), 0, 0 FROM {_TERMS} t WHERE t.scope_id = %s AND {terms} "
+        f"UNION ALL SELECT 2, 0, max(m.seq), CAST(NULL AS timestamp with time zone), 0, 0 FROM {_MEMORIES} m WHERE m.scope_id = %s"
     )
     return sql, [scope.pk, as_of, scope.pk, as_of, scope.pk, as_of, scope.pk, *term_params, scope.pk]
 
 
-def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
-    sql, params = weights_statement(scope, counts, as_of)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+def _weights(rows: list[tuple], counts: Counter[int]) -> _Weights:
     head, generation, num_documents, total_length, df = 0, -1, 0, 0, {}
-    for kind, term, value, length in rows:
+    for kind, term, value, _, length, _ in rows:
         if kind == 0:
             generation, num_documents, total_length = int(term), int(value), int(length)
         elif kind == 1 and value > 0:
@@ -339,13 +335,6 @@ def _weights(scope: Scope, counts: Counter[int], as_of: int) -> _Weights:
                     generation)
 
 
-# ---------------------------------------------------------------------------
-# This process's postings of the terms it was asked for, per scope: read once, then only what was appended
-# ---------------------------------------------------------------------------
-# The database stays the only truth: each search reads the scope's head and generation in the statement that reads
-# its weights, and reads the postings appended past what a cached term holds (up to that head) before ranking; an
-# erasure or backfill moves the generation in its own transaction, and the next search in any process drops what it
-# held of the scope. So a search never ranks with a posting the database no longer has.
 @dataclass
 class _TermPostings:
     """One term's postings in this process, up to ``upto`` (a scope head): documents (indices into the scope's
@@ -375,52 +364,79 @@ _cache: dict[tuple[int, object], _ScopeCache] = {}
 _cache_lock = threading.Lock()  # a threaded server's searches extend the same arrays: one at a time per process
 
 
-def _held(scope: Scope, weights: _Weights) -> _ScopeCache:
-    """This process's copy of the scope's documents and query terms up to the head: one read of what was appended
-    past what it held (none when current), or of everything after a change of generation."""
+def _delta_statement(scope: Scope, held: _ScopeCache, terms: Sequence[int], head: int | None) -> tuple[str, list]:
+    """The documents past what ``held`` holds (kind 3), and each term's postings past what it holds of it (kind 4),
+    up to ``head`` (None: the head this statement reads). Rows of _ROW's shape."""
+    upto = f"(SELECT max(m.seq) FROM {_MEMORIES} m WHERE m.scope_id = %s)" if head is None else "%s"
+    upto_param = scope.pk if head is None else head
+    sql = (f"SELECT 3, 0, d.seq, d.created_at, d.length, coalesce(d.subject_id, -1) FROM {_DOCS} d "
+           f"WHERE d.scope_id = %s AND d.seq > %s AND d.seq <= {upto}")
+    params: list = [scope.pk, held.upto, upto_param]
+    where = " OR ".join(["(p.term = %s AND p.seq > %s)"] * len(terms))
+    sql += (f" UNION ALL SELECT 4, p.term, p.seq, CAST(NULL AS timestamp with time zone), p.tf, 0 FROM {_POSTINGS} p WHERE p.scope_id = %s "
+            f"AND ({where}) AND p.seq <= {upto}")
+    params += [scope.pk, *[v for t in terms for v in (t, held.terms[t].upto if t in held.terms else 0)], upto_param]
+    return sql, params
+
+
+def _apply(held: _ScopeCache, rows: list[tuple], terms: Sequence[int], head: int) -> None:
+    """Extend ``held`` with a delta's rows (kinds 3 and 4; any others are skipped): it then holds ``terms`` up to
+    ``head``."""
     import numpy as np
 
+    docs = [row for row in rows if row[0] == 3]
+    docs.sort(key=lambda row: row[2])
+    postings = np.array([(row[1], row[2], row[4]) for row in rows if row[0] == 4], dtype=np.int64).reshape(-1, 3)
+    held.seqs = np.concatenate([held.seqs, np.array([row[2] for row in docs], dtype=np.int64)])  # all past upto
+    held.lengths = np.concatenate([held.lengths, np.array([row[4] for row in docs], dtype=np.float64)])
+    held.subjects = np.concatenate([held.subjects, np.array([row[5] for row in docs], dtype=np.int64)])
+    held.created = np.concatenate([held.created, np.array([_utc_naive(row[3]) for row in docs], "datetime64[us]")])
+    held.upto = head
+    for term in terms:
+        mine = postings[postings[:, 0] == term]
+        mine = mine[np.argsort(mine[:, 1], kind="stable")]
+        new = _TermPostings(head, np.searchsorted(held.seqs, mine[:, 1]), mine[:, 2].astype(np.float64))
+        old = held.terms.get(term)
+        if old is not None:
+            new = _TermPostings(head, np.concatenate([old.docs, new.docs]), np.concatenate([old.tfs, new.tfs]))
+        held.terms[term] = new
+
+
+def _empty(generation: int) -> _ScopeCache:
+    import numpy as np
+
+    return _ScopeCache(generation, 0, np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64),
+                       np.zeros(0, "datetime64[us]"), {})
+
+
+def _read(scope: Scope, counts: Counter[int], as_of: int) -> tuple[_Weights, _ScopeCache]:
+    """The weights, and this process's copy of the scope's documents and query terms brought up to the head.
+
+    One statement reads the weights and, past what this process holds, the documents and the terms' postings; a
+    second only when the scope's generation moved since (an erasure, a backfill): the copy is then read anew.
+    """
     cache_key = (scope.pk, scope.created_at)
-    held = _cache.pop(cache_key, None)
-    if held is None or held.generation != weights.generation:
-        held = _ScopeCache(weights.generation, 0, np.zeros(0, np.int64), np.zeros(0, np.float64),
-                           np.zeros(0, np.int64), np.zeros(0, "datetime64[us]"), {})
+    held = _cache.pop(cache_key, None) or _empty(-2)
     _cache[cache_key] = held  # most recently used last
     while len(_cache) > _MAX_CACHED_SCOPES:
         _cache.pop(next(iter(_cache)))
-    stale = {t: held.terms[t].upto if t in held.terms else 0 for t in weights.weight
-             if t not in held.terms or held.terms[t].upto < weights.head}
-    if held.upto >= weights.head and not stale:
-        return held
-    # documents past what is held (kind 0), then each stale term's postings past what is held of it (kind 1)
-    sql = (f"SELECT 0, 0, d.seq, d.created_at, d.length, coalesce(d.subject_id, -1) FROM {_DOCS} d "
-           "WHERE d.scope_id = %s AND d.seq > %s AND d.seq <= %s")
-    params: list = [scope.pk, held.upto, weights.head]
-    if stale:
-        where = " OR ".join(["(p.term = %s AND p.seq > %s)"] * len(stale))
-        sql += (f" UNION ALL SELECT 1, p.term, p.seq, NULL, p.tf, 0 FROM {_POSTINGS} p WHERE p.scope_id = %s "
-                f"AND ({where}) AND p.seq <= %s")
-        params += [scope.pk, *[v for t, upto in stale.items() for v in (t, upto)], weights.head]
+    terms = list(counts)
+    weights_sql, weights_params = weights_statement(scope, counts, as_of)
+    delta_sql, delta_params = _delta_statement(scope, held, terms, None)
     with connection.cursor() as cursor:
-        cursor.execute(sql + " ORDER BY 1, 2, 3", params)
+        cursor.execute(f"{weights_sql} UNION ALL {delta_sql}", [*weights_params, *delta_params])
         rows = cursor.fetchall()
-    num_docs = next((i for i, row in enumerate(rows) if row[0] == 1), len(rows))
-    created = np.array([_utc_naive(row[3]) for row in rows[:num_docs]], dtype="datetime64[us]")
-    columns = np.array([(k, t, q, n, subject) for k, t, q, _, n, subject in rows], dtype=np.int64).reshape(-1, 5)
-    docs, postings = columns[:num_docs], columns[num_docs:]
-    held.seqs = np.concatenate([held.seqs, docs[:, 2]])  # seqs past the held head: still ascending
-    held.lengths = np.concatenate([held.lengths, docs[:, 3].astype(np.float64)])
-    held.subjects = np.concatenate([held.subjects, docs[:, 4]])
-    held.created = np.concatenate([held.created, created])
-    held.upto = weights.head
-    for term in stale:
-        mine = postings[postings[:, 1] == term]
-        new = _TermPostings(weights.head, np.searchsorted(held.seqs, mine[:, 2]), mine[:, 3].astype(np.float64))
-        old = held.terms.get(term)
-        if old is not None:
-            new = _TermPostings(weights.head, np.concatenate([old.docs, new.docs]), np.concatenate([old.tfs, new.tfs]))
-        held.terms[term] = new
-    return held
+    weights = _weights(rows, counts)
+    if held.generation == weights.generation or (held.upto == 0 and not held.terms):  # a new copy: all of it
+        held.generation = weights.generation
+        _apply(held, rows, terms, weights.head)
+        return weights, held
+    held = _cache[cache_key] = _empty(weights.generation)
+    delta_sql, delta_params = _delta_statement(scope, held, terms, weights.head)
+    with connection.cursor() as cursor:
+        cursor.execute(delta_sql, delta_params)
+        _apply(held, cursor.fetchall(), terms, weights.head)
+    return weights, held
 
 
 def _utc_naive(value):
@@ -455,20 +471,18 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
     """The ``limit`` best memories of ``scope`` for ``query`` by BM25, best first (equal scores: the earlier first).
 
     Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
-    ``seq <= as_of``. One statement when this process holds the query's terms up to the head; one more to read
-    what it lacks, and one for the subject rows of a subject filter.
+    ``seq <= as_of``. One statement (_read), a second after an erasure or backfill, and one for the subject rows
+    of a subject filter.
     """
     import numpy as np
 
     counts = Counter(term_digest(key, token) for token in bm25_tokenize(query)) if key is not None else Counter()
-    head_only = not counts
-    if head_only:
-        counts = Counter({0: 1})  # no term: the statement still reads the head
-    weights = _weights(scope, counts, _NO_HEAD if as_of is None else as_of)
-    if head_only or not weights.weight:
-        return RankedPage(head=weights.head, ranked=[])
+    if not counts:
+        counts = Counter({0: 1})  # no term (or nothing indexed): the statement still reads the head; 0 weighs 0
     with _cache_lock:
-        held = _held(scope, weights)
+        weights, held = _read(scope, counts, _NO_HEAD if as_of is None else as_of)
+        if not weights.weight:
+            return RankedPage(head=weights.head, ranked=[])
         upto = len(held.seqs) if as_of is None else int(np.searchsorted(held.seqs, as_of, side="right"))
         seqs = held.seqs[:upto]
         scores = np.zeros(upto, dtype=np.float64)
