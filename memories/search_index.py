@@ -1,8 +1,8 @@
 """The search index: BM25 postings of each scope's memories, in the database, kept current by appends and erasures.
 
-Why in the database and not in a process: a search then reads only postings of its query's terms (no decrypting
-the scope, no per-request indexing), and an append or erasure changes the index in its own transaction, so every
-process sees the change at its commit: there is no in-process copy to purge.
+Why in the database: a search reads only postings of its query's terms (no decrypting the scope, no per-request
+indexing), and an append or erasure changes the index in its own transaction, so every process sees the change at
+its commit. A process keeps the postings it has read, and checks them against the database on every search (below).
 
 - Terms are never stored: a posting holds the first 8 bytes of HMAC-SHA256(the scope's index key, term).
   Without the key the tables cannot be searched for a guessed word; deleting the scope shreds the key.
