@@ -3,12 +3,12 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench MNESIO_DEBUG=1 \\
       .venv/bin/python bench/search_latency.py --memories 200 --queries 300
 
-What one request costs end to end inside the process: token authentication, the scope and head queries, reading
-and decrypting the scope's memories (AES-GCM, one key unwrap per subject), BM25 indexing and scoring through
-bm25s (kvengine.retrieval), and JSON rendering; Django's test client calls the WSGI stack without a socket, so
+What one request costs end to end inside the process: token authentication, the scope, the ranking over the
+search index (memories.search_index: one statement, BM25 scored as bm25s scores), opening the returned memories
+(AES-GCM, one key unwrap per subject), and JSON rendering; Django's test client calls the WSGI stack without a socket, so
 network time is not in the figure. The selector alone (memories.selectors.memories_search) is timed too, to
 show where the time goes. Queries mix plain, subject-filtered and time-filtered searches; the first requests
-warm the process (imports, bm25s/scipy) and are not counted. Writes JSON to --out and prints it.
+warm the process (imports, the query terms' postings) and are not counted. Writes JSON to --out and prints it.
 Target (issue 15): p95 <= 50 ms on a scope of 200 memories.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 7) -> di
             return {"query": query, "top_k": top_k, "since": middle}
         return {"query": query, "top_k": top_k}
 
-    for i in range(10):  # warm-up: imports, bm25s and scipy, connection
+    for i in range(10):  # warm-up: imports, connection, the terms' postings
         assert client.post(url, data=body(i), format="json").status_code == 200
     api, api_cpu, selector, num_hits = [], [], [], []
     for i in range(num_queries):

@@ -71,7 +71,8 @@ def test_the_verification_names_every_unknown_key_id_and_passes_with_the_right_k
     assert master_key_verify().ok
     settings.MNESIO_MASTER_KEY = os.urandom(32)
     report = master_key_verify()
-    assert not report.ok and report.unknown == {crypto.master_key_id(stored): {"memories.Subject": 1, "memories.ScopeKey": 1}}
+    assert not report.ok and report.unknown == {crypto.master_key_id(stored): {"memories.Subject": 1, "memories.ScopeKey": 1,
+                                                                         "memories.SearchIndex": 1}}
     with pytest.raises(crypto.MasterKeyUnavailable, match="MNESIO_MASTER_KEY"):
         report.raise_if_unknown()
     settings.MNESIO_MASTER_KEY_OLD = stored  # mid-rotation: the old key is known
@@ -138,7 +139,7 @@ def test_rotation_with_the_right_old_key_still_works_after_a_refused_start(setti
     settings.MNESIO_MASTER_KEY_OLD = stored
     out = io.StringIO()
     call_command("rotate_master_key", stdout=out)
-    assert "re-wrapped 2 key(s)" in out.getvalue()
+    assert "re-wrapped 3 key(s)" in out.getvalue()  # the subject's, the scope's and the search index's
     settings.MNESIO_MASTER_KEY_OLD = None
     assert [m.text for m in scope_memories_open(scope=scope_a)] == [
         "The spare key is under the blue flowerpot.", "Dana's locker code is 4417."]

@@ -221,7 +221,7 @@ def test_rotation_through_key_files_keeps_every_memory_openable(settings, tmp_pa
         "SECRET_KEY": "s" * 60,  # production settings (MNESIO_DEBUG defaults to false) require one
     }
     out = _manage("rotate_master_key", env=env).stdout
-    assert "re-wrapped 4 key(s)" in out, out  # three subject keys and one scope key
+    assert "re-wrapped 5 key(s)" in out, out  # three subject keys, one scope key and the scope's search index key
     settings.MNESIO_MASTER_KEY, settings.MNESIO_MASTER_KEY_OLD = new, None
     assert scope_memories_open(scope=scope_a) == before
 
