@@ -411,3 +411,6 @@ class ErasureEvent(AppendOnlyModel):
             ),
         ]
         triggers = append_only_triggers()
+
+
+from memories.tokens import ApiTokenProfile  # noqa: E402,F401 - a model of this app, kept in its own module
