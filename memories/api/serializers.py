@@ -169,11 +169,15 @@ class ScopeGrantSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+# Scopes named in one token or invitation at most (a form body of more would pass Django's field limit too).
+MAX_TOKEN_SCOPES = 100
+
+
 class TokenCreateSerializer(StrictSerializer):
     name = TextField(required=False, default="", allow_blank=True, max_length=100,
                      help_text="A label for you (where the token is used).")
     scopes = serializers.ListField(
-        child=TextField(max_length=100), required=False, allow_null=True, max_length=1000,
+        child=TextField(max_length=100), required=False, allow_null=True, max_length=MAX_TOKEN_SCOPES,
         help_text="Limit the token to these of your scopes (absent or null: every scope you are granted, now and "
         "later). A limited token reaches only them and cannot manage tokens.",
     )
@@ -215,7 +219,7 @@ class NewTokenSerializer(TokenSerializer):
 class UserInviteSerializer(StrictSerializer):
     username = TextField(max_length=150)
     email = serializers.EmailField(required=False, default="", allow_blank=True)
-    scopes = serializers.ListField(child=TextField(max_length=100), required=False, default=list, max_length=1000,
+    scopes = serializers.ListField(child=TextField(max_length=100), required=False, default=list, max_length=MAX_TOKEN_SCOPES,
                                    help_text="Scopes to grant the new user (needs `memories.add_scopegrant`).")
     expires_at = serializers.DateTimeField(required=False, allow_null=True,
                                            help_text="When the first token stops working (default as for tokens).")
