@@ -160,3 +160,19 @@ def test_it_names_a_memorys_text_content_everywhere_with_text_as_alias(alice_key
     assert got["content"] == "Lena has a dog"
     found = client.post("/api/v1/scopes/scope-a/search/", {"query": "dog"}, format="json").json()["results"][0]
     assert found["content"] == "Lena has a dog"
+
+
+def test_it_keeps_a_limited_staff_token_to_its_scopes_for_staff_actions(operator, scope_a, scope_c, charlie):
+    from django.contrib.auth.models import Permission
+
+    from memories.models import ScopeGrant
+    from memories.services import scope_grant
+
+    operator.user_permissions.add(Permission.objects.get(codename="add_scopegrant"),
+                                  Permission.objects.get(codename="grant_scope_to_self"))
+    scope_grant(scope=scope_a, user=operator, actor=operator)
+    _, key = api_token_create(user=operator, scopes=["scope-a"])
+    r = _client(key).post("/api/v1/scopes/scope-c/grants/", {"user": "charlie"}, format="json")
+    assert r.status_code == 404 and r.json()["extra"]["field"] == "scope"
+    assert _client(key).post("/api/v1/scopes/scope-a/grants/", {"user": "charlie"}, format="json").status_code == 201
+    assert ScopeGrant.objects.filter(user=charlie).count() == 2
