@@ -76,11 +76,6 @@ class TokenAuthentication(KnoxTokenAuthentication):
         return False
 
 
-def authenticate_key(key: str):
-    """``(user, auth_token)`` of an API token given as its key (the MCP transports), or AuthenticationFailed."""
-    return TokenAuthentication().authenticate_credentials(key.encode("utf-8"))
-
-
 class TokenScheme(OpenApiAuthenticationExtension):
     """The schema's security scheme for these tokens: the same `tokenAuth` DRF's token authentication had."""
 
