@@ -42,8 +42,8 @@ log = logging.getLogger("mnesio")
 # is never renamed or reused (tests/api/test_error_codes.py checks each is produced and each produced is here).
 ERROR_CODES: dict[str, tuple[int, str]] = {
     "invalid_input": (400, "a value in the body, query or path is wrong; `extra.field` (or `extra.fields`) names it"),
-    "not_authenticated": (401, "no credentials: send `Authorization: Token <key>`"),
-    "authentication_failed": (401, "the token is unknown or revoked"),
+    "not_authenticated": (401, "no credentials: send `Authorization: Bearer <token>` (or `Token <token>`)"),
+    "authentication_failed": (401, "the token is unknown, expired or revoked"),
     "permission_denied": (403, "authenticated, but this action needs a permission the user lacks"),
     "not_found": (404, "no such object, or a scope not granted to you (answered alike on purpose)"),
     "method_not_allowed": (405, "the route does not accept this HTTP method"),

@@ -20,7 +20,7 @@ ERROR_REF = {"$ref": "#/components/schemas/Error"}
 # What any operation of this API may answer besides what its view declares (see the module docstring).
 COMMON_ERRORS = {
     "400": "Invalid input: `code` says which kind, `message` names the field and what was wrong",
-    "401": "Not authenticated: send `Authorization: Token <key>`",
+    "401": "Not authenticated: send `Authorization: Bearer <token>` (or `Token <token>`)",
     "403": "Permission denied",
     "404": "Not found (a scope not granted to you answers the same)",
     "405": "Method not allowed",

@@ -516,3 +516,6 @@ class SearchPosting(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["scope", "term", "seq", "tf", "length"], name="memories_searchposting_term")]
+
+
+from memories.tokens import ApiTokenProfile  # noqa: E402,F401 - a model of this app, kept in its own module

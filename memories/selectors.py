@@ -8,13 +8,14 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.validators import slug_re
 from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
-from core.errors import MnesioError, NotFound
+from core.errors import MnesioError, NotFound, PermissionDenied
 from core.permissions import staff_permission_check
 from memories import crypto
 from memories.models import (
@@ -28,6 +29,7 @@ from memories.models import (
     ScopeGrant,
     Subject,
 )
+from memories.tokens import TOKEN_SCOPES_ATTR
 
 
 class MemoryIntegrityError(MnesioError):
@@ -222,7 +224,9 @@ def scope_get_for_user(*, user, name: str) -> Scope:
     scope = None
     if user and user.is_authenticated:
         # a deleted scope answers like one that never existed
-        scope = Scope.objects.filter(name=name, grants__user=user, deleted_at__isnull=True).first()
+        scope = Scope.objects.filter(
+            _token_limit(user), name=name, grants__user=user, deleted_at__isnull=True
+        ).first()
     if scope is None:
         raise NotFound(f"`scope` '{name}' does not exist or is not granted to you", extra={"field": "scope"})
     return scope
@@ -239,7 +243,8 @@ def scope_get_for_staff(*, user, name: str, permission: str) -> Scope:
         staff_permission_check(user=user, permission=permission)
         if isinstance(name, str):
             name = unicodedata.normalize("NFC", name)
-        scope = Scope.objects.filter(name=name).first() if isinstance(name, str) and slug_re.fullmatch(name) else None
+        valid = isinstance(name, str) and slug_re.fullmatch(name)
+        scope = Scope.objects.filter(_token_limit(user), name=name).first() if valid else None
         if scope is None:
             raise NotFound(f"`scope` {_shown(name)} does not exist", extra={"field": "scope"})
         return scope
@@ -264,7 +269,63 @@ def user_scopes(*, user) -> QuerySet[Scope]:
     """Return the scopes ``user`` is granted (staff get no implicit grants)."""
     if not (user and user.is_authenticated):
         return Scope.objects.none()
-    return Scope.objects.filter(grants__user=user, deleted_at__isnull=True).order_by("name")
+    return Scope.objects.filter(_token_limit(user), grants__user=user, deleted_at__isnull=True).order_by("name")
+
+
+def _token_limit(user) -> Q:
+    """The scopes the request's token may reach (memories.tokens): every one, or the pks authentication attached."""
+    allowed = getattr(user, TOKEN_SCOPES_ATTR, None)
+    return Q() if allowed is None else Q(pk__in=allowed)
+
+
+# A token's public id: the first characters of its digest (sha512 of the secret, hex); never the secret nor its
+# lookup prefix, and useless to someone who has it.
+TOKEN_ID_CHARS = 16
+_TOKEN_ID_RE = re.compile(rf"[0-9a-f]{{{TOKEN_ID_CHARS}}}")
+
+
+def token_management_check(*, user) -> None:
+    """403 unless ``user`` came with a credential that reaches all their scopes (a limited token manages nothing)."""
+    if getattr(user, TOKEN_SCOPES_ATTR, None) is not None:
+        raise PermissionDenied(
+            "this token is limited to some scopes and cannot list, create or revoke tokens; use an unlimited token",
+            extra={"field": "authorization"},
+        )
+
+
+def user_tokens(*, user) -> QuerySet:
+    """The user's live API tokens (expired ones are dead: left out), oldest first, with their profiles."""
+    from knox.models import get_token_model
+
+    token_management_check(user=user)
+    live = Q(expiry__isnull=True) | Q(expiry__gt=timezone.now())
+    return (get_token_model().objects.filter(live, user=user).select_related("mnesio_profile")
+            .prefetch_related("mnesio_profile__scopes").order_by("created", "digest"))
+
+
+def user_token_get(*, user, token_id: str):
+    """The user's live token whose id is ``token_id``, or NotFound naming `token` (another user's is the same 404)."""
+    token = None
+    if isinstance(token_id, str) and _TOKEN_ID_RE.fullmatch(token_id):
+        token = user_tokens(user=user).filter(digest__startswith=token_id).first()
+    if token is None:
+        raise NotFound(f"`token` {_shown(token_id)} is not one of your tokens", extra={"field": "token"})
+    return token
+
+
+def token_scope_ids(*, auth_token) -> frozenset[int] | None:
+    """The scope pks ``auth_token`` (knox's) is limited to, or None when it reaches all its user's grants.
+
+    Reads the profile authentication fetched with the token (``select_related("mnesio_profile")``); a limited
+    token costs one query more for its scopes.
+    """
+    try:
+        profile = auth_token.mnesio_profile
+    except ObjectDoesNotExist:
+        return None
+    if not profile.restricted:
+        return None
+    return frozenset(profile.scopes.values_list("pk", flat=True))
 
 
 def subject_id_variants(external_id: str) -> list[str]:
@@ -307,6 +368,9 @@ def legacy_subject_erasable_by(*, subject: Subject, user) -> bool:
     if user is None:
         return True
     granted = set(ScopeGrant.objects.filter(user=user).values_list("scope_id", flat=True))
+    allowed = getattr(user, TOKEN_SCOPES_ATTR, None)
+    if allowed is not None:  # a token limited to some scopes erases only what those hold
+        granted &= allowed
     held_in = set(Memory.objects.filter(subject=subject).values_list("scope_id", flat=True).distinct())
     return held_in <= granted
 

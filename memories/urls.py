@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from django.urls import path
 
-from memories.api import views
+from memories.api import accounts, views
 
 urlpatterns = [
+    path("tokens/", accounts.TokenListView.as_view(), name="token-list"),
+    path("tokens/<str:token_id>/", accounts.TokenDetailView.as_view(), name="token-detail"),
+    path("users/", accounts.UserInviteView.as_view(), name="user-invite"),
     path("scopes/", views.ScopeListView.as_view(), name="scope-list"),
     path("scopes/<str:scope>/", views.ScopeDeleteView.as_view(), name="scope-delete"),
     path("scopes/<str:scope>/grants/", views.ScopeGrantsView.as_view(), name="scope-grants"),

@@ -498,8 +498,14 @@ SPECTACULAR_SETTINGS = {
         "core.schema.error_responses",
     ],
 }
-# API tokens (django-rest-knox): `Authorization: Token <key>`, no expiry (a client's token does not stop
-# working silently after knox's default 10 hours; revoke one by deleting it in the admin).
+# API tokens (django-rest-knox): `Authorization: Token <key>` or `Bearer <key>` on every surface
+# (mnesio_site.authentication). knox's own lifetime is off (a token made by `api_token_create` does not stop
+# working silently after knox's default 10 hours); tokens made through the API (POST /api/v1/tokens/, invitations)
+# carry an expiry: this many days by default, at most the second.
+MNESIO_TOKEN_DEFAULT_TTL_DAYS = envint("MNESIO_TOKEN_DEFAULT_TTL_DAYS", 90, minimum=1)
+MNESIO_TOKEN_MAX_TTL_DAYS = envint("MNESIO_TOKEN_MAX_TTL_DAYS", 365, minimum=1)
+if MNESIO_TOKEN_DEFAULT_TTL_DAYS > MNESIO_TOKEN_MAX_TTL_DAYS:
+    raise ImproperlyConfigured("`MNESIO_TOKEN_DEFAULT_TTL_DAYS` has to be at most `MNESIO_TOKEN_MAX_TTL_DAYS`")
 REST_KNOX = {
     "AUTH_HEADER_PREFIX": "Token",
     "TOKEN_TTL": None,

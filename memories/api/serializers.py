@@ -4,7 +4,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from core.serializers import StrictSerializer, TextField
-from memories.selectors import MAX_SEARCH_METADATA_KEYS, MAX_SEARCH_QUERY_CHARS, MAX_SEARCH_TOP_K
+from memories.selectors import MAX_SEARCH_METADATA_KEYS, MAX_SEARCH_QUERY_CHARS, MAX_SEARCH_TOP_K, TOKEN_ID_CHARS
 from memories.services import MAX_BATCH_ITEMS, MAX_IDEMPOTENCY_KEY_CHARS, MAX_REASON_CHARS, MAX_SUBJECT_CHARS
 
 METADATA_HELP = (
@@ -43,7 +43,10 @@ class MemoryForgetSerializer(StrictSerializer):
 class OpenedMemorySerializer(serializers.Serializer):
     seq = serializers.IntegerField()
     subject = serializers.CharField(allow_null=True)
-    text = serializers.CharField(allow_null=True, help_text="The plaintext; null when the memory is erased.")
+    content = serializers.CharField(source="text", allow_null=True,
+                                    help_text="The plaintext (the field appends take); null when the memory is erased.")
+    text = serializers.CharField(allow_null=True, help_text="Deprecated alias of `content` (same value), kept for "
+                                 "one release: read `content`.")
     erased = serializers.BooleanField()
     created_at = serializers.DateTimeField()
     metadata = serializers.DictField(help_text="The memory's metadata ({} when none, or when erased).")
@@ -164,3 +167,65 @@ class ScopeGrantSerializer(serializers.Serializer):
     scope = serializers.CharField(source="scope.name")
     user = serializers.CharField(source="user.get_username")
     created_at = serializers.DateTimeField()
+
+
+# Scopes named in one token or invitation at most (a form body of more would pass Django's field limit too).
+MAX_TOKEN_SCOPES = 100
+
+
+class TokenCreateSerializer(StrictSerializer):
+    name = TextField(required=False, default="", allow_blank=True, max_length=100,
+                     help_text="A label for you (where the token is used).")
+    scopes = serializers.ListField(
+        child=TextField(max_length=100), required=False, allow_null=True, max_length=MAX_TOKEN_SCOPES,
+        help_text="Limit the token to these of your scopes (absent or null: every scope you are granted, now and "
+        "later). A limited token reaches only them and cannot manage tokens.",
+    )
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True,
+        help_text="When it stops working (ISO 8601; default MNESIO_TOKEN_DEFAULT_TTL_DAYS from now, at most "
+        "MNESIO_TOKEN_MAX_TTL_DAYS).",
+    )
+
+
+class TokenSerializer(serializers.Serializer):
+    id = serializers.SerializerMethodField(help_text="The token's id (revoke it with DELETE /api/v1/tokens/<id>/).")
+    name = serializers.SerializerMethodField()
+    scopes = serializers.SerializerMethodField(help_text="The scopes it is limited to; null when it is not limited.")
+    created_at = serializers.DateTimeField(source="created")
+    expires_at = serializers.DateTimeField(source="expiry", allow_null=True)
+
+    def get_id(self, obj) -> str:
+        return obj.digest[:TOKEN_ID_CHARS]
+
+    def _profile(self, obj):
+        return getattr(obj, "mnesio_profile", None)  # a token made outside the API has none
+
+    def get_name(self, obj) -> str:
+        profile = self._profile(obj)
+        return profile.name if profile is not None else ""
+
+    def get_scopes(self, obj) -> list[str] | None:
+        profile = self._profile(obj)
+        if profile is None or not profile.restricted:
+            return None
+        return sorted(scope.name for scope in profile.scopes.all())
+
+
+class NewTokenSerializer(TokenSerializer):
+    token = serializers.CharField(help_text="The secret: send it as `Authorization: Bearer <token>`. Shown only now.")
+
+
+class UserInviteSerializer(StrictSerializer):
+    username = TextField(max_length=150)
+    email = serializers.EmailField(required=False, default="", allow_blank=True)
+    scopes = serializers.ListField(child=TextField(max_length=100), required=False, default=list, max_length=MAX_TOKEN_SCOPES,
+                                   help_text="Scopes to grant the new user (needs `memories.add_scopegrant`).")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True,
+                                           help_text="When the first token stops working (default as for tokens).")
+
+
+class InvitedUserSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField())
+    token = NewTokenSerializer()

@@ -27,6 +27,7 @@ from .forget import (
 from .rotation import RotationReport, master_key_rotate
 from .scopes import scope_create, scope_grant, scope_revoke
 from .search_index import search_index_backfill, search_index_erase
+from .tokens import api_token_create, api_token_revoke, user_invite
 from .validation import (
     MAX_BATCH_ITEMS,
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -39,6 +40,9 @@ from .validation import (
 
 __all__ = [
     "AppendOutcome",
+    "api_token_create",
+    "api_token_revoke",
+    "user_invite",
     "MAX_BATCH_ITEMS",
     "memories_append_batch",
     "memory_forget_file",

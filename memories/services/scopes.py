@@ -16,7 +16,12 @@ logger = logging.getLogger("memories")
 
 
 def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
-    """Create a scope; ``name`` must be a slug (letters, digits, '-', '_'), taken in Unicode NFC."""
+    """Create a scope; ``name`` must be a slug (letters, digits, '-', '_'), taken in Unicode NFC.
+
+    The creating user (``actor``) is granted the new scope in the same transaction, recorded as a grant event:
+    a scope is empty when it is made, so this reads no one's memories, and its creator can use it at once.
+    Scopes made by code (commands, setup: no actor) are granted to no one.
+    """
     if isinstance(name, str):
         name = unicodedata.normalize("NFC", name)
     if not isinstance(name, str) or not name or slugify(name) != name.lower() or len(name) > 100:
@@ -29,6 +34,8 @@ def scope_create(*, name: str, description: str = "", actor=None) -> Scope:
         # unique index decides (the loser's savepoint is rolled back, the caller's transaction stays usable)
         with transaction.atomic():
             scope = Scope.objects.create(name=name, description=description)
+            if actor is not None and getattr(actor, "pk", None) is not None:
+                _grant_record(scope=scope, user=actor, actor=actor)
     except IntegrityError:
         raise taken from None
     logger.info("scope created name=%s actor=%s", scope.name, getattr(actor, "pk", None))
@@ -40,6 +47,14 @@ def _event_record(*, scope: Scope, user, actor, action: str) -> ScopeGrantEvent:
         scope_name=scope.name, user_pk=user.pk, username=user.get_username(), action=action,
         actor_pk=getattr(actor, "pk", None), actor_username=actor.get_username() if actor is not None else "",
     )
+
+
+def _grant_record(*, scope: Scope, user, actor) -> tuple[ScopeGrant, bool]:
+    with transaction.atomic():
+        grant, created = ScopeGrant.objects.get_or_create(scope=scope, user=user)
+        if created:
+            _event_record(scope=scope, user=user, actor=actor, action=ScopeGrantAction.GRANTED)
+    return grant, created
 
 
 def scope_grant(*, scope: Scope, user, actor=None) -> ScopeGrant:
@@ -55,10 +70,7 @@ def scope_grant(*, scope: Scope, user, actor=None) -> ScopeGrant:
             "needs only `memories.add_scopegrant`); nothing was granted",
             extra={"field": "user", "permission": SELF_GRANT_PERMISSION},
         )
-    with transaction.atomic():
-        grant, created = ScopeGrant.objects.get_or_create(scope=scope, user=user)
-        if created:
-            _event_record(scope=scope, user=user, actor=actor, action=ScopeGrantAction.GRANTED)
+    grant, created = _grant_record(scope=scope, user=user, actor=actor)
     grant.created = created
     logger.info("scope granted scope=%s user=%s actor=%s created=%s", scope.name, user.pk, getattr(actor, "pk", None),
                 created)

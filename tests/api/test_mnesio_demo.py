@@ -43,8 +43,8 @@ def test_it_builds_a_served_demo_and_prints_how_to_use_it(settings, tmp_path, mo
     assert [(r.mode, r.version_id, r.actor) for r in records] == [("cartridge", version.pk, operator), ("text", None, operator)]
     assert "Biscuit" in out  # the fake answers with the memory that holds the answer
     assert f"API token: {token}" in out and "Dashboard: http://127.0.0.1:8123/dashboard/" in out
-    assert f'curl -H "Authorization: Token {token}" http://127.0.0.1:8123/api/kv/metrics' in out
-    assert "/api/scopes/demo/ask/" in out and "gate: passed" in out
+    assert f'curl -H "Authorization: Bearer {token}" http://127.0.0.1:8123/api/v1/kv/metrics' in out
+    assert "/api/v1/scopes/demo/ask/" in out and "/api/scopes/" not in out and "gate: passed" in out
     password = (tmp_path / "demo-operator-password").read_text().strip()
     assert operator.check_password(password) and f"operator / password {password}" in out
     assert oct((tmp_path / "demo-operator-password").stat().st_mode & 0o777) == "0o600"

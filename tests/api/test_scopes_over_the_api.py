@@ -50,7 +50,7 @@ def test_staff_with_add_scope_creates_a_scope(staff_with, api_client_for):
     assert response.status_code == 201, response.content
     assert response.json()["name"] == "agent-7" and response.json()["description"] == "the support bot"
     assert Scope.objects.filter(name="agent-7").exists()
-    assert _names(client) == []  # creating a scope grants nobody, its creator included
+    assert _names(client) == ["agent-7"]  # its creator is granted it (and nobody else)
     assert_error(client.post("/api/v1/scopes/", data={"name": "agent-7"}, format="json"), 409, "name")
     for bad in ("has spaces", "", "x" * 101, "a/b"):
         assert_error(client.post("/api/v1/scopes/", data={"name": bad}, format="json"), 400, "name")

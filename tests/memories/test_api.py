@@ -33,8 +33,8 @@ def test_a_granted_client_appends_lists_reads_and_gets_the_head(client_a, bob, a
     r = client_a.post("/api/scopes/scope-a/memories/", {"content": "Alice's dog is Rex.", "subject": "alice"}, format="json")
     assert r.status_code == 201, r.json()
     assert r.json() | {"created_at": None} == {
-        "seq": 1, "subject": "alice", "text": "Alice's dog is Rex.", "erased": False, "created_at": None,
-        "metadata": {},
+        "seq": 1, "subject": "alice", "content": "Alice's dog is Rex.", "text": "Alice's dog is Rex.", "erased": False,
+        "created_at": None, "metadata": {},
     }
     client_a.post("/api/scopes/scope-a/memories/", {"content": "Team standup is at 9."}, format="json")
 

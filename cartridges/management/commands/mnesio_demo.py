@@ -157,7 +157,7 @@ class Command(BaseCommand):
         view = AskView.as_view()
         for mode in ANSWER_MODES:
             request = factory.post(
-                f"/api/scopes/{scope.name}/ask/", {"question": QUESTION, "mode": mode}, format="json",
+                f"/api/v1/scopes/{scope.name}/ask/", {"question": QUESTION, "mode": mode}, format="json",
                 HTTP_AUTHORIZATION=f"Token {token}",
             )
             response = view(request, scope=scope.name)
@@ -171,9 +171,9 @@ class Command(BaseCommand):
             )
 
     def _instructions(self, scope: Scope, user: Any, token: str, password_note: str, base: str) -> None:
-        auth = f'-H "Authorization: Token {token}"'
+        auth = f'-H "Authorization: Bearer {token}"'
         json_header = "-H 'Content-Type: application/json'"
-        api = f"{base}/api/scopes/{scope.name}"
+        api = f"{base}/api/v1/scopes/{scope.name}"
 
         def body(data: dict[str, Any]) -> str:
             return f"{json_header} -d {shlex.quote(json.dumps(data))}"
@@ -196,7 +196,7 @@ class Command(BaseCommand):
             f"  curl {auth} {api}/cartridges/",
             f"  curl {auth} {ask} {api}/ask/",
             f"  curl {auth} {ask_text} {api}/ask/",
-            f"  curl {auth} {base}/api/kv/metrics",
+            f"  curl {auth} {base}/api/v1/kv/metrics",
             f"  curl {auth} {base}/metrics",
             "",
             f"Dashboard: {base}/dashboard/",
