@@ -10,11 +10,11 @@ compiled positions; moving a dequantized key is exact up to its quantization err
 from __future__ import annotations
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from ..config import check_choice
 from ..errors import CorruptCartridgeError
+from ..format import file_tensors, parse_file, write_file
+from ..payload import from_raw, to_raw
 from ..quant import KINDS, dequantize_kv, quantize_kv
 from .chunks import MemoryChunk
 
@@ -24,7 +24,7 @@ _PARTS = ("exact", "q", "scale", "zero", "bits")
 
 
 def chunk_dumps(chunk: MemoryChunk, *, quant: str = "none") -> bytes:
-    """Serialize ``chunk`` (deterministic bytes); ``quant``: "none" (its own dtype) or "q8"."""
+    """Serialize ``chunk`` (deterministic bytes: format.write_file); ``quant``: "none" (its own dtype) or "q8"."""
     check_choice("quant", quant, CHUNK_QUANTS)
     tensors = {"ids": torch.tensor(chunk.token_ids, dtype=torch.int64)}
     for kind, layers in (("k", chunk.keys), ("v", chunk.values)):
@@ -38,33 +38,21 @@ def chunk_dumps(chunk: MemoryChunk, *, quant: str = "none") -> bytes:
         "format": CHUNK_FORMAT, "quant": quant, "first_position": str(chunk.first_position), "prefix_sha256": chunk.prefix_sha256,
         "num_separator_tokens": str(chunk.num_separator_tokens),
     }
-    return st_save(tensors, metadata=metadata)
-
-
-def _metadata(data: bytes) -> dict[str, str]:
-    import json
-
-    if len(data) < 8:
-        raise CorruptCartridgeError("a memory chunk's bytes are too short to hold a header")
-    size = int.from_bytes(data[:8], "little")
-    try:
-        return dict(json.loads(data[8 : 8 + size]).get("__metadata__") or {})
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CorruptCartridgeError(f"a memory chunk's header is not JSON: {error}") from None
+    return write_file(metadata, {name: to_raw(tensor) for name, tensor in tensors.items()})
 
 
 def chunk_loads(data: bytes, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> MemoryChunk:
     """Read ``chunk_dumps``' bytes back into a chunk with K/V in ``dtype`` on ``device``; CorruptCartridgeError if malformed."""
-    meta = _metadata(data)
+    meta, index, body = parse_file(data)  # CorruptCartridgeError when truncated or garbled
     if meta.get("format") != CHUNK_FORMAT or meta.get("quant") not in CHUNK_QUANTS:
         raise CorruptCartridgeError(f"not a memory chunk of format {CHUNK_FORMAT!r} (format {meta.get('format')!r}, quant {meta.get('quant')!r})")
     try:
-        tensors = st_load(data)
+        tensors = {name: from_raw(raw) for name, raw in file_tensors(index, body).items()}
         ids = tuple(int(i) for i in tensors["ids"].tolist())
         layers = {}
         for kind in "kv":
             if meta["quant"] == "none":
-                stacked = tensors[kind].to(dtype)
+                stacked = tensors[kind].to(dtype, copy=True)  # off the read-only bytes
             else:
                 stacked = dequantize_kv({p: tensors[f"{kind}.{p}"] for p in _PARTS}, meta["quant"], dtype, axis=KINDS[kind])
             if stacked.ndim != 4 or stacked.shape[2] != len(ids):
