@@ -7,7 +7,17 @@ chunk_bytes.py stores a chunk. Background and the published work: docs and the r
 """
 from __future__ import annotations
 
-from .answering import NO_REPAIR, RoutedAnswer, answer_reread, answer_routed, reread_token_ids, routed_divergence
+from .answering import (
+    NO_REPAIR,
+    RoutedAnswer,
+    answer_reread,
+    answer_routed,
+    divergence_of,
+    reread_logprobs,
+    reread_token_ids,
+    routed_divergence,
+    routed_logprobs,
+)
 from .assembly import Assembly, assemble, recompute
 from .chunk_bytes import CHUNK_QUANTS, chunk_dumps, chunk_loads
 from .chunks import (
@@ -25,5 +35,5 @@ from .rotation import rerotate, rotary_of
 __all__ = [
     "NO_REPAIR", "Assembly", "CHUNK_QUANTS", "MemoryChunk", "RepairPolicy", "RoutedAnswer", "SharedPrefix", "answer_reread", "answer_routed",
     "assemble", "check_chunk_ids", "chunk_dumps", "chunk_loads", "chunk_token_ids", "compile_chunk", "recompute", "reread_token_ids",
-    "rerotate", "rotary_of", "routed_divergence", "shared_prefix", "tail_token_ids",
+    "rerotate", "rotary_of", "routed_divergence", "shared_prefix", "tail_token_ids", "divergence_of", "reread_logprobs", "routed_logprobs",
 ]

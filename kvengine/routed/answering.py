@@ -97,6 +97,24 @@ def _forced(backend: TransformersKvBackend, ids: list[int], answer_ids: list[int
     return torch.log_softmax(logits.float(), dim=-1)
 
 
+def reread_logprobs(backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, answer_ids: Sequence[int]) -> torch.Tensor:
+    """The reference's next-token log-probs [len(answer_ids) + 1, vocab] along ``answer_ids``, teacher-forced (one prefill)."""
+    ids, _ = reread_token_ids(backend, chunks, question)
+    backend._check_room(len(ids) + len(answer_ids), 1, "the chunks plus the question and answer")
+    with torch.inference_mode():
+        return _forced(backend, ids, list(answer_ids), DynamicCache(config=backend.model.config))
+
+
+def routed_logprobs(
+    backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, answer_ids: Sequence[int], *, repair: RepairPolicy = NO_REPAIR,
+) -> torch.Tensor:
+    """The routed next-token log-probs [len(answer_ids) + 1, vocab] along ``answer_ids``, teacher-forced over the repaired assembly."""
+    tail = tail_token_ids(backend.layout, question)
+    with torch.inference_mode():
+        assembly, _ = _repaired(backend, chunks, tail, repair, len(answer_ids) + 1)
+        return _forced(backend, tail, list(answer_ids), CartridgeCache(assembly.state))
+
+
 def routed_divergence(
     backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = NO_REPAIR,
     max_new_tokens: int = 32, reference: Answer | None = None,
@@ -108,12 +126,16 @@ def routed_divergence(
     if reference is None:
         reference = answer_reread(backend, chunks, question, max_new_tokens=max_new_tokens)
     answer_ids = list(reference.token_ids)
-    ids, _ = reread_token_ids(backend, chunks, question)
-    tail = tail_token_ids(backend.layout, question)
-    with torch.inference_mode():
-        logp_ref = _forced(backend, ids, answer_ids, DynamicCache(config=backend.model.config))
-        assembly, _ = _repaired(backend, chunks, tail, repair, len(answer_ids) + 1)
-        logp_routed = _forced(backend, tail, answer_ids, CartridgeCache(assembly.state))
+    logp_ref = reread_logprobs(backend, chunks, question, answer_ids)
+    logp_routed = routed_logprobs(backend, chunks, question, answer_ids, repair=repair)
+    return divergence_of(backend, logp_ref, logp_routed, answer_ids, max_new_tokens)
+
+
+def divergence_of(
+    backend: TransformersKvBackend, logp_ref: torch.Tensor, logp_routed: torch.Tensor, answer_ids: Sequence[int], max_new_tokens: int
+) -> AnswerDivergence:
+    """divergence.AnswerDivergence of two teacher-forced log-prob tables along the reference's ``answer_ids``."""
     greedy = logp_routed.argmax(dim=-1).tolist()
+    answer_ids = list(answer_ids)
     stopped = len(answer_ids) >= max_new_tokens or greedy[len(answer_ids)] in backend._eos_ids
     return AnswerDivergence.of(logp_ref, logp_routed, identical=greedy[: len(answer_ids)] == answer_ids and stopped)
