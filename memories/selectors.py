@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.validators import slug_re
-from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
+from django.db.models import F, Max, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
