@@ -262,8 +262,8 @@ class TransformersKvBackend(KvBackend):
         self.model.base_model(input_ids=input_ids, cache=cache, use_cache=True)
         return cache.take_new()
 
-    def answer(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
-               decoding: Decoding | None = None) -> Answer:
+    def answer(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, decoding: Decoding | None = None,
+               stop_at_eos: bool = True) -> Answer:
         """Feed only the question suffix on top of the cartridge, decode (greedily by default), crop back.
 
         ``stop_at_eos=False`` always decodes ``max_new_tokens`` tokens (benchmarks compare equal lengths).
@@ -273,8 +273,8 @@ class TransformersKvBackend(KvBackend):
         return answer
 
     def answer_stream(
-        self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
-        decoding: Decoding | None = None,
+        self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, decoding: Decoding | None = None,
+        stop_at_eos: bool = True,
     ) -> Iterator[str | Answer]:
         """answer(), yielding a text delta per decoded token (a token that ends inside a UTF-8 character waits
         for the next one), then the Answer. Decoded in the model's batch with every other question in flight
@@ -394,8 +394,8 @@ class TransformersKvBackend(KvBackend):
         if tail:
             yield tail
 
-    def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
-                         decoding: Decoding | None = None) -> Answer:
+    def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,
+                         decoding: Decoding | None = None, stop_at_eos: bool = True) -> Answer:
         """Re-read the whole prompt (memories + question or conversation) for this one question: the baseline."""
         if decoding is not None and decoding != GREEDY:
             return self._answer_from_text_decoded(texts, question, max_new_tokens=max_new_tokens, decoding=decoding)

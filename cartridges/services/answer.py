@@ -113,12 +113,12 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
     question = question_validate(question)
     mode = mode_validate(mode)
     config = active_configuration()
-    max_new, decoding = options.length(), options.decoding
+    max_new = options.length()
     if mode == "cartridge":
         version = active_version_for_answer(scope=scope, config=config)
         cartridge, backend = engine.cartridge_load(version=version, config=config)
         with _context_too_long_as_422():
-            answer = backend.answer(cartridge, question, max_new_tokens=max_new, decoding=decoding)
+            answer = backend.answer(cartridge, question, max_new_tokens=max_new, **options.engine_kwargs())
         note = ""
     else:
         version = None
@@ -126,7 +126,8 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
         if not texts:
             raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
         with _context_too_long_as_422():
-            answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new, decoding=decoding)
+            answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new,
+                                                                 **options.engine_kwargs())
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
     return answer_record(scope=scope, version=version, mode=mode, answer=answer, actor=actor, note=note)
 

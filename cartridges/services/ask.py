@@ -34,6 +34,11 @@ class AskOptions:
         cap = conf.answer_max_new_tokens()
         return cap if self.max_new_tokens is None else min(self.max_new_tokens, cap)
 
+    def engine_kwargs(self) -> dict[str, Decoding]:
+        """The decoding to hand the engine: none for the default, so the call is the one every backend (and every
+        stand-in a test puts in its place) has always taken."""
+        return {} if self.decoding == GREEDY else {"decoding": self.decoding}
+
 
 DEFAULT_OPTIONS = AskOptions()
 

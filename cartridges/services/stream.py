@@ -141,7 +141,7 @@ def cartridge_answer_stream(*, scope, question: Prompt, mode: str = "cartridge",
     config = active_configuration()
     version = active_version_for_answer(scope=scope, config=config)
     cartridge, backend = engine.cartridge_load(version=version, config=config)
-    items = backend.answer_stream(cartridge, question, max_new_tokens=options.length(), decoding=options.decoding)
+    items = backend.answer_stream(cartridge, question, max_new_tokens=options.length(), **options.engine_kwargs())
     return AnswerStream(_recorded(items, scope=scope, version=version, actor=actor))
 
 
