@@ -92,6 +92,9 @@ def test_it_retrieves_a_model_the_token_may_ask_and_no_other(alice, charlie, sco
     with pytest.raises(openai.NotFoundError) as caught:
         client_for(server_url, alice).models.retrieve("scope-c")
     assert caught.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as caught:  # completions resolve the scope with the caller's grants too
+        client_for(server_url, charlie).completions.create(model="scope-a", prompt="Where?")
+    assert caught.value.body["code"] == "model_not_found"
 
 
 def test_it_answers_n_choices_and_the_completions_endpoint(alice, scope_a, served, server_url):
