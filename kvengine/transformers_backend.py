@@ -348,12 +348,16 @@ class TransformersKvBackend(KvBackend):
             cache = CartridgeCache(state)
             try:
                 if decoding.per_step:
-                    tokens = self._step_tokens(suffix, cache, max_new_tokens, decoding, logprobs, stop_at_eos=stop_at_eos)
+                    timing: dict[str, float] = {}
+                    tokens = _timed(self._step_tokens(suffix, cache, max_new_tokens, decoding, logprobs, stop_at_eos=stop_at_eos),
+                                    start, timing)
+                    yield from self._text_deltas(tokens, ids, watcher)
+                    ttft = timing.get("ttft", time.perf_counter() - start)  # no token at all: the prompt's pass was all
                 else:
                     tokens = self._greedy_tokens(suffix, cache, max_new_tokens, stop_at_eos=stop_at_eos)
                     _first = next(tokens)  # the prompt's pass: first-token log-probs
-                ttft = time.perf_counter() - start  # (sampled: the first token is decoded with the deltas' first step)
-                yield from self._text_deltas(tokens, ids, watcher)
+                    ttft = time.perf_counter() - start
+                    yield from self._text_deltas(tokens, ids, watcher)
             finally:
                 cache.crop_back()  # the scratch tail is free for the next question (answer() relies on it)
         yield self._answer(ids, "cartridge", num_cached, len(suffix), ttft, time.perf_counter() - start, watcher=watcher,
@@ -746,6 +750,13 @@ class TransformersKvBackend(KvBackend):
         if not isinstance(cartridge.payload, KvPayload):
             raise ConfigError("`cartridge` was not made by a TransformersKvBackend (compile() or loads())")
         return cartridge.payload
+
+
+def _timed(tokens: Iterator[int], start: float, timing: dict[str, float]) -> Iterator[int]:
+    """Pass ``tokens`` on, noting in ``timing["ttft"]`` when the first one came (seconds since ``start``)."""
+    for token in tokens:
+        timing.setdefault("ttft", time.perf_counter() - start)
+        yield token
 
 
 class _BlockLayer(DynamicLayer):
