@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 from core.errors import MnesioError
 from core.jobs import job_dispatch
+from kvengine.conversation import Prompt
 
 from . import conf
 from .channels import answer_channel, message_read, redis_client
@@ -35,6 +36,7 @@ from .models import AnswerRequest
 from .services import AnswerResult, answer_request_collect, answer_request_file, cartridge_answer
 from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release, async_ask_admit
 from .services.answer import _request_key, answer_request_delta_aad
+from .services.ask import DEFAULT_OPTIONS, AskOptions
 from .services.stream import AnswerStream, cartridge_answer_stream
 from .tasks import cartridge_answer_task
 
@@ -53,34 +55,39 @@ class WorkerTimeout(MnesioError):
         self.retry_after_s = retry_after_s  # core.errors sends it as Retry-After
 
 
-def answer_ask(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
-    """Answer now (holding a slot): with this process's engine, or a gpu worker's when the web is model-free."""
+def answer_ask(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
+               options: AskOptions = DEFAULT_OPTIONS) -> AnswerResult:
+    """Answer now (holding a slot): with this process's engine, or a gpu worker's when the web is model-free.
+
+    ``question``: a string or a kvengine Conversation; ``options``: decoding and length (services/ask.py)."""
     with answer_slot():
         if conf.web_loads_model():
-            return cartridge_answer(scope=scope, question=question, mode=mode, actor=actor)
-        return _remote_answer(scope=scope, question=question, mode=mode, actor=actor)
+            return cartridge_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
+        return _remote_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
 
 
-def answer_ask_stream(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerStream:
+def answer_ask_stream(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
+                      options: AskOptions = DEFAULT_OPTIONS) -> AnswerStream:
     """Open a streamed answer (holding a slot until it ends or is closed); see the module docstring for where."""
     answer_slot_acquire()
     try:
         if conf.web_loads_model():
-            stream = cartridge_answer_stream(scope=scope, question=question, mode=mode, actor=actor)
+            stream = cartridge_answer_stream(scope=scope, question=question, mode=mode, actor=actor, options=options)
             items: Iterator = stream
         else:
-            items = _remote_stream(scope=scope, question=question, mode=mode, actor=actor)
+            items = _remote_stream(scope=scope, question=question, mode=mode, actor=actor, options=options)
     except BaseException:
         answer_slot_release()
         raise
     return AnswerStream(items, release=answer_slot_release)
 
 
-def answer_ask_async(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
+def answer_ask_async(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
+                     options: AskOptions = DEFAULT_OPTIONS) -> AnswerRequest:
     """File the question for a gpu worker and return the request (collect it once with answer_request_collect_for);
     429 past the async bounds (services/admission.py)."""
     request = async_ask_admit(user=actor, file=lambda: answer_request_file(scope=scope, question=question, mode=mode,
-                                                                           actor=actor))
+                                                                           actor=actor, options=options))
     job_dispatch(cartridge_answer_task, args=[request.pk], robust=True)  # a broker down: the row waits, then expires
     return request
 
@@ -184,8 +191,8 @@ def _drain(pubsub) -> Iterator[dict]:
             yield body
 
 
-def _remote_answer(*, scope, question: str, mode: str, actor) -> AnswerResult:
-    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+def _remote_answer(*, scope, question: Prompt, mode: str, actor, options: AskOptions) -> AnswerResult:
+    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor, options=options)
     client, pubsub = _subscribe(request.pk)
     try:
         job_dispatch(cartridge_answer_task, args=[request.pk], robust=True)
@@ -196,9 +203,9 @@ def _remote_answer(*, scope, question: str, mode: str, actor) -> AnswerResult:
     return answer_request_collect(answer_request=request)
 
 
-def _remote_stream(*, scope, question: str, mode: str, actor) -> Iterator[str | AnswerResult]:
+def _remote_stream(*, scope, question: Prompt, mode: str, actor, options: AskOptions) -> Iterator[str | AnswerResult]:
     """File, subscribe, send; the generator yields the opened deltas, then the collected AnswerResult."""
-    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor)
+    request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor, options=options)
     key = _request_key(request)
     client, pubsub = _subscribe(request.pk)
     try:

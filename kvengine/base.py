@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import DTYPES, QUANTS, KvConfig
+from .conversation import Prompt
+from .decoding import Decoding, TokenLogprob
 
 if TYPE_CHECKING:
     from .blocks import BlockLookup, CartridgeParts
@@ -119,6 +121,8 @@ class Answer:
     num_prompt_tokens: int  # tokens actually run through the model for this answer before decoding
     ttft_s: float  # time to first token, seconds
     total_s: float  # end to end, seconds
+    finish_reason: str = "stop"  # "length" when it reached max_new_tokens, else "stop" (end of turn or a stop string)
+    logprobs: tuple[TokenLogprob, ...] = ()  # per answer token, when Decoding.logprobs asked for them
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -213,23 +217,26 @@ class KvBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:
-        """Answer ``question`` from ``cartridge`` with greedy decoding; reads no memory text."""
+    def answer(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, decoding: Decoding | None = None) -> Answer:
+        """Answer ``question`` (a string, or a conversation.Conversation) from ``cartridge``, greedily unless
+        ``decoding`` says otherwise (decoding.py); reads no memory text."""
 
-    def answer_stream(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Iterator[str | Answer]:
+    def answer_stream(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32,
+                      decoding: Decoding | None = None) -> Iterator[str | Answer]:
         """Answer like answer(), yielding the text as it is decoded: ``str`` deltas, then the final Answer.
 
         ``"".join(deltas).strip() == answer.text``: the deltas are the decoded text as it grows (whitespace as
         decoded; the final text is stripped). This default yields the whole answer as one delta; backends that
         decode token by token override it to yield a delta per token.
         """
-        answer = self.answer(cartridge, question, max_new_tokens=max_new_tokens)
+        answer = self.answer(cartridge, question, max_new_tokens=max_new_tokens, decoding=decoding)
         if answer.text:
             yield answer.text
         yield answer
 
     @abc.abstractmethod
-    def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32) -> Answer:
+    def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,
+                         decoding: Decoding | None = None) -> Answer:
         """Answer by re-reading ``texts`` for this one question (the baseline)."""
 
     @abc.abstractmethod

@@ -31,6 +31,8 @@ from .base import (
 )
 from .blocks import BlockLookup, CartridgeParts, TrustedPart, block_id, key_digest, parts_write
 from .config import DTYPES, QUANTS, check_choice
+from .conversation import Prompt, question_text
+from .decoding import Decoding, StopWatcher
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import (
     FORMAT_VERSION,
@@ -178,29 +180,32 @@ class FakeKvBackend(KvBackend):
                  "memory_positions": list(range(len(texts)))}
         return Cartridge(header=header, payload=tuple(texts), stats=stats)
 
-    def answer(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Answer:
-        """Answer from the cartridge's compiled memories only."""
+    def answer(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, decoding: Decoding | None = None) -> Answer:
+        """Answer from the cartridge's compiled memories only (a conversation: its last question; ``decoding``: only
+        its stop strings apply, the fake does not sample)."""
         start = time.perf_counter()
         check_compatible(cartridge.header, self._description)
         question = _check_question(question)
         text = _best(cartridge.payload, question)
-        return self._answer(text, "cartridge", cartridge.header.num_tokens, len(_tokens(question)), start, max_new_tokens)
+        return self._answer(text, "cartridge", cartridge.header.num_tokens, len(_tokens(question)), start, max_new_tokens, decoding)
 
-    def answer_stream(self, cartridge: Cartridge, question: str, *, max_new_tokens: int = 32) -> Iterator[str | Answer]:
+    def answer_stream(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32,
+                      decoding: Decoding | None = None) -> Iterator[str | Answer]:
         """answer(), its text yielded a word at a time (each word with the space before it), then the Answer."""
-        answer = self.answer(cartridge, question, max_new_tokens=max_new_tokens)
+        answer = self.answer(cartridge, question, max_new_tokens=max_new_tokens, decoding=decoding)
         for match in re.finditer(r"\s*\S+", answer.text):
             yield match.group(0)
         yield answer
 
-    def answer_from_text(self, texts: Sequence[str], question: str, *, max_new_tokens: int = 32) -> Answer:
+    def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,
+                         decoding: Decoding | None = None) -> Answer:
         """Answer by re-reading the memories (same logic, no cartridge)."""
         start = time.perf_counter()
         texts = self._check_texts(texts)
         question = _check_question(question)
         text = _best(texts, question)
         num_context = self.count_tokens(texts)
-        return self._answer(text, "text", num_context, num_context + len(_tokens(question)), start, max_new_tokens)
+        return self._answer(text, "text", num_context, num_context + len(_tokens(question)), start, max_new_tokens, decoding)
 
     def fidelity(
         self, cartridge: Cartridge, texts: Sequence[str], probes: Sequence[str], *, max_new_tokens: int | None = None
@@ -321,15 +326,23 @@ class FakeKvBackend(KvBackend):
             raise ContextTooLongError(num_tokens=num, limit=self.max_context_tokens)
         return texts
 
-    def _answer(self, text: str, mode: str, num_context: int, num_prompt: int, start: float, max_new_tokens: int) -> Answer:
+    def _answer(self, text: str, mode: str, num_context: int, num_prompt: int, start: float, max_new_tokens: int,
+                decoding: Decoding | None = None) -> Answer:
         toks = _tokens(text)[: max(1, int(max_new_tokens))]
-        text = " ".join(toks) if len(toks) < len(_tokens(text)) else text
+        cut = len(toks) < len(_tokens(text))
+        text = " ".join(toks) if cut else text
+        watcher = StopWatcher(decoding.stop if decoding else ())
+        watcher.feed(text)
+        if watcher.hit:
+            text, cut = watcher.text.strip(), False
         ids = tuple(int.from_bytes(hashlib.sha256(t.encode()).digest()[:4], "little") for t in toks)
         elapsed = time.perf_counter() - start
-        return Answer(text=text, token_ids=ids, mode=mode, num_context_tokens=num_context, num_prompt_tokens=num_prompt, ttft_s=elapsed, total_s=elapsed)
+        return Answer(text=text, token_ids=ids, mode=mode, num_context_tokens=num_context, num_prompt_tokens=num_prompt, ttft_s=elapsed,
+                      total_s=elapsed, finish_reason="length" if cut else "stop")
 
 
-def _check_question(question: str) -> str:
+def _check_question(question: Prompt) -> str:
+    question = question_text(question)
     if not isinstance(question, str) or not question.strip():
         raise EmptyInputError("`question` has to be a non-empty string")
     return question.strip()

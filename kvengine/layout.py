@@ -7,6 +7,13 @@ answering feeds only the rest (the question and the end of the turn) on top of i
 template (GPT-2) get a plain layout that splits at a newline, where byte-level BPE never merges across.
 ``check_split`` lets compile() refuse a tokenizer that breaks the split.
 
+A conversation (conversation.py: the client's system text and earlier turns) goes after the cartridge prefix, so
+the memories stay the cached prefix: its turns are rendered by the chat template after the memories' system turn,
+and the client's system text, which cannot be a turn of its own there (the prefix already opens the first user
+turn), is folded into the first user turn ahead of the user's words. The suffix is the rendered conversation after
+the prefix; re-reading renders memories and conversation in one go and must give the same tokens. A model without a
+chat template takes only a single question.
+
 Everything here is text and token ids; the model is the backend's business. Changing any string below changes
 the template fingerprint, so bump LAYOUT_VERSION with it: old cartridges then stop matching.
 """
@@ -17,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import canonical_json
+from .conversation import Conversation, Prompt, Turn
 from .errors import EmptyInputError, KvError
 
 LAYOUT_VERSION = "mnesio-layout-v2"  # bump when the prompt layout below changes: it invalidates cartridges
@@ -88,8 +96,19 @@ class PromptLayout:
                 char += len(text) + 1
         return positions
 
-    def clean_question(self, question: str) -> str:
-        """The question as it goes into the prompt (cleaned); refuse an empty one."""
+    def clean_question(self, question: Prompt) -> Prompt:
+        """The question (or conversation) as it goes into the prompt (cleaned); refuse an empty one.
+
+        A conversation of one user turn and no system text is that plain question (the same prompt, bit for bit).
+        """
+        if isinstance(question, Conversation):
+            turns = tuple(Turn(t.role, self.clean_question(t.content)) for t in question.turns)
+            cleaned = Conversation(turns=turns, system=self.clean(question.system))
+            if cleaned.is_single_question:
+                return cleaned.question
+            if not self.template:
+                raise KvError("this model has no chat template: it answers a single question, not a conversation")
+            return cleaned
         cleaned = self.clean(question) if isinstance(question, str) else ""
         if not cleaned:
             raise EmptyInputError("`question` has to be a non-empty string")
@@ -111,8 +130,16 @@ class PromptLayout:
             return (after if found else "") + self.turn_split()[0]
         return "\n"
 
-    def suffix_text(self, question: str) -> str:
-        """The prompt text after the cartridge prefix: the question, the end of the user turn and the generation prompt."""
+    def suffix_text(self, question: Prompt) -> str:
+        """The prompt text after the cartridge prefix: the question, the end of the user turn and the generation prompt
+        (for a conversation: its turns, the first one's opener excepted, and the generation prompt)."""
+        if isinstance(question, Conversation):
+            system = [{"role": "system", "content": "x"}]
+            head = self._chat(system, generation_prompt=False) + self.turn_split()[0]
+            full = self._chat([*system, *question.messages()], generation_prompt=True)
+            if not full.startswith(head):
+                raise KvError("this model's chat template does not render a conversation after the memories' prefix")
+            return full[len(head) :]
         if self.template:
             opener, closer = self.turn_split()
             if not opener:  # whole-turn layout: render the user turn around this question
@@ -122,17 +149,19 @@ class PromptLayout:
             return question + closer
         return PLAIN_QUESTION.format(question=question)
 
-    def full_text(self, memories: list[str], question: str) -> str:
+    def full_text(self, memories: list[str], question: Prompt) -> str:
         """The whole prompt text re-reading would feed (rendered in one go, not by concatenation)."""
         if self.template:
             system = SYSTEM_PREAMBLE + "\n".join(memories)
-            return self._chat([{"role": "system", "content": system}, {"role": "user", "content": question}], generation_prompt=True)
+            turns = question.messages() if isinstance(question, Conversation) else [{"role": "user", "content": question}]
+            return self._chat([{"role": "system", "content": system}, *turns], generation_prompt=True)
         return self.prefix_text(memories) + self.suffix_text(question)
 
-    def no_memory_text(self, question: str) -> str:
+    def no_memory_text(self, question: Prompt) -> str:
         """The prompt for ``question`` with no memories at all (the model's default system turn): the floor."""
         if self.template:
-            return self._chat([{"role": "user", "content": question}], generation_prompt=True)
+            turns = question.messages() if isinstance(question, Conversation) else [{"role": "user", "content": question}]
+            return self._chat(turns, generation_prompt=True)
         return self.suffix_text(question)
 
     def encode(self, text: str) -> list[int]:

@@ -1,39 +1,46 @@
-"""An OpenAI-compatible surface, mounted at /v1/: ``POST /v1/chat/completions`` and ``GET /v1/models``.
+"""An OpenAI-compatible surface, mounted at /v1/: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models`` and ``GET /v1/models/<id>``.
 
-So any OpenAI client (the official ``openai`` package, LangChain, curl scripts) can ask a scope's cartridge.
+So any OpenAI client (the official ``openai`` package, LangChain, LlamaIndex, curl scripts) can ask a scope's cartridge.
 
 Decisions:
 - Authentication: the same API tokens as /api/ (django-rest-knox, stored hashed), sent the OpenAI way:
   ``Authorization: Bearer <token>`` (the client's ``api_key``).
 - ``model`` is the scope's name; ``GET /v1/models`` lists the scopes the token's user is granted. A scope
   the user is not granted is as unknown as one that does not exist (404, ``model_not_found``).
-- ``messages``: the last message has to be the user's, and it is the question; earlier messages are not
-  read (the scope's memories, compiled into its cartridge, are the context). Content is a string or a list
-  of ``{"type": "text", "text": ...}`` parts.
-- Decoding is greedy and its length is the server's (MNESIO_ANSWER_MAX_NEW_TOKENS): ``temperature`` is
-  accepted only as 0 (or absent), ``top_p`` only as 1, ``n`` only as 1, and ``max_tokens`` /
-  ``max_completion_tokens`` only at least the server's length (an answer is never longer; a smaller cap
-  would silently give a different answer than the same question on /api/, so it is refused by name).
-  ``stream``, ``stream_options.include_usage`` and ``user`` (ignored, never logged) are accepted; any other
-  parameter is refused with 400 naming it (``unknown_parameter``), as OpenAI does.
-- ``usage``: ``prompt_tokens`` = cartridge tokens + the tokens run for the question, of which
+- ``messages`` are a conversation after the memories (kvengine/layout.py): the scope's memories are the cached
+  prefix (the cartridge), the client's turns follow. System and developer messages are the client's system text,
+  folded into the first user turn (the template's system turn holds the memories); the first turn after them and
+  the last have to be the user's. Content is a string or a list of ``{"type": "text", "text": ...}`` parts.
+  ``/v1/completions`` reads its ``prompt`` as one user question (no raw continuation).
+- Parameters (openai_params.py): greedy decoding by default; ``temperature``/``top_p``/``seed`` sample (the same
+  seed gives the same answer); ``max_tokens``/``max_completion_tokens`` from 1, at most the server's length
+  (MNESIO_ANSWER_MAX_NEW_TOKENS: a larger value is cut to it, ``finish_reason`` "length" says so); ``stop``; ``n``
+  up to MAX_N (non-streamed); ``logprobs``/``top_logprobs`` (non-streamed); ``response_format`` json_object /
+  json_schema by constrained decoding (lm-format-enforcer). Penalties, ``logit_bias``, ``tools`` and the rest are
+  accepted at their neutral value and refused otherwise (400 ``unsupported`` naming the field); nulls are accepted
+  everywhere; a name OpenAI does not define is 400 ``unknown_parameter``.
+- ``usage``: ``prompt_tokens`` = cartridge tokens + the tokens run for the conversation, of which
   ``prompt_tokens_details.cached_tokens`` = the cartridge's (computed once, at compile); ``completion_tokens``
-  = tokens generated. ``finish_reason`` is "length" when the answer reached the server's length, else "stop".
+  = tokens generated (over all choices).
 - Streamed text equals the non-streamed text: leading whitespace of the first delta and trailing whitespace
   of the last are held back (the non-streamed answer is stripped).
 - Errors are OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the status the same
   failure has on /api/ (429 + Retry-After when the process is full; a failure after the first chunk is a
-  ``data: {"error": ...}`` chunk, which the official client raises as an APIError).
+  ``data: {"error": ...}`` chunk, which the official client raises as an APIError). Any other /v1/ path or
+  method answers the same shape (404 ``unknown_url``, 405), never an HTML page.
 - Asks go through the same front door as /api/ (cartridges.asking): the per-process bound, the model-free
   web tier and the AnswerRecord are the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any
 
 from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, status
 from rest_framework.exceptions import APIException, ParseError
@@ -41,17 +48,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.errors import MnesioError
 from core.errors import exception_handler as mnesio_exception_handler
 from memories.selectors import scope_get_for_user, user_scopes
 
-from .. import asking, conf
+from .. import asking
 from ..services import AnswerResult
+from . import openai_params as params
+from .openai_params import InvalidRequest
 from .sse import Encoder, error_body, sse, streaming_response
 
-ACCEPTED = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature",
-            "top_p", "n", "user")
-ROLES = ("system", "developer", "user", "assistant", "tool")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 409: "invalid_request_error", 422: "invalid_request_error",
                429: "rate_limit_error"}
@@ -68,13 +73,6 @@ def bearer_authentication() -> Any:
     base = next(c for c in api_settings.DEFAULT_AUTHENTICATION_CLASSES if issubclass(c, KnoxTokenAuthentication))
     bearer = type("BearerTokenAuthentication", (base,), {"authenticate_header": lambda self, request: "Bearer"})
     return bearer()
-
-
-class InvalidRequest(MnesioError):
-    """A request OpenAI's API would refuse too: 400 naming ``param`` (and an OpenAI ``code``)."""
-
-    def __init__(self, message: str, *, param: str | None, code: str | None = None, status_code: int = 400):
-        super().__init__(message, extra={"field": param, "code": code}, status_code=status_code)
 
 
 def openai_error(status_code: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
@@ -125,77 +123,33 @@ def _body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _question(messages: object) -> str:
-    """The last message's text, which has to be the user's."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("`messages` has to be a non-empty list of {role, content} objects", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise InvalidRequest(f"`messages[{i}]` has to be an object whose `role` is one of {list(ROLES)}",
-                                 param=f"messages[{i}]")
-    last = messages[-1]
-    if last["role"] != "user":
-        raise InvalidRequest(f"the last message has to be the user's question but its role is '{last['role']}'",
-                             param=f"messages[{len(messages) - 1}].role")
-    content = last.get("content")
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-            raise InvalidRequest("the user message's content parts have to be {\"type\": \"text\", \"text\": ...}",
-                                 param=f"messages[{len(messages) - 1}].content")
-        content = "\n".join(parts)
-    if not isinstance(content, str) or not content.strip():
-        raise InvalidRequest("the user message's `content` has to be non-empty text",
-                             param=f"messages[{len(messages) - 1}].content")
-    return content
-
-
-def _options(data: dict[str, Any]) -> dict[str, Any]:
-    """Check every parameter (unknown ones refused by name); return {stream, include_usage}."""
-    for name in data:
-        if name not in ACCEPTED:
-            raise InvalidRequest(f"Unrecognized request argument supplied: {name} (accepted: {list(ACCEPTED)})",
-                                 param=name, code="unknown_parameter")
-    if not isinstance(data.get("model"), str) or not data["model"]:
-        raise InvalidRequest("`model` has to be the name of a scope (GET /v1/models lists yours)", param="model")
-    stream = data.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequest(f"`stream` has to be true or false but got {stream!r}", param="stream")
-    include_usage = False
-    if data.get("stream_options") is not None:
-        options = data["stream_options"]
-        if not stream or not isinstance(options, dict) or set(options) - {"include_usage"} \
-                or not isinstance(options.get("include_usage", False), bool):
-            raise InvalidRequest("`stream_options` has to be {\"include_usage\": true|false}, with stream true",
-                                 param="stream_options")
-        include_usage = options.get("include_usage", False)
-    for name, only in (("temperature", 0), ("top_p", 1), ("n", 1)):
-        value = data.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != only):
-            raise InvalidRequest(f"`{name}` can only be {only} here (decoding is greedy) but got {value!r}",
-                                 param=name, code="unsupported_value")
-    length = conf.answer_max_new_tokens()
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = data.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < length):
-            raise InvalidRequest(f"`{name}` has to be a whole number >= {length} (this server's answer length, "
-                                 f"MNESIO_ANSWER_MAX_NEW_TOKENS; answers are never longer) but got {value!r}",
-                                 param=name, code="unsupported_value")
-    if data.get("user") is not None and not isinstance(data["user"], str):
-        raise InvalidRequest("`user` has to be a string", param="user")
-    return {"stream": bool(stream), "include_usage": include_usage}
-
-
-def usage(result: AnswerResult) -> dict[str, Any]:
-    """OpenAI's usage of an answer: the cartridge's tokens are the cached part of the prompt."""
+def usage(result: AnswerResult, *more: AnswerResult) -> dict[str, Any]:
+    """OpenAI's usage of an answer (and more choices of it): the cartridge's tokens are the cached part of the prompt."""
     prompt = result.num_context_tokens + result.num_prompt_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": result.num_answer_tokens,
-            "total_tokens": prompt + result.num_answer_tokens,
+    completion = result.num_answer_tokens + sum(r.num_answer_tokens for r in more)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": result.num_context_tokens}}
 
 
 def _finish_reason(result: AnswerResult) -> str:
-    return "length" if result.num_answer_tokens >= conf.answer_max_new_tokens() else "stop"
+    return result.finish_reason or "stop"
+
+
+def _chat_logprobs(result: AnswerResult) -> dict[str, Any]:
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {"content": [{**entry(e["token"], e["logprob"]), "top_logprobs": [entry(t, lp) for t, lp in e["top"]]}
+                        for e in result.logprobs], "refusal": None}
+
+
+def _completion_logprobs(result: AnswerResult) -> dict[str, Any]:
+    offsets, at = [], 0
+    for e in result.logprobs:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in result.logprobs], "token_logprobs": [e["logprob"] for e in result.logprobs],
+            "top_logprobs": [dict(e["top"]) for e in result.logprobs], "text_offset": offsets}
 
 
 def _mnesio(result: AnswerResult) -> dict[str, Any]:
@@ -206,17 +160,22 @@ def _mnesio(result: AnswerResult) -> dict[str, Any]:
 class ChunkEncoder(Encoder):
     """OpenAI's ``chat.completion.chunk`` events, ``data: [DONE]`` at the end, whitespace held as documented."""
 
+    object = "chat.completion.chunk"
+
     def __init__(self, *, model: str, include_usage: bool):
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = f"{'chatcmpl' if self.object.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
         self.begun = False
         self.held = ""
 
+    def _choice(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"delta": delta}
+
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None, **more: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return sse(None, {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+        choice = {"index": 0, **self._choice(delta), "logprobs": None, "finish_reason": finish_reason}
+        return sse(None, {"id": self.id, "object": self.object, "created": self.created,
                           "model": self.model, "system_fingerprint": None, "choices": [choice], **more})
 
     def start(self):
@@ -236,7 +195,7 @@ class ChunkEncoder(Encoder):
     def done(self, result: AnswerResult) -> bytes:
         out = self._chunk({}, _finish_reason(result), mnesio=_mnesio(result))
         if self.include_usage:
-            out += sse(None, {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            out += sse(None, {"id": self.id, "object": self.object, "created": self.created,
                               "model": self.model, "system_fingerprint": None, "choices": [], "usage": usage(result)})
         return out
 
@@ -249,36 +208,86 @@ class ChunkEncoder(Encoder):
         yield b"data: [DONE]\n\n"
 
 
+class CompletionChunkEncoder(ChunkEncoder):
+    """``text_completion`` chunks: the text in ``choices[0].text``, no role chunk."""
+
+    object = "text_completion"
+
+    def _choice(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"text": delta.get("content", "")}
+
+    def start(self):
+        yield from ()
+
+
+def _answers(ask: dict[str, Any], parsed: params.Parsed) -> list[AnswerResult]:
+    """The ``n`` choices: answered one after another, each with its own seed (seed + i) when one was given."""
+    decoding = parsed.options.decoding
+    results = []
+    for i in range(parsed.n):
+        options = parsed.options
+        if i and decoding.seed is not None:
+            options = dataclasses.replace(options, decoding=dataclasses.replace(decoding, seed=(decoding.seed + i) % 2**63))
+        results.append(asking.answer_ask(**ask, options=options))
+    return results
+
+
+def _respond(request: Request, data: dict[str, Any], *, chat: bool) -> Any:
+    parsed = params.parse(data, chat=chat)
+    question = params.prompt(data.get("messages")) if chat else params.completion_prompt(data.get("prompt"))
+    scope = scope_get_for_user(user=request.user, name=parsed.model)
+    ask = {"scope": scope, "question": question, "mode": "cartridge", "actor": request.user}
+    if parsed.stream:
+        kind = ChunkEncoder if chat else CompletionChunkEncoder
+        encoder = kind(model=scope.name, include_usage=parsed.include_usage)
+        return streaming_response(request, asking.answer_ask_stream(**ask, options=parsed.options), encoder)
+    results = _answers(ask, parsed)
+    logprobs = parsed.options.decoding.logprobs
+    if chat:
+        choices = [{"index": i, "message": {"role": "assistant", "content": r.answer, "refusal": None},
+                    "logprobs": _chat_logprobs(r) if logprobs else None, "finish_reason": _finish_reason(r)}
+                   for i, r in enumerate(results)]
+    else:
+        choices = [{"index": i, "text": r.answer, "logprobs": _completion_logprobs(r) if logprobs else None,
+                    "finish_reason": _finish_reason(r)} for i, r in enumerate(results)]
+    return Response({
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()), "model": scope.name, "system_fingerprint": None, "choices": choices,
+        "usage": usage(*results), "mnesio": _mnesio(results[0]),
+    })
+
+
 class ChatCompletionsView(OpenAIView):
     @extend_schema(exclude=True)  # OpenAI's own API reference documents this shape
     def post(self, request: Request) -> Any:
-        data = _body(request)
-        options = _options(data)
-        question = _question(data.get("messages"))
-        scope = scope_get_for_user(user=request.user, name=data["model"])
-        ask = {"scope": scope, "question": question, "mode": "cartridge", "actor": request.user}
-        if options["stream"]:
-            encoder = ChunkEncoder(model=scope.name, include_usage=options["include_usage"])
-            return streaming_response(request, asking.answer_ask_stream(**ask), encoder)
-        result = asking.answer_ask(**ask)
-        return Response({
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": scope.name, "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer, "refusal": None},
-                         "logprobs": None, "finish_reason": _finish_reason(result)}],
-            "usage": usage(result), "mnesio": _mnesio(result),
-        })
+        return _respond(request, _body(request), chat=True)
+
+
+class CompletionsView(OpenAIView):
+    @extend_schema(exclude=True)
+    def post(self, request: Request) -> Any:
+        return _respond(request, _body(request), chat=False)
+
+
+def _model(scope) -> dict[str, Any]:
+    return {"id": scope.name, "object": "model", "created": int(scope.created_at.timestamp()), "owned_by": "mnesio"}
+
+
+class ModelView(OpenAIView):
+    @extend_schema(exclude=True)
+    def get(self, request: Request, model: str) -> Response:
+        return Response(_model(scope_get_for_user(user=request.user, name=model)))
 
 
 class ModelListView(OpenAIView):
     @extend_schema(exclude=True)
     def get(self, request: Request) -> Response:
-        data = [{"id": scope.name, "object": "model", "created": int(scope.created_at.timestamp()), "owned_by": "mnesio"}
-                for scope in user_scopes(user=request.user)]
+        data = [_model(scope) for scope in user_scopes(user=request.user)]
         return Response({"object": "list", "data": data})
 
 
+@csrf_exempt  # a POST to an unknown path is a JSON 404 like a GET, not the CSRF middleware's HTML 403
 def not_found(request: Any, exception: Exception | None = None) -> JsonResponse:
-    """Any other /v1/ path: OpenAI's 404 shape."""
+    """Any other /v1/ path, whatever the method: OpenAI's 404 shape."""
     return JsonResponse(openai_error(status.HTTP_404_NOT_FOUND, f"no route {request.path}", code="unknown_url"),
                         status=status.HTTP_404_NOT_FOUND)

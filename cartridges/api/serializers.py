@@ -195,6 +195,13 @@ class EmptyRequestSerializer(StrictSerializer):
     """An action that takes no parameters (anything sent is an unknown field)."""
 
 
+class TurnSerializer(StrictSerializer):
+    """An earlier turn of the conversation."""
+
+    role = Choice(["user", "assistant"])
+    content = TextField(trim_whitespace=True, allow_blank=False)
+
+
 class AskSerializer(StrictSerializer):
     """A question for a scope; ``mode=text`` re-reads the memories instead of using the cartridge."""
 
@@ -205,6 +212,10 @@ class AskSerializer(StrictSerializer):
     locals()["async"] = serializers.BooleanField(
         default=False, help_text="answer 202 with a Location to collect the answer once, later"
     )
+    system = TextField(required=False, allow_blank=True, default="", trim_whitespace=True,
+                       help_text="the client's system text; it goes into the first user turn, after the memories")
+    history = TurnSerializer(many=True, required=False, default=list,
+                             help_text="earlier turns, oldest first (the first a user's); `question` is answered after them")
 
     def validate_question(self, value: str) -> str:
         return _check_question(value)

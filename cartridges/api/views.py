@@ -146,7 +146,9 @@ class AskView(APIView):
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = validated(s.AskSerializer, request)
-        ask = {"scope": scope_row, "question": data["question"], "mode": data["mode"], "actor": request.user}
+        question = services.prompt_build(question=data["question"], system=data["system"],
+                                history=[(turn["role"], turn["content"]) for turn in data["history"]])
+        ask = {"scope": scope_row, "question": question, "mode": data["mode"], "actor": request.user}
         if data["stream"]:
             return sse.streaming_response(request, asking.answer_ask_stream(**ask))
         if data["async"]:

@@ -13,6 +13,7 @@ from .answer import (
     evaluation_case_subjects_resolve,
     question_validate,
 )
+from .ask import AskOptions, prompt_build
 from .compile import RebuildResult, cartridge_compile, cartridge_rebuild, head_validate
 from .config import kv_configuration_switch
 from .erase import cartridge_destroy, cartridge_views_rebuild
@@ -22,7 +23,7 @@ from .gate import GateResult, cartridge_evaluate, cartridge_is_committable, is_c
 from .scope_settings import scope_settings_update
 
 __all__ = [
-    "AnswerResult", "answer_request_answer", "answer_request_collect", "answer_request_file", "ContextTooLong", "GateFailed", "GateResult", "NoActiveCartridge", "NothingToCompile",
+    "AskOptions", "prompt_build", "AnswerResult", "answer_request_answer", "answer_request_collect", "answer_request_file", "ContextTooLong", "GateFailed", "GateResult", "NoActiveCartridge", "NothingToCompile",
     "RebuildResult", "cartridge_activate", "cartridge_answer", "cartridge_compile", "cartridge_destroy",
     "cartridge_evaluate", "cartridge_is_committable", "cartridge_rebuild", "cartridge_rollback",
     "cartridge_views_rebuild", "evaluation_case_add", "head_validate", "is_committable", "kv_configuration_switch",

@@ -14,17 +14,17 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
 from kvengine import ANSWER_MODES, ContextTooLongError
+from kvengine.conversation import Prompt
 from kvengine.errors import OverloadedError
 from memories import crypto
 from memories.models import Memory, Scope, Subject
@@ -41,6 +41,7 @@ from .. import conf, engine, prometheus
 from ..models import AnswerRecord, AnswerRequest, EvaluationCase
 from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .admission import overloaded_from_engine
+from .ask import DEFAULT_OPTIONS, AskOptions, ask_open_payload, ask_seal_payload, prompt_validate
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
 from .gate import normalize
 
@@ -62,21 +63,16 @@ class AnswerResult:
     num_prompt_tokens: int
     note: str = ""  # says so when the answer re-read the memories as text instead of a cartridge
     num_answer_tokens: int = 0  # tokens generated (the OpenAI-compatible usage.completion_tokens); 0 in old sealed rows
+    finish_reason: str = "stop"  # "length" when the answer reached its token budget
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # [{token, logprob, top: [[token, logprob]]}] when asked
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def question_validate(question: object) -> str:
-    """Return the question stripped, or raise naming `question`."""
-    if not isinstance(question, str) or not question.strip():
-        raise MnesioError("`question` has to be non-empty text", extra={"field": "question"})
-    limit = int(getattr(settings, "MNESIO_MAX_QUESTION_CHARS", 2000))
-    if len(question) > limit:
-        raise MnesioError(
-            f"`question` has to be at most {limit} characters but got {len(question)}", extra={"field": "question"}
-        )
-    return question.strip()
+def question_validate(question: object) -> Prompt:
+    """Return the question stripped (or the conversation checked), or raise naming the field."""
+    return prompt_validate(question)
 
 
 @contextmanager
@@ -113,7 +109,8 @@ def active_version_for_answer(*, scope, config):
     return version
 
 
-def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerResult:
+def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
+                     options: AskOptions = DEFAULT_OPTIONS) -> AnswerResult:
     """Answer ``question`` for ``scope`` from its active cartridge, or by re-reading the text when mode="text".
 
     With this process's own engine. The API's front door (cartridges/asking.py) adds the per-process bound
@@ -122,12 +119,12 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
     question = question_validate(question)
     mode = mode_validate(mode)
     config = active_configuration()
-    max_new = conf.answer_max_new_tokens()
+    max_new = options.length()
     if mode == "cartridge":
         version = active_version_for_answer(scope=scope, config=config)
         cartridge, backend = engine.cartridge_load(version=version, config=config)
         with _context_too_long_as_422():
-            answer = backend.answer(cartridge, question, max_new_tokens=max_new)
+            answer = backend.answer(cartridge, question, max_new_tokens=max_new, **options.engine_kwargs())
         note = ""
     else:
         version = None
@@ -135,7 +132,8 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
         if not texts:
             raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
         with _context_too_long_as_422():
-            answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
+            answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new,
+                                                                 **options.engine_kwargs())
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
     return answer_record(scope=scope, version=version, mode=mode, answer=answer, actor=actor, note=note)
 
@@ -164,6 +162,8 @@ def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = 
         num_prompt_tokens=answer.num_prompt_tokens,
         note=note,
         num_answer_tokens=len(answer.token_ids),
+        finish_reason=answer.finish_reason,
+        logprobs=[{"token": e.token, "logprob": e.logprob, "top": [list(t) for t in e.top]} for e in answer.logprobs],
     )
 
 
@@ -275,18 +275,19 @@ def _request_key(request: AnswerRequest) -> bytes:
 
 
 @sensitive_variables()
-def answer_request_file(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerRequest:
-    """Seal a question for a worker to answer (queue ``cartridge_answer_task`` with the returned row's id)."""
-    question = question_validate(question)
+def answer_request_file(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
+                        options: AskOptions = DEFAULT_OPTIONS) -> AnswerRequest:
+    """Seal a question (with its options) for a worker to answer (queue ``cartridge_answer_task`` with the row's id)."""
+    payload = ask_seal_payload(question_validate(question), options)
     mode = mode_validate(mode)
     key = crypto.new_data_key()
     with transaction.atomic():
-        request = _request_create(scope=scope, mode=mode, actor=actor, key=key, question=question)
+        request = _request_create(scope=scope, mode=mode, actor=actor, key=key, payload=payload)
     return request
 
 
 @sensitive_variables()
-def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> AnswerRequest:
+def _request_create(*, scope, mode: str, actor, key: bytes, payload: bytes) -> AnswerRequest:
     request = AnswerRequest.objects.create(
         scope=scope,
         mode=mode,
@@ -300,7 +301,7 @@ def _request_create(*, scope, mode: str, actor, key: bytes, question: str) -> An
     AnswerRequest.objects.filter(pk=request.pk).update(
         wrapped_key=wrapped,
         wrapped_by=wrapped_by,
-        sealed_question=crypto.seal_box(key, question.encode(), aad=answer_request_aad(request.pk, "question")),
+        sealed_question=crypto.seal_box(key, payload, aad=answer_request_aad(request.pk, "question")),
     )
     request.refresh_from_db()
     return request
@@ -328,12 +329,13 @@ def answer_request_answer(
     if request.answered_at is not None:
         return request
     key = _request_key(request)
-    question = crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")).decode()
+    question, options = ask_open_payload(crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")))
     try:
         if publish is None:
-            result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
+            result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor,
+                                      options=options)
         else:
-            result = _answer_published(request=request, key=key, question=question, publish=publish)
+            result = _answer_published(request=request, key=key, question=question, publish=publish, options=options)
             if result is None:  # the asker is gone (and has deleted the row): nothing to seal
                 return request
     except MnesioError as exc:  # kept with its status and kind: collecting answers as the synchronous ask would
@@ -349,12 +351,13 @@ def answer_request_answer(
 
 
 @sensitive_variables()
-def _answer_published(*, request: AnswerRequest, key: bytes, question: str,
-                      publish: Callable[[int, bytes], bool]) -> AnswerResult | None:
+def _answer_published(*, request: AnswerRequest, key: bytes, question: Prompt,
+                      publish: Callable[[int, bytes], bool], options: AskOptions) -> AnswerResult | None:
     """Stream the answer through ``publish`` (sealed deltas); the AnswerResult, or None when nobody listened."""
     from .stream import cartridge_answer_stream  # stream builds on this module
 
-    stream = cartridge_answer_stream(scope=request.scope, question=question, mode=request.mode, actor=request.actor)
+    stream = cartridge_answer_stream(scope=request.scope, question=question, mode=request.mode, actor=request.actor,
+                                     options=options)
     result = None
     try:
         for seq, item in enumerate(stream):

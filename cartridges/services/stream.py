@@ -17,7 +17,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-from .. import conf, engine
+from kvengine.conversation import Prompt
+
+from .. import engine
 from ..selectors import active_configuration
 from .answer import (
     AnswerResult,
@@ -28,6 +30,7 @@ from .answer import (
     mode_validate,
     question_validate,
 )
+from .ask import DEFAULT_OPTIONS, AskOptions
 
 log = logging.getLogger("cartridges")
 
@@ -123,7 +126,8 @@ class AnswerStream:
                     connections.close_all()  # this thread's connections end with it
 
 
-def cartridge_answer_stream(*, scope, question: str, mode: str = "cartridge", actor=None) -> AnswerStream:
+def cartridge_answer_stream(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
+                            options: AskOptions = DEFAULT_OPTIONS) -> AnswerStream:
     """Open a streamed answer of ``question`` for ``scope`` with this process's engine.
 
     mode="cartridge" yields a delta per decoded token (per word with the fake engine); mode="text" re-reads
@@ -132,12 +136,12 @@ def cartridge_answer_stream(*, scope, question: str, mode: str = "cartridge", ac
     question = question_validate(question)
     mode = mode_validate(mode)
     if mode != "cartridge":
-        result = cartridge_answer(scope=scope, question=question, mode=mode, actor=actor)
+        result = cartridge_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
         return AnswerStream(iter([result.answer, result] if result.answer else [result]))
     config = active_configuration()
     version = active_version_for_answer(scope=scope, config=config)
     cartridge, backend = engine.cartridge_load(version=version, config=config)
-    items = backend.answer_stream(cartridge, question, max_new_tokens=conf.answer_max_new_tokens())
+    items = backend.answer_stream(cartridge, question, max_new_tokens=options.length(), **options.engine_kwargs())
     return AnswerStream(_recorded(items, scope=scope, version=version, actor=actor))
 
 

@@ -81,6 +81,8 @@ UNSCOPED_API = {
     # OpenAI-compatible (tests/serving/test_openai.py): ``model`` is resolved by scope_get_for_user like /api/
     "v1/chat/completions": "model is a scope name resolved with the caller's grants (ungranted: 404 like unknown)",
     "v1/models": "lists only the caller's granted scopes",
+    "v1/completions": "model is a scope name resolved with the caller's grants (ungranted: 404 like unknown)",
+    "v1/models/<str:model>": "model is a scope name resolved with the caller's grants (ungranted: 404 like unknown)",
     "v1/^.*$": "any other /v1/ path: an OpenAI-shaped 404, no data",
 }
 

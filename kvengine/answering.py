@@ -1,0 +1,253 @@
+"""Answering on TransformersKvBackend: the question (or conversation) fed on top of a cartridge and decoded.
+
+A mixin of TransformersKvBackend (transformers_backend.py holds the model, compile and the cartridge bytes): the
+batched greedy path (batching.py), the one-at-a-time path, sampling and the other decoding options
+(decoding.py, sampling.py), stop strings, and re-reading the memories as text (the baseline). Thread safety is
+the backend's (its module docstring).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .base import Answer, Cartridge
+from .batching import MAX_ROW_ROOM, Batcher
+from .conversation import Prompt
+from .decoding import GREEDY, Decoding, StopWatcher, TokenLogprob
+from .format import (
+    check_compatible,
+)
+from .kvcache import CartridgeCache
+from .sampling import decode_steps
+
+
+class AnsweringMixin:
+    """TransformersKvBackend's answer paths (they use its model, tokenizer, layout and batcher)."""
+
+    def answer(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, decoding: Decoding | None = None,
+               stop_at_eos: bool = True) -> Answer:
+        """Feed only the question suffix on top of the cartridge, decode (greedily by default), crop back.
+
+        ``stop_at_eos=False`` always decodes ``max_new_tokens`` tokens (benchmarks compare equal lengths).
+        """
+        *_, answer = self.answer_stream(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos,
+                                        decoding=decoding)
+        return answer
+
+    def answer_stream(
+        self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, decoding: Decoding | None = None,
+        stop_at_eos: bool = True,
+    ) -> Iterator[str | Answer]:
+        """answer(), yielding a text delta per decoded token (a token that ends inside a UTF-8 character waits
+        for the next one), then the Answer. Decoded in the model's batch with every other question in flight
+        (batching.py); raises OverloadedError when too many questions already wait. The question's batch row is
+        held until the generator ends or is closed: a client that stops reading must close it (the web tier
+        does, in ``finally``). A ``decoding`` that needs each step's distribution (decoding.py) is decoded one at a
+        time (answer_stream_unbatched); stop strings end the text on either path."""
+        start = time.perf_counter()
+        decoding = decoding or GREEDY
+        check_compatible(cartridge.header, self._description)
+        state = self._payload(cartridge).state
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        self._check_room(state.num_tokens + len(suffix), max_new_tokens, "memories plus the question and answer")
+        if decoding.per_step or len(suffix) + max_new_tokens > MAX_ROW_ROOM:  # batching.MAX_ROW_ROOM: too long for a row
+            yield from self.answer_stream_unbatched(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos,
+                                                    decoding=decoding)
+            return
+        watcher = StopWatcher(decoding.stop)
+        request = self.batcher().submit(state, suffix, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+        ids: list[int] = []
+        ttft = None
+
+        def tokens() -> Iterator[int]:
+            nonlocal ttft
+            for kind, token in request.events():
+                if ttft is None:
+                    ttft = time.perf_counter() - start  # the prompt's pass is done: its first token is here
+                if kind == "end":
+                    return
+                yield token
+
+        try:
+            yield from self._text_deltas(tokens(), ids, watcher)
+        finally:
+            request.cancel()  # frees the row now if the caller stopped reading (a no-op after "end")
+        yield self._answer(ids, "cartridge", state.num_tokens, len(suffix), ttft, time.perf_counter() - start,
+                           watcher=watcher, max_new_tokens=max_new_tokens)
+
+    def batcher(self) -> Batcher:
+        """The model's batcher (made on first use; its worker thread starts with the first question)."""
+        box = self._batching
+        with box["lock"]:
+            if box["batcher"] is None:
+                box["batcher"] = Batcher(self.model, eos_ids=self._eos_ids, device=self.device, max_batch=self.max_batch, max_waiting=self.max_waiting)
+            return box["batcher"]
+
+    def answer_unbatched(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
+                         decoding: Decoding | None = None) -> Answer:
+        """answer() one question at a time behind the cartridge's lock (the path before batching; benches compare)."""
+        *_, answer = self.answer_stream_unbatched(cartridge, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos,
+                                                  decoding=decoding)
+        return answer
+
+    def answer_stream_unbatched(
+        self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
+        decoding: Decoding | None = None,
+    ) -> Iterator[str | Answer]:
+        """answer_stream() one question at a time behind the cartridge's lock: a delta per decoded token, then the
+        Answer. The cartridge's scratch tail is held until the generator ends or is closed."""
+        start = time.perf_counter()
+        decoding = decoding or GREEDY
+        watcher, logprobs = StopWatcher(decoding.stop), []
+        check_compatible(cartridge.header, self._description)
+        state = self._payload(cartridge).state
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        num_cached = state.num_tokens
+        self._check_room(num_cached + len(suffix), max_new_tokens, "memories plus the question and answer")
+        ids: list[int] = []
+        with state.scratch(), torch.inference_mode():
+            state.ensure_capacity(num_cached + len(suffix) + max_new_tokens)
+            cache = CartridgeCache(state)
+            try:
+                if decoding.per_step:
+                    timing: dict[str, float] = {}
+                    tokens = _timed(self._step_tokens(suffix, cache, max_new_tokens, decoding, logprobs, stop_at_eos=stop_at_eos),
+                                    start, timing)
+                    yield from self._text_deltas(tokens, ids, watcher)
+                    ttft = timing.get("ttft", time.perf_counter() - start)  # no token at all: the prompt's pass was all
+                else:
+                    tokens = self._greedy_tokens(suffix, cache, max_new_tokens, stop_at_eos=stop_at_eos)
+                    _first = next(tokens)  # the prompt's pass: first-token log-probs
+                    ttft = time.perf_counter() - start
+                    yield from self._text_deltas(tokens, ids, watcher)
+            finally:
+                cache.crop_back()  # the scratch tail is free for the next question (answer() relies on it)
+        yield self._answer(ids, "cartridge", num_cached, len(suffix), ttft, time.perf_counter() - start, watcher=watcher,
+                           max_new_tokens=max_new_tokens, logprobs=logprobs)
+
+    def _step_tokens(self, ids: list[int], cache, max_new_tokens: int, decoding: Decoding, logprobs: list[TokenLogprob],
+                     *, stop_at_eos: bool = True) -> Iterator[int]:
+        """sampling.decode_steps' token ids, collecting their log-prob entries into ``logprobs``."""
+        for step in decode_steps(self.model, self.tokenizer, ids, cache, max_new_tokens=max_new_tokens, decoding=decoding,
+                                 eos_ids=self._eos_ids, device=self.device, stop_at_eos=stop_at_eos):
+            if step.logprob is not None:
+                logprobs.append(step.logprob)
+            yield step.token
+
+    def _text_deltas(self, tokens: Iterator[int], ids: list[int], watcher: StopWatcher | None = None) -> Iterator[str]:
+        """Decode ``tokens`` as they come, appending each to ``ids``: yield the text each one adds (a token that
+        ends inside a UTF-8 character waits for the next), then what the last tokens completed. With ``watcher``,
+        the text ends before its first stop string (no more tokens are taken)."""
+        shown = ""
+        for token in tokens:
+            ids.append(token)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue  # a multi-byte character split across tokens: wait for its end
+            if len(text) > len(shown) and text.startswith(shown):
+                delta, shown = text[len(shown):], text
+                if watcher is None:
+                    yield delta
+                    continue
+                if out := watcher.feed(delta):
+                    yield out
+                if watcher.hit:
+                    return
+        full = self.tokenizer.decode(ids, skip_special_tokens=True)
+        tail = full[len(shown):] if len(full) > len(shown) and full.startswith(shown) else ""
+        if watcher is not None:
+            tail = watcher.feed(tail) + ("" if watcher.hit else watcher.flush())
+        if tail:
+            yield tail
+
+    def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,
+                         decoding: Decoding | None = None, stop_at_eos: bool = True) -> Answer:
+        """Re-read the whole prompt (memories + question or conversation) for this one question: the baseline."""
+        if decoding is not None and decoding != GREEDY:
+            return self._answer_from_text_decoded(texts, question, max_new_tokens=max_new_tokens, decoding=decoding)
+        start = time.perf_counter()
+        layout = self.layout
+        memories = layout.clean_memories(texts)
+        ids = layout.encode(layout.full_text(memories, layout.clean_question(question)))
+        num_context = len(layout.encode(layout.prefix_text(memories)))
+        self._check_room(len(ids), max_new_tokens, "memories plus the question and answer")
+        with torch.inference_mode():
+            out, _, ttft = self._greedy(ids, None, max_new_tokens, start, stop_at_eos=stop_at_eos)
+        return self._answer(out, "text", num_context, len(ids), ttft, time.perf_counter() - start)
+
+    def _answer_from_text_decoded(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int, decoding: Decoding) -> Answer:
+        """answer_from_text() under a non-default ``decoding`` (on a plain cache; stop strings as on the cartridge path)."""
+        start = time.perf_counter()
+        layout = self.layout
+        memories = layout.clean_memories(texts)
+        prompt = layout.encode(layout.full_text(memories, layout.clean_question(question)))
+        self._check_room(len(prompt), max_new_tokens, "memories plus the question and answer")
+        watcher, logprobs, ids = StopWatcher(decoding.stop), [], []
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            if decoding.per_step:
+                tokens = self._step_tokens(prompt, cache, max_new_tokens, decoding, logprobs)
+            else:
+                tokens = self._greedy_tokens(prompt, cache, max_new_tokens)
+                next(tokens)
+            for _ in self._text_deltas(tokens, ids, watcher):
+                pass
+        num_context = len(layout.encode(layout.prefix_text(memories)))
+        return self._answer(ids, "text", num_context, len(prompt), 0.0, time.perf_counter() - start, watcher=watcher,
+                            max_new_tokens=max_new_tokens, logprobs=logprobs)
+
+    def answer_without_memory(self, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
+        """Answer with no memories at all (the model's default system turn): the speed floor."""
+        start = time.perf_counter()
+        ids = self.layout.encode(self.layout.no_memory_text(self.layout.clean_question(question)))
+        self._check_room(len(ids), max_new_tokens, "question and answer")
+        with torch.inference_mode():
+            out, _, ttft = self._greedy(ids, None, max_new_tokens, start, stop_at_eos=stop_at_eos)
+        return self._answer(out, "none", 0, len(ids), ttft, time.perf_counter() - start)
+
+    def _greedy(
+        self, ids: list[int], cache: CartridgeCache | None, max_new_tokens: int, start: float, *, stop_at_eos: bool = True
+    ) -> tuple[list[int], torch.Tensor, float]:
+        """Run ``ids`` (on top of ``cache`` if given), then greedy-decode; return ids, first log-probs, ttft."""
+        tokens = self._greedy_tokens(ids, cache, max_new_tokens, stop_at_eos=stop_at_eos)
+        first = next(tokens)
+        ttft = time.perf_counter() - start
+        return list(tokens), first, ttft
+
+    def _greedy_tokens(
+        self, ids: list[int], cache: CartridgeCache | None, max_new_tokens: int, *, stop_at_eos: bool = True
+    ) -> Iterator:
+        """Run ``ids`` (on top of ``cache`` if given): yield the first-token log-probs, then each greedy token id."""
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
+        input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
+        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
+        yield torch.log_softmax(logits, dim=-1)
+        token = int(logits.argmax())
+        num_out = 0
+        while (not stop_at_eos or token not in self._eos_ids) and num_out < max_new_tokens:
+            yield token
+            num_out += 1
+            if num_out == max_new_tokens:
+                break
+            input_ids = torch.tensor([[token]], device=self.device)  # (1, 1)
+            logits = self.model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1].float()
+            token = int(logits.argmax())
+
+    def _answer(self, ids: list[int], mode: str, num_context: int, num_prompt: int, ttft: float, total: float, *,
+                watcher: StopWatcher | None = None, max_new_tokens: int | None = None, logprobs: Sequence[TokenLogprob] = ()) -> Answer:
+        hit = watcher is not None and watcher.hit
+        text = (watcher.text if hit else self.tokenizer.decode(ids, skip_special_tokens=True)).strip()
+        finish = "length" if not hit and max_new_tokens is not None and len(ids) >= max_new_tokens else "stop"
+        return Answer(text=text, token_ids=tuple(ids), mode=mode, num_context_tokens=num_context, num_prompt_tokens=num_prompt,
+                      ttft_s=ttft, total_s=total, finish_reason=finish, logprobs=tuple(logprobs))
+
+
+def _timed(tokens: Iterator[int], start: float, timing: dict[str, float]) -> Iterator[int]:
+    """Pass ``tokens`` on, noting in ``timing["ttft"]`` when the first one came (seconds since ``start``)."""
+    for token in tokens:
+        timing.setdefault("ttft", time.perf_counter() - start)
+        yield token

@@ -1,0 +1,106 @@
+"""The real default model behind /v1/ with the official ``openai`` client (uvicorn, ASGI): a follow-up question is
+answered from the earlier turn, the cartridge and re-reading agree on a conversation, and sampling, seed, stop,
+length, log-probs and a JSON schema do what they say."""
+from __future__ import annotations
+
+import http.client
+import json
+
+import openai
+import pytest
+
+from cartridges import engine
+
+from .conftest import token_for
+
+pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
+
+CONFIG = ("transformers", "smollm2-135m-instruct", "f32", "none")
+MEMORIES = ["Lena is a nurse who lives in Porto.", "Marco works as a baker in Lyon."]
+HISTORY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "My locker code is 4417."},
+           {"role": "assistant", "content": "Got it, your locker code is 4417."}]
+FOLLOW_UP = {"role": "user", "content": "What is my locker code?"}
+
+
+@pytest.fixture
+def served_real(settings, real_backend):
+    """A scope of MEMORIES compiled and activated with the real model; returns (scope name, token)."""
+    from django.contrib.auth import get_user_model
+
+    from cartridges.services import cartridge_activate, cartridge_compile, kv_configuration_switch
+    from memories.services import memory_append, scope_create, scope_grant
+
+    settings.MNESIO_KV_BACKEND, settings.MNESIO_KV_MODEL, settings.MNESIO_KV_DTYPE, settings.MNESIO_KV_QUANT = CONFIG
+    settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 16  # short answers keep the test in seconds on 2 cores
+    engine.register_backend(CONFIG, real_backend)
+    kv_configuration_switch(backend=CONFIG[0], model=CONFIG[1], dtype=CONFIG[2], quant=CONFIG[3], actor=None)
+    scope = scope_create(name="lockers")
+    for text in MEMORIES:
+        memory_append(scope=scope, content=text)
+    cartridge_activate(version=cartridge_compile(scope=scope))
+    user = get_user_model().objects.create_user(username="agent")
+    scope_grant(scope=scope, user=user)
+    return scope.name, token_for(user)
+
+
+def _ask(base_url: str, scope: str, token: str, body: dict) -> dict:
+    host, port = base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    conn.request("POST", f"/api/v1/scopes/{scope}/ask/", body=json.dumps(body),
+                 headers={"Content-Type": "application/json", "Authorization": f"Token {token}"})
+    response = conn.getresponse()
+    data = json.loads(response.read())
+    assert response.status == 200, data
+    return data
+
+
+def test_it_answers_a_follow_up_from_the_earlier_turn(served_real, asgi_server):
+    scope, token = served_real
+    client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
+    answer = client.chat.completions.create(model=scope, messages=[*HISTORY, FOLLOW_UP])
+    assert "4417" in answer.choices[0].message.content
+    assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the memories were the cached prefix
+    alone = client.chat.completions.create(model=scope, messages=[FOLLOW_UP])
+    assert "4417" not in alone.choices[0].message.content  # the code was only in the conversation
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(model=scope, messages=[*HISTORY, FOLLOW_UP], stream=True) if c.choices)
+    assert streamed == answer.choices[0].message.content
+    # the same conversation on /api/: from the cartridge and by re-reading the memories as text, the same answer
+    body = {"question": FOLLOW_UP["content"], "system": HISTORY[0]["content"],
+            "history": [{"role": m["role"], "content": m["content"]} for m in HISTORY[1:]]}
+    from_cartridge = _ask(asgi_server.url, scope, token, body)
+    from_text = _ask(asgi_server.url, scope, token, {**body, "mode": "text"})
+    assert from_cartridge["answer"] == from_text["answer"] == answer.choices[0].message.content
+
+
+def test_sampling_stop_length_logprobs_and_json_do_what_they_say(served_real, asgi_server):
+    scope, token = served_real
+    client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": "Where does Lena live?"}]
+    greedy = client.chat.completions.create(model=scope, messages=messages)
+    first = client.chat.completions.create(model=scope, messages=messages, temperature=1.5, seed=11)
+    again = client.chat.completions.create(model=scope, messages=messages, temperature=1.5, seed=11)
+    assert first.choices[0].message.content == again.choices[0].message.content
+    others = {client.chat.completions.create(model=scope, messages=messages, temperature=1.5, seed=s).choices[0].message.content
+              for s in (12, 13, 14)}
+    assert len(others | {first.choices[0].message.content}) > 1
+    one = client.chat.completions.create(model=scope, messages=messages, max_tokens=1)
+    assert one.usage.completion_tokens == 1 and one.choices[0].finish_reason == "length"
+    word = greedy.choices[0].message.content.split()[1]
+    stopped = client.chat.completions.create(model=scope, messages=messages, stop=[word])
+    assert word not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
+    scored = client.chat.completions.create(model=scope, messages=messages, logprobs=True, top_logprobs=2)
+    assert scored.choices[0].message.content == greedy.choices[0].message.content
+    content = scored.choices[0].logprobs.content
+    assert len(content) == scored.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    shaped = client.chat.completions.create(
+        model=scope, messages=[{"role": "user", "content": "Where does Lena live? Answer in JSON."}], max_tokens=16,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}})
+    assert isinstance(json.loads(shaped.choices[0].message.content)["city"], str)
+    loose = client.chat.completions.create(model=scope, messages=[{"role": "user", "content": "Lena's city as JSON?"}],
+                                           max_tokens=16, response_format={"type": "json_object"})
+    if loose.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(loose.choices[0].message.content), dict)
+    else:  # cut at max_tokens: still the beginning of an object
+        assert loose.choices[0].message.content.startswith("{")
