@@ -206,8 +206,11 @@ def _answer_conversation(config: LocomoConfig, modes: Sequence[str], main: Any, 
     memories = list(conversation.memories)
     cartridge = None
     window = 0
+    prompts = {q.qid: question_prompt(q, seed=config.seed, template=config.question_template) for q in asked}
     if "cartridge" in modes:
-        room = main.describe().max_context_tokens - config.max_new_tokens - QUESTION_ROOM_TOKENS
+        # room for the longest question turn (the paper's instructions make it longer than SQuAD's) and the answer
+        longest = max((main.count_tokens([prompt]) for prompt, _ in prompts.values()), default=0)
+        room = main.describe().max_context_tokens - config.max_new_tokens - max(QUESTION_ROOM_TOKENS, longest + 32)
         window = first_window(main.count_tokens, memories, room)
         start = time.perf_counter()
         cartridge = main.compile(memories[:window], labels={"eval": "kveval-locomo", "conversation": conversation.sample_id})
@@ -216,7 +219,7 @@ def _answer_conversation(config: LocomoConfig, modes: Sequence[str], main: Any, 
     records = []
     bar = _Progress(len(asked), conversation.sample_id, progress)
     for question in asked:
-        prompt, options = question_prompt(question, seed=config.seed, template=config.question_template)
+        prompt, options = prompts[question.qid]
         base = {"qid": question.qid, "conversation": conversation.sample_id, "category": question.category,
                 "question": question.question, "prompt": prompt, "answer": question.answer,
                 "evidence": list(question.evidence)}
