@@ -9,10 +9,14 @@ from pathlib import Path
 from kvengine import DTYPES
 
 from .data import DEFAULT_DATA_DIR, ensure_squad_file, load_squad
+from .locomo import load_locomo
+from .locomo_runner import LOCOMO_MODES, LocomoConfig, run_locomo
 from .report import write_report
 from .runner import DEFAULT_QUESTION_TEMPLATE, MODES, EvalConfig, run_eval
 
 DEFAULT_OUT = Path("bench/results/kveval")
+# the development split laid beside the checkout (CC BY-NC: read in place, never copied into the repository)
+DEFAULT_LOCOMO_FILE = Path("../shared/data/locomo/locomo_dev.json")
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -29,6 +33,10 @@ def _names(value: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the eval's options to ``parser``."""
     d = EvalConfig()
+    lc = LocomoConfig()
+    parser.add_argument("--dataset", default="squad", choices=["squad", "locomo"],
+                        help="squad: scopes packed per token budget; locomo: whole conversations, recall@k and F1 "
+                             "per category (default: squad)")
     parser.add_argument("--backend", default=d.backend, choices=["transformers", "fake"],
                         help="engine backend (fake: no model, for trying the pipeline)")
     parser.add_argument("--model", default=d.model,
@@ -52,15 +60,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=d.threads,
                         help="torch threads (default: torch's own; 1 is far faster on a machine shared with "
                              "other busy processes)")
-    parser.add_argument("--modes", type=_names, default=d.modes, metavar="M[,M]",
-                        help=f"answer modes, from {','.join(MODES)} (default: all)")
+    parser.add_argument("--modes", type=_names, default=None, metavar="M[,M]",
+                        help=f"answer modes, from {','.join(MODES)} (default: all); on locomo from "
+                             f"{','.join(LOCOMO_MODES)} (default: {','.join(lc.modes)}; '' measures recall only)")
     parser.add_argument("--seed", type=int, default=d.seed, help="question sampling seed (default: 0)")
-    parser.add_argument("--question-template", default=DEFAULT_QUESTION_TEMPLATE,
-                        help="how each question is put to the model in every mode; must contain {question}")
+    parser.add_argument("--question-template", default=None,
+                        help="how each question is put to the model in every mode; must contain {question} "
+                             f"(default: {DEFAULT_QUESTION_TEMPLATE!r}; on locomo the paper's own instructions)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help=f"where SQuAD v1.1 dev is cached (default: {DEFAULT_DATA_DIR})")
     parser.add_argument("--squad-file", type=Path, default=None,
                         help="use this SQuAD v1.1 JSON file instead of downloading")
+    parser.add_argument("--locomo-file", type=Path, default=DEFAULT_LOCOMO_FILE,
+                        help=f"LoCoMo JSON file (default: {DEFAULT_LOCOMO_FILE})")
+    parser.add_argument("--conversations", type=_names, default=(), metavar="ID[,ID]",
+                        help="locomo: sample_ids to use (default: every conversation in the file)")
+    parser.add_argument("--categories", type=_ints, default=lc.categories, metavar="C[,C]",
+                        help="locomo: question categories, 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, "
+                             "5 adversarial (default: all)")
+    parser.add_argument("--questions-per-conversation", type=int, default=None, metavar="N",
+                        help="locomo: questions answered per conversation, a seeded draw (default: all)")
+    parser.add_argument("--recall-ks", type=_ints, default=lc.recall_ks, metavar="K[,K]",
+                        help="locomo: k of the evidence recall@k (default: 3,5,10)")
+    parser.add_argument("--retrievers", type=_names, default=lc.retrievers, metavar="R[,R]",
+                        help="locomo: retrievers whose evidence recall is measured (default: bm25,dense,hybrid)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output directory for JSON, markdown and PNGs (default: {DEFAULT_OUT})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -72,11 +95,39 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
                       quants=tuple(args.quants), compare_dtypes=tuple(args.compare_dtypes),
                       budgets=tuple(args.budgets), questions=tuple(args.questions), articles=tuple(args.articles), threads=args.threads,
                       top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                      question_template=args.question_template, modes=tuple(args.modes))
+                      question_template=args.question_template or DEFAULT_QUESTION_TEMPLATE,
+                      modes=EvalConfig().modes if args.modes is None else tuple(args.modes))
+
+
+def locomo_config_from_args(args: argparse.Namespace) -> LocomoConfig:
+    """Build the (validated) LocomoConfig from parsed options."""
+    return LocomoConfig(backend=args.backend, model=args.model, dtype=args.dtype, device=args.device,
+                        modes=LocomoConfig().modes if args.modes is None else tuple(args.modes),
+                        retrievers=tuple(args.retrievers), recall_ks=tuple(args.recall_ks), top_k=args.top_k,
+                        questions_per_conversation=args.questions_per_conversation,
+                        conversations=tuple(args.conversations), categories=tuple(args.categories),
+                        max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
+                        question_template=args.question_template)
+
+
+def run_locomo_from_args(args: argparse.Namespace, *, command: str, log=print) -> dict:
+    """Load LoCoMo, measure recall and answers, write the report; return the results dict."""
+    config = locomo_config_from_args(args)
+    path = Path(args.locomo_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"`--locomo-file` has to be an existing file but got {str(path)!r}")
+    data = load_locomo(path, conversations=config.conversations or None, categories=config.categories)
+    results = run_locomo(config, data, progress=not args.no_progress, log=log)
+    results["data"]["file"] = str(path)
+    for kind, out in write_report(results, args.out, command=command).items():
+        log(f"wrote {kind}: {out}")
+    return results
 
 
 def run_from_args(args: argparse.Namespace, *, command: str, log=print) -> dict:
     """Fetch the data if needed, run the eval, write the report; return the results dict."""
+    if getattr(args, "dataset", "squad") == "locomo":
+        return run_locomo_from_args(args, command=command, log=log)
     config = config_from_args(args)
     squad = ensure_squad_file(data_dir=args.data_dir, squad_file=args.squad_file, log=log)
     articles = load_squad(squad)
@@ -94,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kvengine.kveval",
         description="Accuracy-parity and speed suite on SQuAD v1.1 dev: cartridge vs text re-reading vs "
-                    "BM25/dense top-k retrieval, per memory budget. Engine only (no database); the erasure "
+                    "BM25/dense top-k retrieval, per memory budget; with --dataset locomo, evidence recall@k and "
+                    "per-category F1 on LoCoMo conversations. Engine only (no database); the erasure "
                     "check is in `python manage.py kveval`.",
     )
     add_arguments(parser)

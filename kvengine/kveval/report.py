@@ -12,15 +12,26 @@ MODE_LABELS = {
     "bm25": "BM25 top-k text",
     "dense": "dense top-k text",
     "closed_book": "no memory (floor)",
+    "hybrid": "hybrid top-k text",
 }
 
 
 def write_report(results: dict[str, Any], out_dir: Path, *, command: str | None = None) -> dict[str, Path]:
-    """Write results.json, results.md, accuracy_vs_budget.png and latency_vs_budget.png into ``out_dir``."""
+    """Write results.json, results.md, accuracy_vs_budget.png and latency_vs_budget.png into ``out_dir``.
+
+    A LoCoMo run (``results["dataset"] == "locomo"``) gets results.json and its own results.md only.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if command:
         results = {**results, "command": command}
+    if results.get("dataset") == "locomo":  # per-category tables, no per-budget charts
+        from .locomo_report import markdown_report as locomo_markdown
+
+        paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
+        paths["json"].write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        paths["markdown"].write_text(locomo_markdown(results), encoding="utf-8")
+        return paths
     paths = {
         "json": out_dir / "results.json",
         "markdown": out_dir / "results.md",

@@ -58,3 +58,16 @@ def test_it_refuses_skipping_everything_and_a_missing_squad_file(tmp_path):
         _run(tmp_path, "--skip-engine", "--skip-erasure")
     with pytest.raises(CommandError, match="--squad-file"):
         call_command("kveval", "--squad-file", str(tmp_path / "missing.json"), "--skip-engine")
+
+
+def test_it_runs_locomo_through_the_engine_part_only(tmp_path, locomo_file):
+    call_command("kveval", "--dataset", "locomo", "--locomo-file", str(locomo_file), "--backend", "fake",
+                 "--modes", "bm25", "--retrievers", "bm25", "--categories", "4", "--out", str(tmp_path / "out"),
+                 "--no-progress", stdout=io.StringIO())
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["dataset"] == "locomo" and results["command"].startswith("python manage.py kveval")
+    assert {r["category"] for r in results["records"]} == {4} and len(results["records"]) == 3
+    assert not (tmp_path / "out" / "erasure.json").exists()
+    assert not Scope.objects.filter(name__startswith="kveval-").exists()  # nothing stored
+    with pytest.raises(CommandError, match="`--locomo-file`"):
+        call_command("kveval", "--dataset", "locomo", "--locomo-file", str(tmp_path / "missing.json"))

@@ -56,6 +56,12 @@ class Command(BaseCommand):
             raise CommandError("`--erasure-budget` has to be at least 64 and `--erasure-questions` at least 1")
         ns = _Namespace(options)
         command = "python manage.py kveval " + shlex.join(sys.argv[2:])
+        if ns.dataset == "locomo":  # the engine part only: the erasure check stores SQuAD paragraphs
+            try:
+                cli.run_locomo_from_args(ns, command=command, log=self._log)
+            except (ValueError, FileNotFoundError, RuntimeError) as exc:
+                raise CommandError(str(exc)) from None
+            return
         try:
             config = cli.config_from_args(ns)
             squad = ensure_squad_file(data_dir=ns.data_dir, squad_file=ns.squad_file, log=self._log)
