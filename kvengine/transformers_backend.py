@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from . import routed
 from .base import Answer, BackendDescription, Cartridge, CartridgeHeader, ExtensionCheck, FidelityReport, KvBackend
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, MAX_ROW_ROOM, Batcher
 from .blocks import (
@@ -44,6 +45,7 @@ from .blocks import (
     parts_write,
 )
 from .config import DTYPES, QUANTS, check_choice
+from .divergence import AnswerDivergence
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import (
     FORMAT_VERSION,
@@ -66,6 +68,7 @@ from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, r
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
 from .quant import bit_plan
+from .routed import MemoryChunk, RepairPolicy, RoutedAnswer
 
 DEFAULT_FIDELITY_TOKENS = 16  # fidelity()'s answer length when the caller gives none
 
@@ -367,6 +370,29 @@ class TransformersKvBackend(KvBackend):
         with torch.inference_mode():
             out, _, ttft = self._greedy(ids, None, max_new_tokens, start, stop_at_eos=stop_at_eos)
         return self._answer(out, "text", num_context, len(ids), ttft, time.perf_counter() - start)
+
+    # -- routed: memory chunks assembled per question (kvengine.routed) ----------------------------------------
+    def compile_chunk(self, text: str) -> MemoryChunk:
+        """One memory's chunk: its KV computed once after the shared prefix (routed.chunks)."""
+        return routed.compile_chunk(self, text)
+
+    def answer_routed(
+        self, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = routed.NO_REPAIR,
+        max_new_tokens: int = 32, stop_at_eos: bool = True,
+    ) -> RoutedAnswer:
+        """Assemble ``chunks`` in the order given after the shared prefix, ``repair``, then answer (routed.answering)."""
+        return routed.answer_routed(self, chunks, question, repair=repair, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+
+    def answer_reread(self, chunks: Sequence[MemoryChunk], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
+        """The routed answer's reference: re-read the chunks' exact token ids and the question in one prefill."""
+        return routed.answer_reread(self, chunks, question, max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
+
+    def routed_divergence(
+        self, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = routed.NO_REPAIR,
+        max_new_tokens: int = 32, reference: Answer | None = None,
+    ) -> AnswerDivergence:
+        """Per-position KL and top-1 agreement of the routed answer against the re-reading's, teacher-forced."""
+        return routed.routed_divergence(self, chunks, question, repair=repair, max_new_tokens=max_new_tokens, reference=reference)
 
     def answer_without_memory(self, question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """Answer with no memories at all (the model's default system turn): the speed floor."""
