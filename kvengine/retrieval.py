@@ -14,6 +14,9 @@ import re
 from collections.abc import Sequence
 
 _WORD = re.compile(r"\w+")
+# The usual defaults, shared with the product's search index (memories.search_index), which scores in SQL:
+BM25_K1 = 1.5  # term frequency saturates after a few repeats
+BM25_B = 0.75  # half-way between no and full length normalization
 
 
 def bm25_tokenize(text: str) -> list[str]:
@@ -32,7 +35,7 @@ def top_k_indices(scores: Sequence[float], k: int) -> list[int]:
 class Bm25:
     """A BM25 index over a fixed list of documents (index once, query many times)."""
 
-    def __init__(self, documents: Sequence[str], *, k1: float = 1.5, b: float = 0.75):
+    def __init__(self, documents: Sequence[str], *, k1: float = BM25_K1, b: float = BM25_B):
         if not documents:
             raise ValueError("`documents` has to hold at least one document but got none")
         # imported here: bm25s imports scipy (when installed), which a Django process needs only when the gate has cases
@@ -42,8 +45,8 @@ class Bm25:
         # one line per search request in the service's logs (and ~1 ms to format it). Warnings still show.
         logging.getLogger("bm25s").setLevel(logging.WARNING)
         self.num_documents = len(documents)
-        self.k1 = k1  # the usual default: term frequency saturates after a few repeats
-        self.b = b  # the usual default: half-way between no and full length normalization
+        self.k1 = k1
+        self.b = b
         corpus = [bm25_tokenize(document) for document in documents]
         self._index = None  # no document has a word (bm25s cannot index an empty vocabulary): nothing matches
         if any(corpus):

@@ -11,8 +11,11 @@ class MemoriesConfig(AppConfig):
         """Register the log's wrapped-key tables with the keyring, and the master-key database check."""
         from . import checks, crypto  # noqa: F401  (importing checks registers the check)
         from .keyring import KeyHolder, register_key_holder
+        from .search_index import index_key_aad
 
         register_key_holder(KeyHolder("memories.Subject", "wrapped_key", "master_key_id",
                                       lambda row: crypto.subject_key_aad(row.external_id, row.scope_id), "subject keys"))
         register_key_holder(KeyHolder("memories.ScopeKey", "wrapped_key", "master_key_id",
                                       lambda row: crypto.scope_key_aad(row.scope_id), "scope keys"))
+        register_key_holder(KeyHolder("memories.SearchIndex", "wrapped_key", "master_key_id",
+                                      lambda row: index_key_aad(row.scope_id), "search index keys"))

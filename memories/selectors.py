@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.core.validators import slug_re
-from django.db.models import F, Max, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import F, Max, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
@@ -401,13 +401,11 @@ def scope_erasure_requests(*, scope: Scope) -> QuerySet[ErasureRequest]:
 
 
 # ---------------------------------------------------------------------------
-# Search (issue 15): BM25 over a scope's opened memories, through kvengine.retrieval (bm25s).
+# Search: BM25 over a scope's search index (memories.search_index), ranked in the database
 # ---------------------------------------------------------------------------
-# Why rank in the process, per request, over decrypted text: memories are sealed at rest (no plaintext
-# index may exist, or erasure would have to find and shred it too), and a scope is small enough
-# (BENCHMARKS.md: ~12 ms of CPU per request on a 200-memory scope) that indexing its opened memories on each
-# request costs less than keeping and invalidating an index. One BM25 and one tokenization for the
-# whole project: the gate, kveval and this search all call kvengine.retrieval.Bm25.
+# The index is kept by appends and erasures; a search ranks the postings of its query's terms (held by the process
+# and checked against the database's head and generation on every search) and opens only the memories it returns. One BM25 and one tokenization for the whole project: the index scores exactly as
+# kvengine.retrieval.Bm25 (bm25s), which the gate and kveval call.
 MAX_SEARCH_TOP_K = 100
 MAX_SEARCH_QUERY_CHARS = 2000
 MAX_SEARCH_METADATA_KEYS = 20
@@ -422,6 +420,14 @@ class SearchHit:
     content: str
     created_at: dt.datetime
     metadata: dict
+    score: float
+
+
+@dataclass(frozen=True)
+class RankedMemory:
+    """A memory that matches a query (memory_search): its seq and BM25 score."""
+
+    seq: int
     score: float
 
 
@@ -451,6 +457,42 @@ def metadata_matches(metadata: dict, wanted: dict) -> bool:
     return all(key in metadata and _json_same(metadata[key], value) for key, value in wanted.items())
 
 
+def _search_query_validate(query: object) -> str:
+    from kvengine.retrieval import bm25_tokenize  # no torch: the retrieval module imports bm25s only when indexing
+
+    if not isinstance(query, str) or not bm25_tokenize(query):
+        raise MnesioError(
+            f"`query` has to contain at least one word (letters or digits) but got {_shown(query)}",
+            extra={"field": "query"},
+        )
+    return query
+
+
+def _top_k_validate(top_k: object, *, field: str) -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_SEARCH_TOP_K:
+        raise MnesioError(
+            f"`{field}` has to be an integer from 1 to {MAX_SEARCH_TOP_K} but got {_shown(top_k)}", extra={"field": field}
+        )
+    return top_k
+
+
+def memory_search(*, scope: Scope, query: str, k: int) -> list[RankedMemory]:
+    """The seqs of the ``k`` memories of ``scope`` that best match ``query`` by BM25, best first (equal scores:
+    the earlier first); ``sorted(r.seq for r in ...)`` is their log order. Opens nothing: one query once this
+    process holds the terms' postings up to the scope's head, one more to read what it lacks.
+
+    Erased memories are not in the index once their erasure's shred step has committed; a caller that opens
+    the rows still checks each for ``erased`` (a forget in flight between its shred and that commit).
+    """
+    from memories import search_index
+
+    query = _search_query_validate(query)
+    k = _top_k_validate(k, field="k")
+    key = search_index.index_key_for_read(scope=scope)
+    page = search_index.rank(scope=scope, key=key, query=query, limit=k)
+    return [RankedMemory(r.seq, r.score) for r in page.ranked]
+
+
 def memories_search(
     *,
     scope: Scope,
@@ -465,69 +507,59 @@ def memories_search(
     """Return the scope's memories that best match ``query`` by BM25, best first, at most ``top_k``.
 
     Filters: ``subject`` (external id), ``since <= created_at < until``, ``seq <= as_of`` (default: the
-    scope's head, read by the same statement as the rows, so the reported ``as_of`` is exactly what was read), and
-    ``metadata`` (exact match on each given top-level key). Erased memories (a shredded subject, or a
-    memory whose own key is gone) are never returned: rows of shredded subjects are left out by the query,
-    and anything that opens as erased is dropped. Only ``scope``'s rows are read. Raises naming the field.
+    scope's head, read by the same statement as the statistics, so the reported ``as_of`` is exactly what was
+    ranked), and ``metadata`` (exact match on each given top-level key). BM25's statistics are the scope's as
+    of ``as_of``: the other filters choose among its memories without changing them (as a filter does in
+    Lucene). Metadata is sealed, so it is checked on the ranked memories as they are opened (more are ranked
+    until ``top_k`` match or none is left).
+    Erased memories are never returned: they leave the index with their erasure, and any that opens as
+    erased is dropped. Only ``scope``'s rows are read. Raises naming the field.
     """
-    from kvengine.retrieval import Bm25, bm25_tokenize  # no torch: the retrieval module imports bm25s only
+    from memories import search_index
 
-    if not isinstance(query, str) or not bm25_tokenize(query):
-        raise MnesioError(
-            f"`query` has to contain at least one word (letters or digits) but got {_shown(query)}",
-            extra={"field": "query"},
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_SEARCH_TOP_K:
-        raise MnesioError(
-            f"`top_k` has to be an integer from 1 to {MAX_SEARCH_TOP_K} but got {_shown(top_k)}", extra={"field": "top_k"}
-        )
+    query = _search_query_validate(query)
+    top_k = _top_k_validate(top_k, field="top_k")
     if since is not None and until is not None and until <= since:
         raise MnesioError(
             f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
             extra={"field": "until"},
         )
-    # scope_memories() says what memories_open needs joined; all of it but the scope: joining the scope builds
-    # a Scope and a ScopeKey per row (half the CPU of a search on 200 memories, bench/search_latency.py), so
-    # every row shares the caller's ``scope`` instead, whose key memories_open loads once if it needs it.
-    rows = scope_memories(scope=scope)
-    joined = [name for name in rows.query.select_related if name != "scope"]
-    rows = rows.select_related(None).select_related(*joined).filter(
-        Q(subject__isnull=True) | Q(subject__shredded_at__isnull=True)
-    )
     if as_of is not None:
-        head = as_of_validate(as_of, scope=scope)
-        rows = rows.filter(seq__lte=head)
-    else:
-        # the scope's head read by the same statement (one snapshot): the rows are exactly those up to it,
-        # and the search costs one round trip less than reading the head first
-        newest = Memory.objects.filter(scope=scope).order_by().values("scope").annotate(head=Max("seq")).values("head")
-        rows = rows.annotate(scope_head=Subquery(newest[:1]))
-    if subject is not None:
-        rows = rows.filter(subject__external_id__in=subject_id_variants(subject))
-    if since is not None:
-        rows = rows.filter(created_at__gte=since)
-    if until is not None:
-        rows = rows.filter(created_at__lt=until)
-    rows = list(rows)
-    if as_of is None:
-        head = rows[0].scope_head if rows else scope_head(scope=scope)
-    for row in rows:
-        row.scope = scope
-    opened = [memory for memory in memories_open(rows) if not memory.erased and memory.text is not None]
-    if metadata:
-        opened = [memory for memory in opened if metadata_matches(memory.metadata or {}, metadata)]
-    if not opened:
-        return SearchResult(as_of=head, hits=[])
-    ranked = Bm25([memory.text for memory in opened]).ranked(query, top_k)
-    hits = [
-        SearchHit(
-            seq=opened[index].seq,
-            subject=opened[index].subject,
-            content=opened[index].text,
-            created_at=opened[index].created_at,
-            metadata=dict(opened[index].metadata or {}),
-            score=score,
+        as_of = as_of_validate(as_of, scope=scope)
+    key = search_index.index_key_for_read(scope=scope)
+    wanted = subject_id_variants(subject) if subject is not None else None
+    limit = top_k if not metadata else max(4 * top_k, 50)
+    seen: set[int] = set()
+    hits: list[SearchHit] = []
+    while True:
+        page = search_index.rank(
+            scope=scope, key=key, query=query, limit=limit, subject_ids_of=wanted, since=since, until=until, as_of=as_of
         )
-        for index, score in ranked
-    ]
-    return SearchResult(as_of=head, hits=hits)
+        fresh = [r for r in page.ranked if r.seq not in seen]
+        seen.update(r.seq for r in fresh)
+        if fresh:
+            # scope_memories() says what memories_open needs joined; all of it but the scope: every row shares the
+            # caller's ``scope`` instead (joining it builds a Scope and a ScopeKey per row)
+            rows = scope_memories(scope=scope)
+            joined = [name for name in rows.query.select_related if name != "scope"]
+            by_seq = {row.seq: row for row in rows.select_related(None).select_related(*joined).filter(
+                seq__in=[r.seq for r in fresh]
+            )}
+            for row in by_seq.values():
+                row.scope = scope
+            opened = {m.seq: m for m in memories_open(by_seq.values())}
+            for r in fresh:
+                memory = opened.get(r.seq)
+                if memory is None or memory.erased or memory.text is None:
+                    continue
+                if metadata and not metadata_matches(memory.metadata or {}, metadata):
+                    continue
+                hits.append(SearchHit(
+                    seq=memory.seq, subject=memory.subject, content=memory.text, created_at=memory.created_at,
+                    metadata=dict(memory.metadata or {}), score=r.score,
+                ))
+                if len(hits) == top_k:
+                    break
+        if not metadata or len(hits) == top_k or len(page.ranked) < limit:
+            return SearchResult(as_of=page.head if as_of is None else as_of, hits=hits)
+        limit *= 4

@@ -26,6 +26,7 @@ from .forget import (
 )
 from .rotation import RotationReport, master_key_rotate
 from .scopes import scope_create, scope_grant, scope_revoke
+from .search_index import search_index_backfill, search_index_erase
 from .validation import (
     MAX_BATCH_ITEMS,
     MAX_IDEMPOTENCY_KEY_CHARS,
@@ -59,6 +60,8 @@ __all__ = [
     "master_key_rotate",
     "memory_append",
     "scope_create",
+    "search_index_backfill",
+    "search_index_erase",
     "scope_grant",
     "scope_revoke",
     "subject_id_validate",

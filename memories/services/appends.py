@@ -38,7 +38,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError, NotFound
-from memories import crypto, registry
+from memories import crypto, registry, search_index
 from memories.models import LogHead, Memory, MemoryKey, Scope, ScopeKey, Subject
 from memories.selectors import memories_open, subject_id_variants
 
@@ -440,6 +440,7 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
                 raise _batch_failure(errors, single=single)
             memories, own_keys = _rows_build(scope, new_items, head, subjects, keys, scope_key)
             _rows_insert(memories, own_keys, guard=guard)
+            search_index.memories_index(memories=memories, texts=[item.data.decode() for item in new_items])
             for memory, own in zip(memories, own_keys, strict=True):
                 memory.own_key = own  # cached: reading the results back needs no query per row
             created = {item.index: memory for item, memory in zip(new_items, memories, strict=True)}

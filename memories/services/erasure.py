@@ -22,6 +22,7 @@ from memories.selectors import (
     subject_get,
 )
 
+from .search_index import search_index_erase
 from .validation import MAX_REASON_CHARS, subject_id_validate
 
 logger = logging.getLogger("memories")
@@ -120,6 +121,7 @@ def erasure_request_shred(*, erasure_request: ErasureRequest, actor=None) -> Non
     with transaction.atomic():
         for subject in erasure_request_subjects(erasure_request=erasure_request):
             subject_shred(subject=subject)
+        search_index_erase(erasure_request=erasure_request)
         _event_record(erasure_request=erasure_request, status=ErasureStatus.KEYS_SHREDDED, actor=actor)
 
 

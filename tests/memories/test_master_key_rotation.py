@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from memories import crypto
-from memories.models import Memory, ScopeKey, Subject
+from memories.models import Memory, ScopeKey, SearchIndex, Subject
 from memories.selectors import scope_memories_open
 from memories.services import memory_append, subject_shred
 
@@ -39,7 +39,8 @@ def test_it_keeps_every_memory_openable_across_a_master_key_rotation(settings, s
     settings.MNESIO_MASTER_KEY_OLD = OLD_KEY
     out = io.StringIO()
     call_command("rotate_master_key", stdout=out)
-    num_live = Subject.objects.filter(shredded_at__isnull=True).count() + ScopeKey.objects.count()
+    num_live = (Subject.objects.filter(shredded_at__isnull=True).count() + ScopeKey.objects.count()
+                + SearchIndex.objects.count())
     assert f"re-wrapped {num_live} key(s)" in out.getvalue()
 
     # The old key is retired: everything opens with the new one alone.
@@ -47,6 +48,7 @@ def test_it_keeps_every_memory_openable_across_a_master_key_rotation(settings, s
     new_id = crypto.master_key_id(NEW_KEY)
     assert set(Subject.objects.filter(shredded_at__isnull=True).values_list("master_key_id", flat=True)) == {new_id}
     assert set(ScopeKey.objects.values_list("master_key_id", flat=True)) == {new_id}
+    assert set(SearchIndex.objects.values_list("master_key_id", flat=True)) == {new_id}
     after = {s.name: scope_memories_open(scope=s) for s in (scope_a, scope_c)}
     assert after == before
     assert sum(not m.erased for ms in after.values() for m in ms) == 12

@@ -1,0 +1,72 @@
+"""Writes to the search index (memories.search_index) besides appends': an erasure's deletions, the backfill."""
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from memories import search_index
+from memories.models import ErasureKind, ErasureRequest, LogHead, Memory, MemoryKey, Scope, Subject
+from memories.selectors import erasure_request_memories, memories_open, scope_memories
+
+logger = logging.getLogger("memories")
+
+BACKFILL_BATCH = 500  # memories opened and indexed per transaction (the log counter is locked meanwhile)
+
+
+def search_index_erase(*, erasure_request: ErasureRequest) -> int:
+    """Take what ``erasure_request`` erases out of the search index (a scope's: everything, and its index key).
+
+    Called in the transaction that records the request's keys shredded, so no search after that commit, in any
+    process, reads the erased memories' terms. Returns how many memories left the index.
+    """
+    if erasure_request.kind == ErasureKind.SCOPE:
+        num = search_index.memories_unindex(scope=erasure_request.scope)
+    else:
+        seqs = erasure_request_memories(erasure_request=erasure_request).values_list("seq", flat=True)
+        num = search_index.memories_unindex(seqs=list(seqs))
+    logger.info("search index erased id=%s memories=%s", erasure_request.pk, num)
+    return num
+
+
+def _backfill_batch(scope: Scope, after: int) -> tuple[int, int] | None:
+    """Index up to BACKFILL_BATCH of the scope's unindexed memories past seq ``after``; return (indexed, last seq
+    looked at), or None when none is left. Erased memories are looked at and never indexed."""
+    with transaction.atomic():
+        # the counter lock orders this against appends (which index their own rows) and a scope's deletion
+        list(LogHead.objects.select_for_update().filter(pk=1).values_list("pk", flat=True))
+        if not Scope.objects.filter(pk=scope.pk, deleted_at__isnull=True).exists():
+            return None
+        pending = Memory.objects.filter(scope=scope, seq__gt=after, search_document__isnull=True).order_by("seq")
+        seqs = list(pending.values_list("seq", flat=True)[:BACKFILL_BATCH])
+        if not seqs:
+            return None
+        # a shred of these keys either committed before (the memory opens as erased and is skipped) or waits for
+        # this commit, after which its erasure deletes what was indexed here
+        list(MemoryKey.objects.select_for_update().filter(memory_id__in=seqs).order_by("memory_id").values_list("pk"))
+        subject_ids = set(Memory.objects.filter(seq__in=seqs).exclude(subject=None).values_list("subject_id", flat=True))
+        list(Subject.objects.select_for_update().filter(pk__in=subject_ids).order_by("pk").values_list("pk"))
+        rows = list(scope_memories(scope=scope).filter(seq__in=seqs))
+        opened = [m for m in memories_open(rows) if not m.erased and m.text is not None]
+        search_index.documents_index(scope_id=scope.pk, texts=[
+            search_index.IndexedText(m.seq, m.subject_id, m.created_at, m.text) for m in opened
+        ])
+        return len(opened), seqs[-1]
+
+
+def search_index_backfill(*, scope: Scope | None = None) -> int:
+    """Index every memory not in the search index yet (of ``scope``, or of every live scope); return how many.
+
+    For memories appended before the index existed; appends index their own rows. Safe to repeat and to run
+    beside appends and erasures.
+    """
+    scopes = [scope] if scope is not None else list(Scope.objects.filter(deleted_at__isnull=True).order_by("pk"))
+    num = 0
+    for each in scopes:
+        after = 0
+        while (done := _backfill_batch(each, after)) is not None:
+            num += done[0]
+            after = done[1]
+    if num:
+        logger.info("search index backfilled memories=%s", num)
+    return num
