@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('memories', '0004_memory_keys_batch_metadata_scope_delete'),
+        ('memories', '0007_master_key_rotation'),
     ]
 
     operations = [
