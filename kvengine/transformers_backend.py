@@ -376,6 +376,14 @@ class TransformersKvBackend(KvBackend):
         """One memory's chunk: its KV computed once after the shared prefix (routed.chunks)."""
         return routed.compile_chunk(self, text)
 
+    def chunk_dumps(self, chunk: MemoryChunk, *, quant: str = "q8") -> bytes:
+        """A chunk's bytes (routed.chunk_bytes; ``quant`` "none" keeps this backend's dtype)."""
+        return routed.chunk_dumps(chunk, quant=quant)
+
+    def chunk_loads(self, data: bytes) -> MemoryChunk:
+        """A chunk back from chunk_dumps' bytes, in this backend's dtype and on its device."""
+        return routed.chunk_loads(data, dtype=self.torch_dtype, device=str(self.device))
+
     def answer_routed(
         self, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = routed.NO_REPAIR,
         max_new_tokens: int = 32, stop_at_eos: bool = True,

@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -38,11 +38,12 @@ from memories.selectors import (
 from memories.services import subject_id_validate
 
 from .. import conf, engine, prometheus
-from ..models import AnswerRecord, AnswerRequest, EvaluationCase
+from ..models import AnswerRecord, AnswerRequest, EvaluationCase, Layout
 from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .admission import overloaded_from_engine
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
 from .gate import normalize
+from .routed_answer import routed_answer, scope_layout
 
 log = logging.getLogger("cartridges")
 
@@ -62,6 +63,8 @@ class AnswerResult:
     num_prompt_tokens: int
     note: str = ""  # says so when the answer re-read the memories as text instead of a cartridge
     num_answer_tokens: int = 0  # tokens generated (the OpenAI-compatible usage.completion_tokens); 0 in old sealed rows
+    layout: str = "prefix"  # the scope layout that answered in mode "cartridge": prefix | routed
+    memory_seqs: list[int] | None = None  # routed: the memories read, in log order (None: the whole scope)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +126,8 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
     mode = mode_validate(mode)
     config = active_configuration()
     max_new = conf.answer_max_new_tokens()
+    if mode == "cartridge" and scope_layout(scope=scope, config=config) == Layout.ROUTED:
+        return _routed_answer(scope=scope, config=config, question=question, max_new=max_new, actor=actor)
     if mode == "cartridge":
         version = active_version_for_answer(scope=scope, config=config)
         cartridge, backend = engine.cartridge_load(version=version, config=config)
@@ -138,6 +143,14 @@ def cartridge_answer(*, scope, question: str, mode: str = "cartridge", actor=Non
             answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new)
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
     return answer_record(scope=scope, version=version, mode=mode, answer=answer, actor=actor, note=note)
+
+
+def _routed_answer(*, scope, config, question: str, max_new: int, actor=None) -> AnswerResult:
+    """Answer from the scope's routed layout (services/routed_answer.py); recorded as mode "routed"."""
+    with _context_too_long_as_422():
+        answer, seqs = routed_answer(scope=scope, config=config, question=question, max_new_tokens=max_new)
+    result = answer_record(scope=scope, version=None, mode="routed", answer=answer, actor=actor)
+    return replace(result, mode="cartridge", layout=Layout.ROUTED.value, memory_seqs=seqs)
 
 
 def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = "") -> AnswerResult:
