@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from .. import conf, engine
+from ..models import Layout
 from ..selectors import active_configuration
 from .answer import (
     AnswerResult,
@@ -28,6 +29,7 @@ from .answer import (
     mode_validate,
     question_validate,
 )
+from .routed_answer import scope_layout
 
 log = logging.getLogger("cartridges")
 
@@ -127,14 +129,15 @@ def cartridge_answer_stream(*, scope, question: str, mode: str = "cartridge", ac
     """Open a streamed answer of ``question`` for ``scope`` with this process's engine.
 
     mode="cartridge" yields a delta per decoded token (per word with the fake engine); mode="text" re-reads
-    the memories and yields the whole answer as one delta.
+    the memories, and a scope answered from its routed layout assembles its chunks: both yield the whole answer as
+    one delta.
     """
     question = question_validate(question)
     mode = mode_validate(mode)
-    if mode != "cartridge":
+    config = active_configuration()
+    if mode != "cartridge" or scope_layout(scope=scope, config=config) == Layout.ROUTED:  # answered whole: one delta
         result = cartridge_answer(scope=scope, question=question, mode=mode, actor=actor)
         return AnswerStream(iter([result.answer, result] if result.answer else [result]))
-    config = active_configuration()
     version = active_version_for_answer(scope=scope, config=config)
     cartridge, backend = engine.cartridge_load(version=version, config=config)
     items = backend.answer_stream(cartridge, question, max_new_tokens=conf.answer_max_new_tokens())
