@@ -11,11 +11,20 @@ from cartridges import engine
 from cartridges.models import RoutedChunk
 from kvengine.fake import FakeKvBackend
 from tests.api.helpers import assert_error
-from tests.api.test_scopes_over_the_api import staff_with  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.django_db
 
 MARKER = "quokka-vault-5521"
+
+
+def _staff(username: str, permission: str):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username=username, password="x-" + username, is_staff=True)
+    app_label, codename = permission.split(".")
+    user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return user
 
 
 def _openai_client(user):
@@ -37,9 +46,9 @@ def over_window(scope_a, append, fake_engine):
     return append(scope_a, f"The vault code is {MARKER}.")
 
 
-def test_it_shows_and_changes_the_layout_in_the_scope_settings(alice, staff_with, api_client_for):
+def test_it_shows_and_changes_the_layout_in_the_scope_settings(alice, api_client_for):
     assert api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()["layout"] == "auto"
-    staff = api_client_for(staff_with("sam", "cartridges.change_scope_settings"))
+    staff = api_client_for(_staff("sam", "cartridges.change_scope_settings"))
     response = staff.patch("/api/v1/scopes/scope-a/settings/", data={"layout": "routed"}, format="json")
     assert response.status_code == 200, response.content
     assert api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()["layout"] == "routed"
