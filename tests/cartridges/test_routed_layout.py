@@ -154,3 +154,20 @@ def test_it_never_opens_another_scopes_chunks(scope_a, scope_c, fake_engine):
     secret = _fill(scope_a)
     routed_chunks_compile(scope=scope_a, config=CONFIG)
     assert routed_chunks_open(scope=scope_c, config=CONFIG, seqs=[secret.seq]) == {}
+
+
+def test_it_compiles_an_appended_memorys_chunk_after_the_append_commits(scope_a, fake_engine, eager_tasks, django_capture_on_commit_callbacks):
+    scope_settings_update(scope=scope_a, layout="routed")
+    with django_capture_on_commit_callbacks(execute=True):
+        first = memory_append(scope=scope_a, content="The boat is called Marigold.")
+    before = bytes(RoutedChunk.objects.get(memory=first).sealed)
+    with django_capture_on_commit_callbacks(execute=True):
+        second = memory_append(scope=scope_a, content="The kite is red.")
+    assert RoutedChunk.objects.filter(scope=scope_a).count() == 2 and RoutedChunk.objects.filter(memory=second).exists()
+    assert bytes(RoutedChunk.objects.get(memory=first).sealed) == before
+
+
+def test_it_compiles_no_chunk_on_append_for_a_scope_not_set_to_routed(scope_a, fake_engine, eager_tasks, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        memory_append(scope=scope_a, content="The boat is called Marigold.")
+    assert not RoutedChunk.objects.filter(scope=scope_a).exists()
