@@ -31,6 +31,7 @@ from .base import (
 )
 from .blocks import BlockLookup, CartridgeParts, TrustedPart, block_id, key_digest, parts_write
 from .config import DTYPES, QUANTS, check_choice
+from .divergence import AnswerDivergence
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import (
     FORMAT_VERSION,
@@ -346,6 +347,14 @@ class FakeKvBackend(KvBackend):
     def answer_reread(self, chunks: Sequence[FakeChunk], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """The routed answer's reference: the same, re-read (the fake's routed answer is exact)."""
         return dataclasses.replace(self.answer_routed(chunks, question, max_new_tokens=max_new_tokens), mode="text")
+
+    def routed_divergence(
+        self, chunks: Sequence[FakeChunk], question: str, *, repair: object = None, max_new_tokens: int = 32, reference: Answer | None = None,
+    ) -> AnswerDivergence:
+        """The fake's routed answer is its re-reading: no divergence at any position of the reference's answer."""
+        reference = reference or self.answer_reread(chunks, question, max_new_tokens=max_new_tokens)
+        n = len(reference.token_ids)
+        return AnswerDivergence(kls=[0.0] * n, top1=[True] * n, identical=True)
 
     def _check_texts(self, texts: Sequence[str]) -> list[str]:
         if isinstance(texts, str):

@@ -171,3 +171,16 @@ def test_it_compiles_no_chunk_on_append_for_a_scope_not_set_to_routed(scope_a, f
     with django_capture_on_commit_callbacks(execute=True):
         memory_append(scope=scope_a, content="The boat is called Marigold.")
     assert not RoutedChunk.objects.filter(scope=scope_a).exists()
+
+
+def test_the_routed_gate_passes_the_fakes_exact_chunks_and_names_its_figures(scope_a, fake_engine):
+    from cartridges.services import evaluation_case_add
+    from cartridges.services.routed_gate import routed_gate_check
+
+    scope_settings_update(scope=scope_a, layout="routed")
+    _fill(scope_a)
+    evaluation_case_add(scope=scope_a, question="What is the vault code?", answers=[MARKER])
+    result = routed_gate_check(scope=scope_a, config=CONFIG)
+    assert result.passed and result.repair == "first-16"
+    assert result.figures["num_cases"] == 1 and result.figures["accuracy"] == {"routed": 1.0, "reread": 1.0}
+    assert MARKER not in repr(result.figures)

@@ -48,3 +48,25 @@ def test_it_stores_q8_chunks_by_default_and_forgetting_a_memory_removes_only_its
     assert after == {pk: value for pk, value in rows.items() if pk != key.pk}
     result = cartridge_answer(scope=scope_a, question=QUESTION)
     assert key.seq not in result.memory_seqs and "flowerpot" not in result.answer
+
+
+def test_the_gate_refuses_a_routed_scope_whose_repair_is_off_when_its_chunks_diverge(scope_a, routed_scope, real_engine, settings):
+    from cartridges.services import evaluation_case_add
+    from cartridges.services.errors import GateFailed
+    from cartridges.services.routed_gate import routed_gate, routed_gate_check
+
+    settings.MNESIO_ROUTED_CHUNK_QUANT = "none"  # the full repair is then exact up to float summation order
+    settings.MNESIO_GATE_MAX_MEAN_KL = 0.001
+    settings.MNESIO_GATE_MIN_TOP1_PER_POSITION = 1.0
+    evaluation_case_add(scope=scope_a, question=QUESTION, answers=["blue flowerpot"])
+    evaluation_case_add(scope=scope_a, question="What does Ada drink every morning?", answers=["green tea"])
+
+    repaired = routed_gate_check(scope=scope_a, config=real_engine, repair="full", max_new_tokens=8)
+    assert repaired.passed and repaired.figures["num_cases"] == 2
+    assert repaired.figures["divergence"]["mean_kl"] <= 0.001
+
+    unrepaired = routed_gate(scope=scope_a, config=real_engine, repair="none", max_new_tokens=8)
+    assert not unrepaired.passed and unrepaired.figures["divergence"]["mean_kl"] > 0.001, unrepaired.figures
+    with pytest.raises(GateFailed) as refused:
+        routed_gate_check(scope=scope_a, config=real_engine, repair="none", max_new_tokens=8)
+    assert any("repair none" in reason for reason in refused.value.reasons)
