@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db.models import Sum
+
 from memories.models import Scope
 from memories.selectors import memory_search, scope_memories_open
 
@@ -34,10 +36,18 @@ def scope_layout(*, scope: Scope, config: Any) -> str:
 
 
 def scope_over_window(*, scope: Scope, config: Any) -> bool:
-    """Whether the scope's live memories pass the model's window (what a prefix cartridge can hold)."""
+    """Whether the scope's live memories pass the model's window (what a prefix cartridge can hold).
+
+    Its stored chunks' tokens first (one query: once the chunks an auto scope's asks compiled pass the window,
+    nothing is decrypted); else the memories are opened and counted.
+    """
     backend = engine.backend_for(config)
+    window = backend.describe().max_context_tokens
+    stored = RoutedChunk.objects.filter(scope=scope, config_key=engine.kv_config(config).key).aggregate(n=Sum("num_tokens"))["n"]
+    if stored and stored > window:
+        return True
     texts = [m.text for m in scope_memories_open(scope=scope) if not m.erased]
-    return bool(texts) and backend.count_tokens(texts) > backend.describe().max_context_tokens
+    return bool(texts) and backend.count_tokens(texts) > window
 
 
 def routed_memories_choose(*, scope: Scope, config: Any, question: str) -> list[int]:

@@ -43,7 +43,8 @@ def over_window(scope_a, append, fake_engine):
     engine.register_backend(fake_engine, FakeKvBackend(max_context_tokens=60))
     for i in range(10):
         append(scope_a, f"Locker {i} holds the spare item number {i * 7} today.")
-    return append(scope_a, f"The vault code is {MARKER}.")
+    yield append(scope_a, f"The vault code is {MARKER}.")
+    engine.register_backend(fake_engine, FakeKvBackend())  # backends outlive a test: the next one gets the default window
 
 
 def test_it_shows_and_changes_the_layout_in_the_scope_settings(alice, api_client_for):

@@ -40,7 +40,8 @@ MARKER = "quokka-vault-5521"
 def small_window(fake_engine):
     """The fake with a 60-token window, so a scope of a dozen memories passes it."""
     engine.register_backend(CONFIG, FakeKvBackend(max_context_tokens=60))
-    return CONFIG
+    yield CONFIG
+    engine.register_backend(CONFIG, FakeKvBackend())  # backends outlive a test: the next one gets the default window
 
 
 def _fill(scope, *, secret_subject: str | None = None) -> Memory:
@@ -184,3 +185,18 @@ def test_the_routed_gate_passes_the_fakes_exact_chunks_and_names_its_figures(sco
     assert result.passed and result.repair == "first-16"
     assert result.figures["num_cases"] == 1 and result.figures["accuracy"] == {"routed": 1.0, "reread": 1.0}
     assert MARKER not in repr(result.figures)
+
+
+def test_it_decides_auto_from_the_stored_chunks_without_opening_the_memories_once_they_pass_the_window(
+    scope_a, small_window, monkeypatch
+):
+    from cartridges.services import routed_answer
+
+    _fill(scope_a)
+    routed_chunks_compile(scope=scope_a, config=CONFIG)
+
+    def refuse(**_):
+        raise AssertionError("every memory opened to count the scope's tokens")
+
+    monkeypatch.setattr(routed_answer, "scope_memories_open", refuse)
+    assert scope_layout(scope=scope_a, config=CONFIG) == Layout.ROUTED
