@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db.models import Sum
 
+from kvengine.retrieval import bm25_tokenize
 from memories.models import Scope
 from memories.selectors import memory_search, scope_memories_open
 
@@ -52,6 +53,8 @@ def scope_over_window(*, scope: Scope, config: Any) -> bool:
 
 def routed_memories_choose(*, scope: Scope, config: Any, question: str) -> list[int]:
     """The seqs to read for ``question``: BM25's top k whose chunks fit the token budget, in log order."""
+    if not bm25_tokenize(question):  # no word to search by: nothing matches (memory_search would name `query`)
+        return []
     ranked = memory_search(scope=scope, query=question, k=conf.routed_top_k())
     seqs = [r.seq for r in ranked]
     routed_chunks_compile(scope=scope, config=config, seqs=seqs)  # normally a no-op: appends compile their own

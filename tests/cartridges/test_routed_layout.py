@@ -200,3 +200,13 @@ def test_it_decides_auto_from_the_stored_chunks_without_opening_the_memories_onc
 
     monkeypatch.setattr(routed_answer, "scope_memories_open", refuse)
     assert scope_layout(scope=scope_a, config=CONFIG) == Layout.ROUTED
+
+
+def test_it_refuses_a_routed_question_with_no_word_naming_the_question(scope_a, fake_engine):
+    from cartridges.services.errors import NothingToCompile
+
+    scope_settings_update(scope=scope_a, layout="routed")
+    _fill(scope_a)
+    with pytest.raises(NothingToCompile) as refused:
+        cartridge_answer(scope=scope_a, question="???")
+    assert refused.value.extra == {"field": "question"}
