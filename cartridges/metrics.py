@@ -232,8 +232,7 @@ def _recent_answers(records: Any, mode: str, window: int) -> list[tuple[float, f
 
 def _latency(records: Any, *, window: int = LATENCY_WINDOW) -> dict[str, Any]:
     """p50/p95 of time-to-first-token and total answer time per mode over the recent window."""
-    # routed answers are asked in mode "cartridge" and recorded as "routed" (services/answer.py): their own figures
-    return {"window": window, **{mode: latency_summary(_recent_answers(records, mode, window)) for mode in (*MODES, "routed")}}
+    return {"window": window, **{mode: latency_summary(_recent_answers(records, mode, window)) for mode in MODES}}
 
 
 def latency_series(*, scopes: Iterable[Any] | None = None, window: int = 50) -> dict[str, list[float]]:
