@@ -21,9 +21,10 @@ class CartridgesConfig(AppConfig):
         register_view_rebuilder(cartridge_views_rebuild)
         from memories.registry import register_append_hook
 
-        from .tasks import refresh_after_append
+        from .tasks import refresh_after_append, routed_chunks_after_append
 
         register_append_hook(refresh_after_append)  # auto-refresh on append (services/refresh.py); idempotent
+        register_append_hook(routed_chunks_after_append)  # a routed scope's new chunks, compiled once
         _purge_on_every_request_and_task()
         # rotate_master_key re-wraps these in the same loop as the subject keys; a process whose master key
         # does not know their key ids refuses to write (memories.keyring.master_key_verify).

@@ -151,3 +151,36 @@ def gate_max_kv_abs_diff() -> float:
 def auto_refresh_marker_grace_s() -> int:
     """How long past its debounce a scope's "refresh pending" marker lives (a lost refresh task frees the scope then)."""
     return _int("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", minimum=1)
+
+
+# -- the routed layout (services/routed_chunks.py, services/routed_answer.py) ----------------------------------------
+def routed_repair() -> str:
+    """The repair of a routed answer: none | full | first-N | deviation-P% (kvengine.routed.RepairPolicy).
+
+    full by default: the only rung that answers as re-reading the same memories does on SmolLM2-135M (BENCHMARKS.md,
+    "Routed cartridges: the repair ladder"); the cheaper ones are for models that tolerate them, checked by the gate.
+    """
+    return str(getattr(settings, "MNESIO_ROUTED_REPAIR", "full"))
+
+
+def routed_chunk_quant() -> str:
+    """How a routed chunk is stored: q8 (default, ~1/4 of f32) or none (the backend's dtype)."""
+    value = str(getattr(settings, "MNESIO_ROUTED_CHUNK_QUANT", "q8"))
+    if value not in ("none", "q8"):
+        raise ImproperlyConfigured(f"`MNESIO_ROUTED_CHUNK_QUANT` has to be one of ['none', 'q8'] but got {value!r}")
+    return value
+
+
+def routed_top_k() -> int:
+    """How many memories a routed answer retrieves at most (BM25, memories.selectors.memory_search)."""
+    return max(1, min(100, _int("MNESIO_ROUTED_TOP_K", minimum=1, default=8)))
+
+
+def routed_token_budget() -> int:
+    """Most memory tokens a routed answer assembles (the best-ranked memories that fit, then log order)."""
+    return _int("MNESIO_ROUTED_TOKEN_BUDGET", minimum=1, default=2048)
+
+
+def routed_chunk_cache_size() -> int:
+    """How many opened chunks one process keeps (LRU); 0 disables the cache."""
+    return _int("MNESIO_ROUTED_CHUNK_CACHE_SIZE", minimum=0, default=512)

@@ -12,13 +12,22 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, Length
 from django.utils import timezone
 
-from cartridges import engine, selectors
-from cartridges.models import AnswerRecord, CartridgeActivation, CartridgeEvaluation, CartridgeVersion
+from cartridges import conf, engine, selectors
+from cartridges.models import (
+    AnswerRecord,
+    CartridgeActivation,
+    CartridgeEvaluation,
+    CartridgeVersion,
+    Layout,
+    RoutedChunk,
+    ScopeSettings,
+)
 from cartridges.services.admission import asks_summary
+from cartridges.services.routed_chunks import routed_chunk_cache_stats
 from kvengine import ANSWER_MODES
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope
 from memories.selectors import log_head
@@ -103,7 +112,11 @@ def kv_metrics(*, scopes: Iterable[Any] | None = None, now: datetime | None = No
         },
         "sizes_by_quant": _sizes_by_quant(CartridgeVersion.objects.filter(scope_id__in=scope_ids)),
         "erasures": _erasures(erasures),
-        "asks": asks_summary(),  # this process's: the answer slots held now (a 429 tells any asker as much)
+        "asks": asks_summary(),
+        "routed": {  # the routed layout's settings and this process's LRU of opened chunks
+            "repair": conf.routed_repair(), "chunk_quant": conf.routed_chunk_quant(), "top_k": conf.routed_top_k(),
+            "token_budget": conf.routed_token_budget(), "chunk_cache": routed_chunk_cache_stats(),
+        },  # this process's: the answer slots held now (a 429 tells any asker as much)
     }
 
 
@@ -111,11 +124,16 @@ def _scopes_with_metrics(scopes: QuerySet[Scope]) -> QuerySet[Scope]:
     """Scopes annotated with their memory count and head and the version of their newest activation (one query)."""
     newest_activation = CartridgeActivation.objects.filter(scope=OuterRef("pk")).order_by("-created_at", "-id")
     memories = Memory.objects.filter(scope=OuterRef("pk")).order_by().values("scope_id")
+    chunks = RoutedChunk.objects.filter(scope=OuterRef("pk")).order_by().values("scope_id")
     return scopes.annotate(
         num_memories=Coalesce(Subquery(memories.annotate(n=Count("id")).values("n")), 0),
         memories_head=Coalesce(Subquery(memories.annotate(h=Max("seq")).values("h")), 0),
         oldest_memory_at=Subquery(memories.annotate(o=Min("created_at")).values("o")),  # an unserved scope's lag_s
         activated_version_id=Subquery(newest_activation.values("version_id")[:1]),
+        layout=Coalesce(Subquery(ScopeSettings.objects.filter(scope=OuterRef("pk")).order_by("-id").values("layout")[:1]),
+                        Value(Layout.AUTO.value)),
+        num_routed_chunks=Coalesce(Subquery(chunks.annotate(n=Count("id")).values("n")), 0),
+        routed_chunk_bytes=Coalesce(Subquery(chunks.annotate(b=Sum(Length("sealed"))).values("b")), 0),
     )
 
 
@@ -158,6 +176,9 @@ def _scope_row(scope: Any, version: CartridgeVersion | None, lags: dict[int, tup
         # how long the oldest of those has waited to be served (0: the cartridge holds the whole log)
         "lag_s": _lag_seconds(oldest, now),
         "serving": version is not None,
+        # the layout setting (auto: prefix while a prefix cartridge serves, routed past the window) and its chunks
+        "layout": scope.layout,
+        "routed_chunks": {"count": scope.num_routed_chunks, "size_bytes": scope.routed_chunk_bytes},
         "activated_version_id": scope.activated_version_id,
         "active_version": None if version is None else {
             "id": version.pk,

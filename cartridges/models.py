@@ -403,6 +403,12 @@ class AnswerRequest(models.Model):
     answered_at = models.DateTimeField(null=True, blank=True)
 
 
+class Layout(models.TextChoices):
+    PREFIX = "prefix"  # one causal prefix cartridge: exact, bounded by the model's window
+    ROUTED = "routed"  # one chunk per memory, the question's memories assembled per ask (services/routed.py)
+    AUTO = "auto"  # prefix while the scope fits the model's window, routed past it
+
+
 class AutoRefresh(models.TextChoices):
     MANUAL = "manual"  # today's behaviour: a cartridge is compiled when a client or an operator asks
     ON_APPEND = "on_append"  # recompile after appends, at most once per debounce window
@@ -432,6 +438,8 @@ class ScopeSettings(LifecycleRecord):
     auto_refresh_debounce_s = models.PositiveIntegerField(default=60)
     # how many versions before the active one to keep; null keeps every one
     keep_previous_versions = models.PositiveIntegerField(null=True, blank=True, default=DEFAULT_KEEP_PREVIOUS_VERSIONS)
+    # auto: a scope that fits keeps today's exact prefix cartridge, one that grows past the window is still answered
+    layout = models.CharField(max_length=8, choices=Layout.choices, default=Layout.AUTO)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
 
     class Meta(LifecycleRecord.Meta):
@@ -452,7 +460,36 @@ class ScopeSettings(LifecycleRecord):
                 | models.Q(keep_previous_versions__lte=MAX_KEEP_PREVIOUS_VERSIONS),
                 name="cartridges_scopesettings_keep_bounded",
             ),
+            models.CheckConstraint(condition=models.Q(layout__in=Layout.values), name="cartridges_scopesettings_layout"),
         ]
 
     def __str__(self) -> str:
         return f"settings of scope {self.scope_id}: {self.auto_refresh}"
+
+
+class RoutedChunk(models.Model):
+    """One memory's chunk of the routed layout under one KV configuration (kvengine.routed), sealed.
+
+    ``sealed`` is the chunk's bytes (kvengine.routed.chunk_dumps) AES-GCM sealed under the memory's own data key
+    (memories.selectors.memory_own_keys): shredding that key (the memory forgotten) or the key wrapping it (its
+    subject erased, its scope deleted) leaves them unreadable. Every erasure kind also deletes the erased
+    memories' rows (services/routed_chunks.py). ``chunk_id`` is an HMAC of the chunk's token ids under the
+    scope's block secret (ScopeBlockSecret): it names the chunk without being a guess oracle for its text.
+    Compiled once per (memory, configuration) and never changed.
+    """
+
+    scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="+")
+    memory = models.ForeignKey("memories.Memory", on_delete=models.PROTECT, related_name="+")
+    config_key = models.CharField(max_length=300, help_text="KvConfig.key the chunk was compiled under")
+    chunk_id = models.CharField(max_length=64)
+    quant = models.CharField(max_length=8)
+    num_tokens = models.PositiveIntegerField()
+    sealed = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["memory", "config_key"], name="cartridges_routedchunk_once")]
+        indexes = [models.Index(fields=["scope", "config_key"], name="cartridges_routedchunk_scope")]
+
+    def __str__(self) -> str:
+        return f"chunk of memory {self.memory_id} ({self.config_key})"

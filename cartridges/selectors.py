@@ -356,6 +356,7 @@ class ScopeSettingsRead:
     auto_refresh: str
     auto_refresh_debounce_s: int
     keep_previous_versions: int | None  # None: every previous version is kept
+    layout: str  # prefix | routed | auto (models.Layout)
     updated_at: dt.datetime | None  # None: never changed, the defaults apply
     updated_by: str | None
 
@@ -370,6 +371,7 @@ def scope_settings_get(*, scope) -> ScopeSettingsRead:
             auto_refresh=defaults["auto_refresh"],
             auto_refresh_debounce_s=defaults["auto_refresh_debounce_s"],
             keep_previous_versions=defaults["keep_previous_versions"],
+            layout=defaults["layout"],
             updated_at=None,
             updated_by=None,
         )
@@ -378,6 +380,7 @@ def scope_settings_get(*, scope) -> ScopeSettingsRead:
         auto_refresh=row.auto_refresh,
         auto_refresh_debounce_s=row.auto_refresh_debounce_s,
         keep_previous_versions=row.keep_previous_versions,
+        layout=row.layout,
         updated_at=row.created_at,
         updated_by=row.created_by.get_username() if row.created_by_id else None,
     )

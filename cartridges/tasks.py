@@ -172,6 +172,30 @@ def refresh_after_append(scope_id: int) -> None:
 
 
 @shared_task(**_RELIABLE)
+def routed_chunks_compile_task(scope_id: int) -> dict[str, Any]:
+    """Compile the chunks scope ``scope_id``'s memories lack under the active configuration (an append's own)."""
+    from .services.routed_chunks import routed_chunks_compile
+
+    scope = Scope.objects.filter(pk=scope_id).first()
+    if scope is None:
+        return {"ok": False, "error": f"scope {scope_id} does not exist"}
+    try:
+        return {"ok": True, "made": routed_chunks_compile(scope=scope, config=active_configuration())}
+    except MnesioError as exc:
+        return _error(exc)
+
+
+def routed_chunks_after_append(scope_id: int) -> None:
+    """The append hook (memories.registry) of a scope whose layout is ``routed``: compile the new memories' chunks
+    (only theirs; the others exist) off the request, so the next ask finds them. One query otherwise."""
+    from .models import Layout, ScopeSettings
+
+    layout = ScopeSettings.objects.filter(scope_id=scope_id).order_by("-id").values_list("layout", flat=True).first()
+    if layout == Layout.ROUTED:
+        job_dispatch(routed_chunks_compile_task, args=[scope_id], detached=True, robust=True)
+
+
+@shared_task(**_RELIABLE)
 def cartridge_blobs_sweep_task(older_than_s: int) -> dict[str, Any]:
     """Remove blobs of compiles that died before writing their version row."""
     return {"ok": True, "swept": len(blobs_sweep(older_than_s=older_than_s))}

@@ -86,6 +86,7 @@ class CheckingMixin:
         max_new_tokens: int | None = None,
         questions: Sequence[str] = (),
         answer_max_new_tokens: int = 32,
+        block_secret: bytes = b"",
     ) -> ExtensionCheck:
         """Re-read the tokens after the first ``num_verified_blocks`` blocks once and compare (base.py).
 
@@ -113,7 +114,7 @@ class CheckingMixin:
         layout.check_split(memories, ids)
         size = header.block_size
         num_blocks = num_full_blocks(len(ids), len(layout.encode(layout.closing_text())), size)
-        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(self._description.compat_key()))
+        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(self._description.compat_key()), secret=block_secret)
         chain_matches = len(ids) == header.num_tokens and [ref.block_id for ref in refs] == [link for link, _ in links]
         state = self._payload(cartridge).state
         begin = num_verified_blocks * size

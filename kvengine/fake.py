@@ -33,6 +33,7 @@ from .blocks import BlockLookup, CartridgeParts, TrustedPart, block_id, key_dige
 from .config import DTYPES, QUANTS, check_choice
 from .conversation import Prompt, question_text
 from .decoding import Decoding, StopWatcher
+from .divergence import AnswerDivergence
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .format import (
     FORMAT_VERSION,
@@ -315,6 +316,51 @@ class FakeKvBackend(KvBackend):
         return [_encode(texts[i * size : (i + 1) * size]) for i in range(num_blocks)], _encode(texts[num_blocks * size :])
 
     # -- helpers ----------------------------------------------------------------------------------
+    # -- routed: one "chunk" per memory (its text), answered from the chunks given ----------------------
+    def compile_chunk(self, text: str) -> FakeChunk:
+        """A memory's chunk: its text and token ids (the fake has no KV)."""
+        if not isinstance(text, str) or not text.strip():
+            raise EmptyInputError("`text` has to be a non-empty memory string")
+        tokens = _tokens(text) + ["\n"]
+        return FakeChunk(text=text, token_ids=tuple(int.from_bytes(hashlib.sha256(t.encode()).digest()[:4], "little") for t in tokens))
+
+    def chunk_dumps(self, chunk: FakeChunk, *, quant: str = "q8") -> bytes:
+        """The chunk's bytes: a magic, then its text (``quant`` is accepted and recorded as the real format does)."""
+        check_choice("quant", quant, ("none", "q8"))
+        return b"fake-chunk-v1|" + quant.encode() + b"|" + chunk.text.encode()
+
+    def chunk_loads(self, data: bytes) -> FakeChunk:
+        """A chunk back from chunk_dumps' bytes; CorruptCartridgeError when they are not one."""
+        magic, _, rest = bytes(data).partition(b"|")
+        quant, _, text = rest.partition(b"|")
+        if magic != b"fake-chunk-v1" or quant not in (b"none", b"q8"):
+            raise CorruptCartridgeError("not a fake memory chunk")
+        return self.compile_chunk(text.decode())
+
+    def answer_routed(
+        self, chunks: Sequence[FakeChunk], question: str, *, repair: object = None, max_new_tokens: int = 32, stop_at_eos: bool = True,
+    ) -> Answer:
+        """Answer from the chunks' memories only (as answer_from_text would from their texts, with no window check)."""
+        start = time.perf_counter()
+        texts = [chunk.text for chunk in chunks]
+        if not texts:
+            raise EmptyInputError("`chunks` has to hold at least one chunk but got none")
+        question = _check_question(question)
+        num_context = sum(chunk.num_tokens for chunk in chunks)
+        return self._answer(_best(texts, question), "routed", num_context, num_context + len(_tokens(question)), start, max_new_tokens)
+
+    def answer_reread(self, chunks: Sequence[FakeChunk], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
+        """The routed answer's reference: the same, re-read (the fake's routed answer is exact)."""
+        return dataclasses.replace(self.answer_routed(chunks, question, max_new_tokens=max_new_tokens), mode="text")
+
+    def routed_divergence(
+        self, chunks: Sequence[FakeChunk], question: str, *, repair: object = None, max_new_tokens: int = 32, reference: Answer | None = None,
+    ) -> AnswerDivergence:
+        """The fake's routed answer is its re-reading: no divergence at any position of the reference's answer."""
+        reference = reference or self.answer_reread(chunks, question, max_new_tokens=max_new_tokens)
+        n = len(reference.token_ids)
+        return AnswerDivergence(kls=[0.0] * n, top1=[True] * n, identical=True)
+
     def _check_texts(self, texts: Sequence[str]) -> list[str]:
         if isinstance(texts, str):
             raise EmptyInputError("`texts` has to be a list of memory strings, not one string")
@@ -339,6 +385,18 @@ class FakeKvBackend(KvBackend):
         elapsed = time.perf_counter() - start
         return Answer(text=text, token_ids=ids, mode=mode, num_context_tokens=num_context, num_prompt_tokens=num_prompt, ttft_s=elapsed,
                       total_s=elapsed, finish_reason="length" if cut else "stop")
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeChunk:
+    """The fake's memory chunk: the memory's text and its token ids (the separator's last)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 def _check_question(question: Prompt) -> str:

@@ -172,7 +172,8 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         return len(layout.encode(layout.prefix_text(layout.clean_memories(texts))))
 
     def compile(
-        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None
+        self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None,
+        block_secret: bytes = b"",
     ) -> Cartridge:
         """Prefill the memories' prompt prefix block by block on top of each other and keep the KV state.
 
@@ -193,7 +194,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         size = self.block_size
         num_blocks = num_full_blocks(len(ids), len(layout.encode(layout.closing_text())), size)
         compat = self._description.compat_key()
-        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(compat))
+        links = chain(ids, num_blocks=num_blocks, block_size=size, key=key_digest(compat), secret=block_secret)
         num_layers = self.model.config.get_text_config().num_hidden_layers
         refs: list[BlockRef] = []
         reused: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []  # copied into the cache's buffers once

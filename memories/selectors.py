@@ -187,6 +187,42 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
     return opened
 
 
+@sensitive_variables()
+def memory_own_keys(memories: Iterable[Memory]) -> dict[int, bytes]:
+    """The own data key of each memory (rows fetched as for memories_open) by seq; erased memories and those
+    appended before memories had own keys are left out.
+
+    For derived copies sealed under a memory's key (cartridges' routed chunks): forgetting the memory, erasing
+    its subject or deleting its scope makes them unreadable with it.
+    """
+    parents: dict[tuple[str, int], bytes] = {}
+    found: dict[int, bytes] = {}
+    for memory in memories:
+        subject: Subject | None = memory.subject
+        own = _own_key(memory)
+        scope_key = memory.scope.key if subject is None else None
+        if own is None or own.is_shredded or (subject is not None and subject.is_shredded) or (
+            scope_key is not None and scope_key.is_shredded
+        ):
+            continue
+        if subject is not None:
+            cache_key = ("subject", subject.pk)
+            if cache_key not in parents:
+                parents[cache_key] = crypto.unwrap(
+                    subject.wrapped_key, wrapped_by=subject.master_key_id,
+                    aad=crypto.subject_key_aad(subject.external_id, subject.scope_id),
+                )
+        else:
+            cache_key = ("scope", memory.scope_id)
+            if cache_key not in parents:
+                parents[cache_key] = crypto.unwrap(
+                    scope_key.wrapped_key, wrapped_by=scope_key.master_key_id, aad=crypto.scope_key_aad(memory.scope_id)
+                )
+        where = {"seq": memory.seq, "scope_id": memory.scope_id, "subject_id": memory.subject_id}
+        found[memory.seq] = crypto.open_box(parents[cache_key], own.wrapped_key, aad=crypto.memory_key_aad(**where))
+    return found
+
+
 def memory_open(*, memory: Memory) -> OpenedMemory:
     """Open one memory row."""
     return memories_open([memory])[0]

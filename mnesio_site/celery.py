@@ -28,6 +28,7 @@ app.conf.update(
         "cartridges.tasks.cartridge_refresh_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_full_gate_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_answer_task": {"queue": "gpu"},
+        "cartridges.tasks.routed_chunks_compile_task": {"queue": "gpu"},
         "memories.tasks.erasure_request_process_task": {"queue": "gpu"},
         "cartridges.tasks.cartridge_activate_task": {"queue": "default"},
         "cartridges.tasks.cartridge_blobs_sweep_task": {"queue": "default"},

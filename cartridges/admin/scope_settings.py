@@ -11,8 +11,8 @@ from .common import ReadOnlyAdmin
 
 @admin.register(ScopeSettings)
 class ScopeSettingsAdmin(ReadOnlyAdmin):
-    list_display = ["scope", "auto_refresh", "auto_refresh_debounce_s", "keep_previous_versions", "created_by",
+    list_display = ["scope", "layout", "auto_refresh", "auto_refresh_debounce_s", "keep_previous_versions", "created_by",
                     "created_at"]
-    list_filter = ["auto_refresh"]
+    list_filter = ["layout", "auto_refresh"]
     search_fields = ["scope__name"]
     list_select_related = ["scope", "created_by"]

@@ -245,6 +245,10 @@ class AnswerSerializer(serializers.Serializer):
     num_context_tokens = serializers.IntegerField()
     num_prompt_tokens = serializers.IntegerField()
     note = serializers.CharField(allow_blank=True)
+    layout = serializers.ChoiceField(choices=["prefix", "routed"], help_text="What answered in mode `cartridge`: the "
+                                     "scope's prefix cartridge, or its routed chunks (the memories in `memory_seqs`).")
+    memory_seqs = serializers.ListField(child=serializers.IntegerField(), allow_null=True,
+                                        help_text="routed: the memories read, in log order; null: the whole scope.")
 
 
 class EvaluationCaseSerializer(StrictSerializer):
@@ -328,6 +332,8 @@ class ScopeMetricsSerializer(serializers.Serializer):
     lag = serializers.IntegerField(help_text="Memories of the scope the serving cartridge does not hold.")
     lag_s = serializers.FloatField(help_text="Age in seconds of the oldest memory the serving cartridge does not hold (0: none).")
     serving = serializers.BooleanField()
+    layout = serializers.ChoiceField(choices=["prefix", "routed", "auto"], help_text="The scope's layout setting.")
+    routed_chunks = serializers.DictField(child=serializers.IntegerField(), help_text="`count` and sealed `size_bytes` of its routed chunks.")
     activated_version_id = serializers.IntegerField(allow_null=True)
     active_version = ActiveVersionMetricsSerializer(allow_null=True)
 
@@ -407,6 +413,7 @@ class KvMetricsSerializer(serializers.Serializer):
     sizes_by_quant = QuantSizeSerializer(many=True)
     erasures = ErasureCountsSerializer()
     asks = AskMetricsSerializer(help_text="This web process's asks (each process of a web tier counts its own).")
+    routed = serializers.DictField(help_text="The routed layout's repair, chunk quant, top k, token budget and this process's chunk LRU.")
 
 
 class ScopeSettingsSerializer(serializers.Serializer):
@@ -420,6 +427,11 @@ class ScopeSettingsSerializer(serializers.Serializer):
     keep_previous_versions = serializers.IntegerField(
         allow_null=True, help_text="Versions before the active one to keep restorable (default 3); null keeps every one."
     )
+    layout = serializers.ChoiceField(
+        choices=["prefix", "routed", "auto"],
+        help_text="`prefix`: one cartridge of the whole scope (up to the model's window); `routed`: one chunk per memory, "
+        "the question's memories assembled per ask (any size); `auto` (default): prefix while it serves, routed past the window.",
+    )
     updated_at = serializers.DateTimeField(allow_null=True, help_text="null: never changed, the defaults apply.")
     updated_by = serializers.CharField(allow_null=True)
 
@@ -432,6 +444,7 @@ class ScopeSettingsChangeSerializer(StrictSerializer):
     keep_previous_versions = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=MAX_KEEP_PREVIOUS_VERSIONS
     )
+    layout = Choice(["prefix", "routed", "auto"], required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:

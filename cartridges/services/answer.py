@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -38,12 +38,13 @@ from memories.selectors import (
 from memories.services import subject_id_validate
 
 from .. import conf, engine, prometheus
-from ..models import AnswerRecord, AnswerRequest, EvaluationCase
+from ..models import AnswerRecord, AnswerRequest, EvaluationCase, Layout
 from ..selectors import active_configuration, active_version, evaluation_case_aad
 from .admission import overloaded_from_engine
 from .ask import DEFAULT_OPTIONS, AskOptions, ask_open_payload, ask_seal_payload, prompt_validate
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
 from .gate import normalize
+from .routed_answer import routed_answer, scope_layout
 
 log = logging.getLogger("cartridges")
 
@@ -65,6 +66,8 @@ class AnswerResult:
     num_answer_tokens: int = 0  # tokens generated (the OpenAI-compatible usage.completion_tokens); 0 in old sealed rows
     finish_reason: str = "stop"  # "length" when the answer reached its token budget
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # [{token, logprob, top: [[token, logprob]]}] when asked
+    layout: str = "prefix"  # the scope layout that answered in mode "cartridge": prefix | routed
+    memory_seqs: list[int] | None = None  # routed: the memories read, in log order (None: the whole scope)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +123,13 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
     mode = mode_validate(mode)
     config = active_configuration()
     max_new = options.length()
+    if mode == "cartridge" and scope_layout(scope=scope, config=config) == Layout.ROUTED:
+        if options.engine_kwargs():  # the routed engine decodes greedily only
+            raise MnesioError(
+                "the routed layout answers greedily only: leave `decoding` (temperature, top_p, seed, stop, logprobs, "
+                "response_format) at its default", extra={"field": "decoding"},
+            )
+        return _routed_answer(scope=scope, config=config, question=question, max_new=max_new, actor=actor)
     if mode == "cartridge":
         version = active_version_for_answer(scope=scope, config=config)
         cartridge, backend = engine.cartridge_load(version=version, config=config)
@@ -136,6 +146,14 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
                                                                  **options.engine_kwargs())
         note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
     return answer_record(scope=scope, version=version, mode=mode, answer=answer, actor=actor, note=note)
+
+
+def _routed_answer(*, scope, config, question: Prompt, max_new: int, actor=None) -> AnswerResult:
+    """Answer from the scope's routed layout (services/routed_answer.py); recorded as mode "routed"."""
+    with _context_too_long_as_422():
+        answer, seqs = routed_answer(scope=scope, config=config, question=question, max_new_tokens=max_new)
+    result = answer_record(scope=scope, version=None, mode="routed", answer=answer, actor=actor)
+    return replace(result, mode="cartridge", layout=Layout.ROUTED.value, memory_seqs=seqs)
 
 
 def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = "") -> AnswerResult:

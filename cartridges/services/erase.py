@@ -54,6 +54,7 @@ from .blocksecret import scope_block_secret_shred
 from .compile import cartridge_compile
 from .errors import NothingToCompile
 from .forget import answer_requests_discard, evaluation_cases_forget
+from .routed_chunks import routed_chunks_destroy
 
 log = logging.getLogger("cartridges")
 
@@ -180,6 +181,7 @@ def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
         scope_ids=deleted_scope_ids,
     )
     answer_requests_discard(scope_ids=sorted(set(erased.values_list("scope_id", flat=True)) | set(deleted_scope_ids)))
+    routed_chunks_destroy(erasure_request=erasure_request)  # the erased memories' chunks only: no other depends on them
     versions = versions_holding(memories=erased)
     # a deleted scope is not rebuilt: every cartridge of it is destroyed and none replaces it
     rebuild = erasure_request.kind != ErasureKind.SCOPE

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from kvengine.conversation import Prompt
 
 from .. import engine
+from ..models import Layout
 from ..selectors import active_configuration
 from .answer import (
     AnswerResult,
@@ -31,6 +32,7 @@ from .answer import (
     question_validate,
 )
 from .ask import DEFAULT_OPTIONS, AskOptions
+from .routed_answer import scope_layout
 
 log = logging.getLogger("cartridges")
 
@@ -131,14 +133,15 @@ def cartridge_answer_stream(*, scope, question: Prompt, mode: str = "cartridge",
     """Open a streamed answer of ``question`` for ``scope`` with this process's engine.
 
     mode="cartridge" yields a delta per decoded token (per word with the fake engine); mode="text" re-reads
-    the memories and yields the whole answer as one delta.
+    the memories, and a scope answered from its routed layout assembles its chunks: both yield the whole answer as
+    one delta.
     """
     question = question_validate(question)
     mode = mode_validate(mode)
-    if mode != "cartridge":
+    config = active_configuration()
+    if mode != "cartridge" or scope_layout(scope=scope, config=config) == Layout.ROUTED:  # answered whole: one delta
         result = cartridge_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
         return AnswerStream(iter([result.answer, result] if result.answer else [result]))
-    config = active_configuration()
     version = active_version_for_answer(scope=scope, config=config)
     cartridge, backend = engine.cartridge_load(version=version, config=config)
     items = backend.answer_stream(cartridge, question, max_new_tokens=options.length(), **options.engine_kwargs())

@@ -6,16 +6,25 @@ from collections.abc import Sequence
 from ..base import Answer
 from ..divergence import AnswerDivergence
 from .answering import NO_REPAIR, RoutedAnswer, answer_reread, answer_routed, routed_divergence
+from .chunk_bytes import chunk_dumps, chunk_loads
 from .chunks import MemoryChunk, compile_chunk
 from .repair import RepairPolicy
 
 
 class RoutedMixin:
-    """compile_chunk / answer_routed / answer_reread / routed_divergence on a transformers backend."""
+    """compile_chunk / chunk_dumps / chunk_loads / answer_routed / answer_reread / routed_divergence on a transformers backend."""
 
     def compile_chunk(self, text: str) -> MemoryChunk:
         """One memory's chunk: its KV computed once after the shared prefix (routed.chunks)."""
         return compile_chunk(self, text)
+
+    def chunk_dumps(self, chunk: MemoryChunk, *, quant: str = "q8") -> bytes:
+        """A chunk's bytes (routed.chunk_bytes; ``quant`` "none" keeps this backend's dtype)."""
+        return chunk_dumps(chunk, quant=quant)
+
+    def chunk_loads(self, data: bytes) -> MemoryChunk:
+        """A chunk back from chunk_dumps' bytes, in this backend's dtype and on its device."""
+        return chunk_loads(data, dtype=self.torch_dtype, device=str(self.device))
 
     def answer_routed(
         self, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = NO_REPAIR,

@@ -61,7 +61,8 @@ def test_operators_see_every_field_with_the_known_counts(operator, scenario, api
     assert response.status_code == 200, response.content
     m = response.json()
     assert set(m) == {"generated_at", "log_head", "configuration", "scopes", "gate", "latency", "versions",
-                      "sizes_by_quant", "erasures", "asks"}
+                      "sizes_by_quant", "erasures", "asks", "routed"}
+    assert (m["routed"]["repair"], m["routed"]["chunk_quant"]) == ("full", "q8")
     assert m["asks"] == {"in_flight": 0, "limit": 32, "async_pending": 0, "async_limit": 64}
     assert m["log_head"] == 5
     config = m["configuration"]
@@ -78,6 +79,7 @@ def test_operators_see_every_field_with_the_known_counts(operator, scenario, api
     )
     assert active["age_s"] >= 0 and active["quant"] == "none" and active["num_memories"] == 2
     assert (c["scope"], c["num_memories"], c["lag"], c["serving"], c["active_version"]) == ("scope-c", 1, 1, False, None)
+    assert (a["layout"], a["routed_chunks"]) == ("auto", {"count": 0, "size_bytes": 0})
 
     assert (m["gate"]["passed"], m["gate"]["failed"]) == (1, 1)
     newest, oldest = m["gate"]["recent"]

@@ -125,7 +125,7 @@ def test_the_scope_list_shows_only_the_callers_grants(alice, charlie, staff_with
 def test_a_scopes_clients_read_its_settings_defaults_first(alice, api_client_for):
     body = api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()
     assert body == {"scope": "scope-a", "auto_refresh": "manual", "auto_refresh_debounce_s": 60,
-                    "keep_previous_versions": 3, "updated_at": None, "updated_by": None}
+                    "keep_previous_versions": 3, "layout": "auto", "updated_at": None, "updated_by": None}
 
 
 def test_staff_with_the_permission_change_settings_and_clients_see_them(alice, bob, staff_with, api_client_for):
