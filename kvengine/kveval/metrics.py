@@ -33,8 +33,11 @@ def exact_match(prediction: str, ground_truth: str) -> float:
 
 def f1(prediction: str, ground_truth: str) -> float:
     """Token-level F1 between the normalized prediction and one ground truth."""
-    pred_tokens = normalize_answer(prediction).split()
-    truth_tokens = normalize_answer(ground_truth).split()
+    return token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
+
+
+def token_f1(pred_tokens: Sequence[str], truth_tokens: Sequence[str]) -> float:
+    """F1 of two token lists by their multiset overlap (SQuAD's and LoCoMo's, after their own tokenization)."""
     common = Counter(pred_tokens) & Counter(truth_tokens)
     num_same = sum(common.values())
     if num_same == 0:
@@ -76,15 +79,7 @@ def _stemmer() -> Any:
 def locomo_f1(prediction: str, ground_truth: str) -> float:
     """LoCoMo's token F1: normalized, Porter-stemmed tokens (task_eval/evaluation.py's ``f1_score``)."""
     stem = _stemmer().stem
-    pred_tokens = [stem(w) for w in locomo_normalize(prediction).split()]
-    truth_tokens = [stem(w) for w in locomo_normalize(ground_truth).split()]
-    common = Counter(pred_tokens) & Counter(truth_tokens)
-    num_same = sum(common.values())
-    if num_same == 0:
-        return 0.0
-    precision = num_same / len(pred_tokens)
-    recall = num_same / len(truth_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return token_f1([stem(w) for w in locomo_normalize(prediction).split()], [stem(w) for w in locomo_normalize(ground_truth).split()])
 
 
 def locomo_multi_hop_f1(prediction: str, ground_truth: str) -> float:
