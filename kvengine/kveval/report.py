@@ -16,6 +16,21 @@ MODE_LABELS = {
 }
 
 
+# LoCoMo is CC BY-NC, for evaluation only: its files never hold the conversation's words, the questions or the gold
+# answers (nor the prompts and predictions, which quote them); records keep ids, categories, scores and timings.
+DATASET_TEXT_FIELDS = ("question", "answer", "answers", "prompt", "prediction", "scored_text", "options")
+
+
+def without_dataset_text(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with the dataset's text removed from every record (see DATASET_TEXT_FIELDS)."""
+    def strip(records: Any) -> Any:
+        if not isinstance(records, list):
+            return records
+        return [{k: v for k, v in r.items() if k not in DATASET_TEXT_FIELDS} if isinstance(r, dict) else r for r in records]
+
+    return {key: strip(value) if key in ("records", "recall_records") else value for key, value in results.items()}
+
+
 def write_report(results: dict[str, Any], out_dir: Path, *, command: str | None = None) -> dict[str, Path]:
     """Write results.json, results.md, accuracy_vs_budget.png and latency_vs_budget.png into ``out_dir``.
 
@@ -28,6 +43,7 @@ def write_report(results: dict[str, Any], out_dir: Path, *, command: str | None 
     if results.get("dataset") == "locomo":  # per-category tables, no per-budget charts
         from .locomo_report import markdown_report as locomo_markdown
 
+        results = without_dataset_text(results)
         paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
         paths["json"].write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         paths["markdown"].write_text(locomo_markdown(results), encoding="utf-8")

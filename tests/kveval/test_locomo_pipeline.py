@@ -92,6 +92,19 @@ def test_the_cli_writes_per_category_f1_and_recall(locomo_file, tmp_path, capsys
     assert "| BM25 top-k text | 2 |" in markdown and "adversarial (5) acc." in markdown
 
 
+def test_the_written_results_hold_none_of_the_datasets_text(locomo_file, tmp_path):
+    out = tmp_path / "out"
+    code = cli.main(["--dataset", "locomo", "--locomo-file", str(locomo_file), "--backend", "fake",
+                     "--modes", "bm25", "--top-k", "2", "--max-new-tokens", "8", "--out", str(out), "--no-progress"])
+    assert code == 0
+    written = (out / "results.json").read_text(encoding="utf-8") + (out / "results.md").read_text(encoding="utf-8")
+    # LoCoMo is CC BY-NC (evaluation only): no question, gold answer or turn of the file is in what a run writes
+    for text in ("What is the name of Ann's puppy?", "hiking, painting", "I adopted a puppy named Rex", "puppy"):
+        assert text not in written
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["records"] and all({"qid", "category", "mode", "score", "ttft_s"} <= set(r) for r in results["records"])
+
+
 def test_the_cli_refuses_a_missing_file_and_a_squad_only_mode(tmp_path, locomo_file, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--dataset", "locomo", "--locomo-file", str(tmp_path / "none.json"), "--backend", "fake"])
