@@ -491,6 +491,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # "layout" is a scope's setting (three values) and, in an answer, what answered (two): one name each
+    "ENUM_NAME_OVERRIDES": {"ScopeLayoutEnum": ["prefix", "routed", "auto"], "AnswerLayoutEnum": ["prefix", "routed"]},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",  # the default hook, kept
         "mnesio_site.versioning.unversioned_operation_ids",
