@@ -2,11 +2,13 @@
 of its surface, errors raised with the API's stable codes, and another tenant's scope not found."""
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from mnesio_client import MnesioClient, MnesioError
 
-from tests.serving.conftest import token_for
+from tests.serving.conftest import LONG, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,18 +135,52 @@ def test_it_answers_another_tenants_scope_not_found(alice, charlie, scope_a, ser
     assert client_for(alice).get_memory("scope-a", 1).content == FACTS[0]  # still there, not forgotten
 
 
-def test_it_raises_an_error_event_of_a_stream_with_its_code():
-    def answer(request: httpx.Request) -> httpx.Response:
-        body = (b'event: delta\ndata: {"text":"Lena"}\n\n'
-                b'event: error\ndata: {"code":"worker_timeout","message":"no gpu worker answered in time",'
-                b'"extra":{"status":504}}\n\n')
-        return httpx.Response(200, content=body, headers={"Content-Type": "text/event-stream"})
+def test_it_yields_each_delta_as_it_is_decoded(alice, scope_a, served, client_for, slow_engine):
+    slow_engine.delay_s = 0.05  # per delta: a buffered response would deliver them all at once, at the end
+    served(scope_a, [LONG])
+    arrivals: list[float] = []
+    for _ in client_for(alice).ask_stream("scope-a", "Where is the spare key?"):
+        arrivals.append(time.perf_counter())
+    assert len(arrivals) == len(LONG.split())
+    assert arrivals[-1] - arrivals[0] >= 0.05 * (len(arrivals) - 2), arrivals
 
-    with MnesioClient("http://mnesio.test", "t", transport=httpx.MockTransport(answer)) as client:
-        stream = client.ask_stream("scope-a", "What is Lena's dog called?")
-        deltas: list[str] = []
+
+def test_it_stops_the_answer_when_the_stream_is_closed_early(alice, scope_a, served, client_for, slow_engine):
+    served(scope_a, [LONG])
+    with client_for(alice).ask_stream("scope-a", "Where is the spare key?") as stream:
+        assert next(iter(stream))
+    assert slow_engine.closed_early.wait(10), "the engine kept decoding after the client closed its stream"
+    assert not slow_engine.finished.is_set()
+
+
+def test_it_raises_an_error_event_mid_stream_with_its_code(alice, scope_a, served, client_for, slow_engine):
+    from kvengine.errors import OverloadedError
+
+    served(scope_a, [LONG])
+    original = slow_engine.answer_stream
+
+    def failing(cartridge, question, *, max_new_tokens=32):
+        items = original(cartridge, question, max_new_tokens=max_new_tokens)
+        yield next(items)
+        items.close()
+        raise OverloadedError(waiting=9, limit=8, retry_after_s=3)
+
+    slow_engine.answer_stream = failing
+    stream = client_for(alice).ask_stream("scope-a", "Where is the spare key?")
+    deltas: list[str] = []
+    with pytest.raises(MnesioError) as failed:
+        for delta in stream:
+            deltas.append(delta)
+    assert len(deltas) == 1 and stream.answer is None
+    assert (failed.value.code, failed.value.status_code, failed.value.extra["retry_after_s"]) == ("overloaded", 429, 3)
+
+
+def test_it_raises_a_response_that_is_not_the_error_shape_with_its_status():
+    def proxy(request: httpx.Request) -> httpx.Response:  # a proxy in front of the server, say
+        return httpx.Response(503, text="<html>upstream down</html>", headers={"Retry-After": "7"})
+
+    with MnesioClient("http://mnesio.test", "t", transport=httpx.MockTransport(proxy)) as client:
         with pytest.raises(MnesioError) as failed:
-            for delta in stream:
-                deltas.append(delta)
-    assert deltas == ["Lena"] and stream.answer is None
-    assert (failed.value.code, failed.value.status_code) == ("worker_timeout", 504)
+            client.get_memory("scope-a", 1)
+    assert (failed.value.code, failed.value.status_code, failed.value.retry_after_s) == ("error", 503, 7.0)
+    assert "upstream down" in failed.value.message
