@@ -58,7 +58,8 @@ class MnesioClient:
     """A client of one mnesio server for one API token.
 
     ``base_url`` is the server's root (``http://127.0.0.1:8000``); the client adds ``/api/v1/``. Pass
-    ``http_client`` (an ``httpx.Client``, closed by you) or ``transport`` to control the connection, e.g. in tests.
+    ``http_client`` (an ``httpx.Client``, closed by you; its own timeout then applies, not ``timeout``) or
+    ``transport`` to control the connection, e.g. in tests.
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
