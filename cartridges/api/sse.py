@@ -28,6 +28,7 @@ from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
+from rest_framework import renderers
 
 from core.disconnect import request_on_finish
 from core.errors import MnesioError, error_code
@@ -82,6 +83,23 @@ def sse(event: str | None, data: Any) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n".encode()
+
+
+class EventStreamRenderer(renderers.BaseRenderer):
+    """A response the view returns itself (not a stream) to a client that accepts only ``text/event-stream``
+    (EventSource, most SSE libraries): one ``error`` event for a refusal (its status kept in ``extra.status``,
+    as mid-stream), else one ``done`` event with the body. Without it such a client got a 406."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+    charset = None
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: dict | None = None) -> bytes:
+        response = (renderer_context or {}).get("response")
+        status = getattr(response, "status_code", 200)
+        if status >= 400 and isinstance(data, dict):
+            return sse("error", {**data, "extra": {**(data.get("extra") or {}), "status": status}})
+        return sse("done", data)
 
 
 def events(stream: AnswerStream, encoder: Encoder) -> Iterator[bytes]:

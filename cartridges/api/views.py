@@ -126,6 +126,8 @@ class CartridgeRollbackView(APIView):
 
 
 class AskView(APIView):
+    renderer_classes = [renderers.JSONRenderer, renderers.BrowsableAPIRenderer, sse.EventStreamRenderer]
+
     @extend_schema(
         summary="Ask a scope a question (mode=cartridge by default; mode=text re-reads the memories); "
                 "stream=true answers text/event-stream, async=true answers 202 with a Location to collect",

@@ -76,11 +76,11 @@ def token_for(user) -> str:
 class EventStream:
     """A real HTTP client (http.client) POSTing JSON and reading the response's server-sent events one by one."""
 
-    def __init__(self, base_url: str, path: str, body: dict, *, auth: str, timeout: float = 60):
+    def __init__(self, base_url: str, path: str, body: dict, *, auth: str, timeout: float = 60, accept: str | None = None):
         host, port = base_url.removeprefix("http://").split(":")
         self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-        self.conn.request("POST", path, body=json.dumps(body),
-                          headers={"Authorization": auth, "Content-Type": "application/json"})
+        headers = {"Authorization": auth, "Content-Type": "application/json", **({"Accept": accept} if accept else {})}
+        self.conn.request("POST", path, body=json.dumps(body), headers=headers)
         self.started = time.perf_counter()
         self.response = self.conn.getresponse()
         self.status = self.response.status

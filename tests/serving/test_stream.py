@@ -74,6 +74,26 @@ def test_refusals_before_the_first_token_keep_their_status(alice, charlie, scope
     assert stream.status in (403, 404)
 
 
+def test_a_client_that_accepts_only_event_streams_gets_its_answer_and_its_refusals_as_events(
+    alice, scope_a, served, server_url
+):
+    # EventSource and most SSE libraries send exactly this Accept header (it was a 406 not_acceptable)
+    served(scope_a, [KEY])
+    path, auth = "/api/v1/scopes/scope-a/ask/", f"Bearer {token_for(alice)}"
+    stream = EventStream(server_url, path, {"question": "Where is the spare key?", "stream": True}, auth=auth,
+                         accept="text/event-stream")
+    assert stream.status == 200 and stream.headers["Content-Type"].startswith("text/event-stream")
+    events = list(stream.events())
+    assert "".join(json.loads(data)["text"] for event, data, _ in events if event == "delta").strip() == KEY
+    assert events[-1][0] == "done" and json.loads(events[-1][1])["answer"] == KEY
+    stream = EventStream(server_url, path, {"question": "What?", "stream": "yes please"}, auth=auth, accept="text/event-stream")
+    assert stream.status == 400 and stream.headers["Content-Type"].startswith("text/event-stream")
+    (event, data, _), = list(stream.events())
+    error = json.loads(data)
+    assert event == "error" and error["code"] == "invalid_input" and error["extra"]["status"] == 400
+    assert "stream" in error["extra"]["fields"]
+
+
 def test_an_engine_failure_mid_stream_is_an_error_event(alice, scope_a, served, server_url, slow_engine):
     served(scope_a, [LONG])
     original = slow_engine.answer_stream
