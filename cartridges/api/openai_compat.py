@@ -48,6 +48,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.errors import error_code
 from core.errors import exception_handler as mnesio_exception_handler
 from memories.selectors import scope_get_for_user, user_scopes
 
@@ -81,25 +82,35 @@ def openai_error(status_code: int, message: str, *, param: str | None = None, co
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def openai_code(body: dict[str, Any], *, status_code: int) -> str | None:
+    """The OpenAI ``code`` of a rendered /api/-shaped error body: an OpenAI code the error names (``extra.code``:
+    ``unsupported``, ``invalid_value``, ...), else the stable code the project's handler gave it (core.errors:
+    ``no_active_cartridge``, ``overloaded``, ...), a scope being a model here (404 ``model_not_found``)."""
+    extra = body.get("extra") if isinstance(body.get("extra"), dict) else {}
+    if extra.get("field") == "scope" and status_code == 404:
+        return "model_not_found"
+    for code in (extra.get("code"), body.get("code"), extra.get("kind")):
+        if isinstance(code, str):
+            return code
+    return None
+
+
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """The project's handler (same statuses, Retry-After), its body reshaped as OpenAI's error."""
     response = mnesio_exception_handler(exc, context)
     if response is None:
         return None
     body = response.data if isinstance(response.data, dict) else {}
-    extra = body.get("extra") or {}
-    param = extra.get("field") if isinstance(extra, dict) else None
-    code = extra.get("code") if isinstance(extra, dict) else None
+    extra = body.get("extra") if isinstance(body.get("extra"), dict) else {}
+    param = extra.get("field")
+    code = openai_code(body, status_code=response.status_code)
     if isinstance(exc, APIException):
         code = exc.default_code
         if isinstance(exc, ParseError):
             param, code = "body", "invalid_json"
-    elif isinstance(extra, dict) and not isinstance(code, str):
-        code = extra.get("kind") if isinstance(extra.get("kind"), str) else None
     if param == "scope":  # a scope is a model here
-        param, code = "model", ("model_not_found" if response.status_code == 404 else code)
-    response.data = openai_error(response.status_code, str(body.get("message", "error")), param=param,
-                                 code=code if isinstance(code, str) else None)
+        param = "model"
+    response.data = openai_error(response.status_code, str(body.get("message", "error")), param=param, code=code)
     return response
 
 
@@ -202,7 +213,10 @@ class ChunkEncoder(Encoder):
     def error(self, exc: BaseException) -> bytes:
         status_code, body = error_body(exc)
         extra = body.get("extra") or {}
-        return sse(None, openai_error(status_code, body["message"], param=extra.get("field"), code=extra.get("kind")))
+        body = {"code": error_code(exc, status_code=status_code, kind=extra.get("kind")), **body}
+        param = "model" if extra.get("field") == "scope" else extra.get("field")
+        return sse(None, openai_error(status_code, body["message"], param=param,
+                                      code=openai_code(body, status_code=status_code)))
 
     def end(self):
         yield b"data: [DONE]\n\n"

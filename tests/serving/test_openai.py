@@ -86,6 +86,13 @@ def test_errors_have_openais_shape_and_the_apis_statuses(alice, charlie, scope_a
     with pytest.raises(openai.ConflictError) as caught:
         client_for(server_url, alice).chat.completions.create(model="scope-a", messages=messages)
     assert caught.value.body["type"] == "invalid_request_error" and "mode='text'" in caught.value.body["message"]
+    assert caught.value.body["code"] == "no_active_cartridge"  # the stable code /api/ gives, not null
+    with pytest.raises(openai.ConflictError) as caught:  # streamed too: refused before the first chunk
+        list(client_for(server_url, alice).chat.completions.create(model="scope-a", messages=messages, stream=True))
+    assert caught.value.body["code"] == "no_active_cartridge"
+    with pytest.raises(openai.ConflictError) as caught:
+        client_for(server_url, alice).completions.create(model="scope-a", prompt="Where?")
+    assert caught.value.body["code"] == "no_active_cartridge"
     # a raw client sees the same shape for a bad token, in either scheme (Token is accepted as on /api/)
     raw = EventStream(server_url, "/v1/chat/completions", {"model": "scope-a", "messages": messages},
                       auth="Token " + "0" * 64)

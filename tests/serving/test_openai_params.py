@@ -84,6 +84,7 @@ def test_unknown_paths_and_methods_under_v1_answer_openais_json_error(alice, sco
             expected = status if auth or status == 404 else 401
             assert got == expected and kind.startswith("application/json"), (method, path, auth, got, body)
             assert set(body["error"]) == {"message", "type", "param", "code"}
+            assert isinstance(body["error"]["code"], str), body  # a stable code, never null
 
 
 def test_it_retrieves_a_model_the_token_may_ask_and_no_other(alice, charlie, scope_a, scope_c, server_url):
