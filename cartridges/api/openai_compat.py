@@ -16,13 +16,13 @@ Decisions:
 - Parameters (openai_params.py): greedy decoding by default; ``temperature``/``top_p``/``seed`` sample (the same
   seed gives the same answer); ``max_tokens``/``max_completion_tokens`` from 1, at most the server's length
   (MNESIO_ANSWER_MAX_NEW_TOKENS: a larger value is cut to it, ``finish_reason`` "length" says so); ``stop``; ``n``
-  up to MAX_N (non-streamed); ``logprobs``/``top_logprobs`` (non-streamed); ``response_format`` json_object /
-  json_schema by constrained decoding (lm-format-enforcer). Penalties, ``logit_bias``, ``tools`` and the rest are
+  up to MAX_N (non-streamed; greedy: one decode is every choice, see _answers); ``logprobs``/``top_logprobs``
+  (non-streamed); ``response_format`` json_object / json_schema by constrained decoding (lm-format-enforcer). Penalties, ``logit_bias``, ``tools`` and the rest are
   accepted at their neutral value and refused otherwise (400 ``unsupported`` naming the field); nulls are accepted
   everywhere; a name OpenAI does not define is 400 ``unknown_parameter``.
 - ``usage``: ``prompt_tokens`` = cartridge tokens + the tokens run for the conversation, of which
   ``prompt_tokens_details.cached_tokens`` = the cartridge's (computed once, at compile); ``completion_tokens``
-  = tokens generated (over all choices).
+  = the tokens of all choices (a greedy answer that is n choices counts n times, as OpenAI counts).
 - Streamed text equals the non-streamed text: leading whitespace of the first delta and trailing whitespace
   of the last are held back (the non-streamed answer is stripped).
 - Errors are OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the status the same
@@ -235,8 +235,24 @@ class CompletionChunkEncoder(ChunkEncoder):
 
 
 def _answers(ask: dict[str, Any], parsed: params.Parsed) -> list[AnswerResult]:
-    """The ``n`` choices: answered one after another, each with its own seed (seed + i) when one was given."""
+    """The ``n`` choices, all on the one cartridge prefix (computed once, at compile).
+
+    Greedy (temperature 0 or absent): decoded once, and that answer is every choice. This is exact, not a
+    shortcut: greedy decoding takes the argmax at each step (also under a JSON schema, which only masks tokens,
+    and with log-probs, which only report), so the answer is a function of the cartridge, the prompt, the length
+    and the stops, and n decodes of one request are n copies of the same tokens (the batched and lone paths
+    agree to float rounding, tests/kvengine/test_batching.py, noise and not a distribution to draw from); no
+    seed or top_p changes an argmax.
+
+    Sampled: each choice is its own draw, with its own seed (seed + i) when one was given, asked one after
+    another. Not concurrently: the model's batcher (kvengine/batching.py) decodes greedily only, so a sampled
+    answer is decoded one at a time on the cartridge's scratch tail behind its lock (kvengine/answering.py,
+    answer_stream_unbatched); n concurrent asks would wait for that lock in turn anyway, while holding n of
+    this process's answer slots.
+    """
     decoding = parsed.options.decoding
+    if decoding.temperature <= 0:
+        return [asking.answer_ask(**ask, options=parsed.options)] * parsed.n
     results = []
     for i in range(parsed.n):
         options = parsed.options

@@ -135,3 +135,21 @@ def test_the_ask_endpoint_takes_a_system_text_and_history(alice, scope_a, served
     response = conn.getresponse()
     refused = json.loads(response.read())
     assert response.status == 400 and refused["extra"]["field"] == "history[0].role", refused
+
+
+def test_it_decodes_n_greedy_choices_once_and_n_sampled_ones_each(alice, scope_a, served, server_url):
+    served(scope_a, FACTS)
+    client = client_for(server_url, alice)
+    messages = [{"role": "user", "content": QUESTIONS[6]}]
+    one = client.chat.completions.create(model="scope-a", messages=messages)
+    for kwargs in ({}, {"temperature": 0}, {"temperature": 0, "seed": 4, "logprobs": True}):
+        before = AnswerRecord.objects.count()
+        greedy = client.chat.completions.create(model="scope-a", messages=messages, n=4, **kwargs)
+        assert [c.index for c in greedy.choices] == [0, 1, 2, 3] and {c.message.content for c in greedy.choices} == {FACTS[6]}
+        assert AnswerRecord.objects.count() == before + 1, kwargs  # argmax is deterministic: one decode serves all four
+        assert greedy.usage.completion_tokens == 4 * one.usage.completion_tokens  # what the four choices hold, as OpenAI counts
+    before = AnswerRecord.objects.count()
+    completions = client.completions.create(model="scope-a", prompt=QUESTIONS[6], n=2)
+    assert [c.text for c in completions.choices] == [FACTS[6]] * 2 and AnswerRecord.objects.count() == before + 1
+    sampled = client.chat.completions.create(model="scope-a", messages=messages, n=2, temperature=0.7, seed=1)
+    assert len(sampled.choices) == 2 and AnswerRecord.objects.count() == before + 3  # each sampled choice is its own draw
