@@ -153,3 +153,20 @@ def test_it_decodes_n_greedy_choices_once_and_n_sampled_ones_each(alice, scope_a
     assert [c.text for c in completions.choices] == [FACTS[6]] * 2 and AnswerRecord.objects.count() == before + 1
     sampled = client.chat.completions.create(model="scope-a", messages=messages, n=2, temperature=0.7, seed=1)
     assert len(sampled.choices) == 2 and AnswerRecord.objects.count() == before + 3  # each sampled choice is its own draw
+
+
+def test_it_answers_with_no_tools_offered_and_refuses_offered_tools_as_unsupported(alice, scope_a, served, server_url):
+    served(scope_a, FACTS)
+    client = client_for(server_url, alice)
+    messages = [{"role": "user", "content": QUESTIONS[7]}]
+    for kwargs in ({"tools": [], "tool_choice": "none", "parallel_tool_calls": None},
+                   {"tools": None, "tool_choice": None, "parallel_tool_calls": None},
+                   {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}):
+        answer = client.chat.completions.create(model="scope-a", messages=messages, **kwargs)
+        assert answer.choices[0].message.content == FACTS[7] and not answer.choices[0].message.tool_calls, kwargs
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    for kwargs, param in (({"tools": [tool]}, "tools"), ({"tools": [tool], "tool_choice": "none"}, "tools"),
+                          ({"tool_choice": {"type": "function", "function": {"name": "lookup"}}}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="scope-a", messages=messages, **kwargs)
+        assert caught.value.body["param"] == param and caught.value.body["code"] == "unsupported", kwargs
