@@ -16,13 +16,13 @@ Decisions:
 - Parameters (openai_params.py): greedy decoding by default; ``temperature``/``top_p``/``seed`` sample (the same
   seed gives the same answer); ``max_tokens``/``max_completion_tokens`` from 1, at most the server's length
   (MNESIO_ANSWER_MAX_NEW_TOKENS: a larger value is cut to it, ``finish_reason`` "length" says so); ``stop``; ``n``
-  up to MAX_N (non-streamed); ``logprobs``/``top_logprobs`` (non-streamed); ``response_format`` json_object /
-  json_schema by constrained decoding (lm-format-enforcer). Penalties, ``logit_bias``, ``tools`` and the rest are
+  up to MAX_N (non-streamed; greedy: one decode is every choice, see _answers); ``logprobs``/``top_logprobs``
+  (non-streamed); ``response_format`` json_object / json_schema by constrained decoding (lm-format-enforcer). Penalties, ``logit_bias``, ``tools`` and the rest are
   accepted at their neutral value and refused otherwise (400 ``unsupported`` naming the field); nulls are accepted
   everywhere; a name OpenAI does not define is 400 ``unknown_parameter``.
 - ``usage``: ``prompt_tokens`` = cartridge tokens + the tokens run for the conversation, of which
   ``prompt_tokens_details.cached_tokens`` = the cartridge's (computed once, at compile); ``completion_tokens``
-  = tokens generated (over all choices).
+  = the tokens of all choices (a greedy answer that is n choices counts n times, as OpenAI counts).
 - Streamed text equals the non-streamed text: leading whitespace of the first delta and trailing whitespace
   of the last are held back (the non-streamed answer is stripped).
 - Errors are OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the status the same
@@ -48,6 +48,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.errors import error_code
 from core.errors import exception_handler as mnesio_exception_handler
 from memories.selectors import scope_get_for_user, user_scopes
 
@@ -81,25 +82,35 @@ def openai_error(status_code: int, message: str, *, param: str | None = None, co
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def openai_code(body: dict[str, Any], *, status_code: int) -> str | None:
+    """The OpenAI ``code`` of a rendered /api/-shaped error body: an OpenAI code the error names (``extra.code``:
+    ``unsupported``, ``invalid_value``, ...), else the stable code the project's handler gave it (core.errors:
+    ``no_active_cartridge``, ``overloaded``, ...), a scope being a model here (404 ``model_not_found``)."""
+    extra = body.get("extra") if isinstance(body.get("extra"), dict) else {}
+    if extra.get("field") == "scope" and status_code == 404:
+        return "model_not_found"
+    for code in (extra.get("code"), body.get("code"), extra.get("kind")):
+        if isinstance(code, str):
+            return code
+    return None
+
+
 def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """The project's handler (same statuses, Retry-After), its body reshaped as OpenAI's error."""
     response = mnesio_exception_handler(exc, context)
     if response is None:
         return None
     body = response.data if isinstance(response.data, dict) else {}
-    extra = body.get("extra") or {}
-    param = extra.get("field") if isinstance(extra, dict) else None
-    code = extra.get("code") if isinstance(extra, dict) else None
+    extra = body.get("extra") if isinstance(body.get("extra"), dict) else {}
+    param = extra.get("field")
+    code = openai_code(body, status_code=response.status_code)
     if isinstance(exc, APIException):
         code = exc.default_code
         if isinstance(exc, ParseError):
             param, code = "body", "invalid_json"
-    elif isinstance(extra, dict) and not isinstance(code, str):
-        code = extra.get("kind") if isinstance(extra.get("kind"), str) else None
     if param == "scope":  # a scope is a model here
-        param, code = "model", ("model_not_found" if response.status_code == 404 else code)
-    response.data = openai_error(response.status_code, str(body.get("message", "error")), param=param,
-                                 code=code if isinstance(code, str) else None)
+        param = "model"
+    response.data = openai_error(response.status_code, str(body.get("message", "error")), param=param, code=code)
     return response
 
 
@@ -202,7 +213,10 @@ class ChunkEncoder(Encoder):
     def error(self, exc: BaseException) -> bytes:
         status_code, body = error_body(exc)
         extra = body.get("extra") or {}
-        return sse(None, openai_error(status_code, body["message"], param=extra.get("field"), code=extra.get("kind")))
+        body = {"code": error_code(exc, status_code=status_code, kind=extra.get("kind")), **body}
+        param = "model" if extra.get("field") == "scope" else extra.get("field")
+        return sse(None, openai_error(status_code, body["message"], param=param,
+                                      code=openai_code(body, status_code=status_code)))
 
     def end(self):
         yield b"data: [DONE]\n\n"
@@ -221,8 +235,24 @@ class CompletionChunkEncoder(ChunkEncoder):
 
 
 def _answers(ask: dict[str, Any], parsed: params.Parsed) -> list[AnswerResult]:
-    """The ``n`` choices: answered one after another, each with its own seed (seed + i) when one was given."""
+    """The ``n`` choices, all on the one cartridge prefix (computed once, at compile).
+
+    Greedy (temperature 0 or absent): decoded once, and that answer is every choice. This is exact, not a
+    shortcut: greedy decoding takes the argmax at each step (also under a JSON schema, which only masks tokens,
+    and with log-probs, which only report), so the answer is a function of the cartridge, the prompt, the length
+    and the stops, and n decodes of one request are n copies of the same tokens (the batched and lone paths
+    agree to float rounding, tests/kvengine/test_batching.py, noise and not a distribution to draw from); no
+    seed or top_p changes an argmax.
+
+    Sampled: each choice is its own draw, with its own seed (seed + i) when one was given, asked one after
+    another. Not concurrently: the model's batcher (kvengine/batching.py) decodes greedily only, so a sampled
+    answer is decoded one at a time on the cartridge's scratch tail behind its lock (kvengine/answering.py,
+    answer_stream_unbatched); n concurrent asks would wait for that lock in turn anyway, while holding n of
+    this process's answer slots.
+    """
     decoding = parsed.options.decoding
+    if decoding.temperature <= 0:
+        return [asking.answer_ask(**ask, options=parsed.options)] * parsed.n
     results = []
     for i in range(parsed.n):
         options = parsed.options

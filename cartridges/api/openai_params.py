@@ -17,7 +17,7 @@ from kvengine.decoding import MAX_STOPS, MAX_TOP_LOGPROBS, Decoding
 
 from .. import services
 
-MAX_N = 4  # choices per request (each decoded on top of the shared cartridge prefix)
+MAX_N = 4  # choices per request, on the shared cartridge prefix (a sampled choice is one more decode each)
 COMMON = ("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "user", "seed", "stop",
           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 CHAT = (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",

@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from cartridges.models import AnswerRecord
+from kvengine.fake import FakeKvBackend
 
 from .conftest import EventStream, token_for
 
@@ -86,7 +87,43 @@ def test_errors_have_openais_shape_and_the_apis_statuses(alice, charlie, scope_a
     with pytest.raises(openai.ConflictError) as caught:
         client_for(server_url, alice).chat.completions.create(model="scope-a", messages=messages)
     assert caught.value.body["type"] == "invalid_request_error" and "mode='text'" in caught.value.body["message"]
+    assert caught.value.body["code"] == "no_active_cartridge"  # the stable code /api/ gives, not null
+    with pytest.raises(openai.ConflictError) as caught:  # streamed too: refused before the first chunk
+        list(client_for(server_url, alice).chat.completions.create(model="scope-a", messages=messages, stream=True))
+    assert caught.value.body["code"] == "no_active_cartridge"
+    with pytest.raises(openai.ConflictError) as caught:
+        client_for(server_url, alice).completions.create(model="scope-a", prompt="Where?")
+    assert caught.value.body["code"] == "no_active_cartridge"
     # a raw client sees the same shape for a bad token, in either scheme (Token is accepted as on /api/)
     raw = EventStream(server_url, "/v1/chat/completions", {"model": "scope-a", "messages": messages},
                       auth="Token " + "0" * 64)
     assert raw.status == 401 and set(json.loads(raw.body())["error"]) == {"message", "type", "param", "code"}
+
+
+class FailsMidStream(FakeKvBackend):
+    """The fake engine whose streams fail after their first delta with an engine refusal no service renames."""
+
+    def answer_stream(self, cartridge, question, *, max_new_tokens=32, decoding=None):
+        from kvengine.errors import CorruptCartridgeError
+
+        for item in super().answer_stream(cartridge, question, max_new_tokens=max_new_tokens, decoding=decoding):
+            yield item
+            raise CorruptCartridgeError("the cartridge's bytes fail a check")
+
+
+def test_an_error_after_the_first_chunk_is_an_error_chunk_with_the_stable_code(alice, scope_a, served, fake_engine,
+                                                                             asgi_server):
+    from cartridges import engine
+
+    engine.register_backend(fake_engine, FailsMidStream(model="fake-model"))
+    try:
+        served(scope_a, FACTS[:2])
+        stream = client_for(asgi_server.url, alice).chat.completions.create(
+            model="scope-a", messages=[{"role": "user", "content": QUESTIONS[0]}], stream=True)
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+    finally:
+        engine.cache_clear(backends=True)
+    assert caught.value.body["code"] == "engine_refused", caught.value.body  # /api/'s stable code, not a class name
+    assert caught.value.body["type"] == "invalid_request_error"

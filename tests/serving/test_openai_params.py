@@ -84,6 +84,7 @@ def test_unknown_paths_and_methods_under_v1_answer_openais_json_error(alice, sco
             expected = status if auth or status == 404 else 401
             assert got == expected and kind.startswith("application/json"), (method, path, auth, got, body)
             assert set(body["error"]) == {"message", "type", "param", "code"}
+            assert isinstance(body["error"]["code"], str), body  # a stable code, never null
 
 
 def test_it_retrieves_a_model_the_token_may_ask_and_no_other(alice, charlie, scope_a, scope_c, server_url):
@@ -134,3 +135,38 @@ def test_the_ask_endpoint_takes_a_system_text_and_history(alice, scope_a, served
     response = conn.getresponse()
     refused = json.loads(response.read())
     assert response.status == 400 and refused["extra"]["field"] == "history[0].role", refused
+
+
+def test_it_decodes_n_greedy_choices_once_and_n_sampled_ones_each(alice, scope_a, served, server_url):
+    served(scope_a, FACTS)
+    client = client_for(server_url, alice)
+    messages = [{"role": "user", "content": QUESTIONS[6]}]
+    one = client.chat.completions.create(model="scope-a", messages=messages)
+    for kwargs in ({}, {"temperature": 0}, {"temperature": 0, "seed": 4, "logprobs": True}):
+        before = AnswerRecord.objects.count()
+        greedy = client.chat.completions.create(model="scope-a", messages=messages, n=4, **kwargs)
+        assert [c.index for c in greedy.choices] == [0, 1, 2, 3] and {c.message.content for c in greedy.choices} == {FACTS[6]}
+        assert AnswerRecord.objects.count() == before + 1, kwargs  # argmax is deterministic: one decode serves all four
+        assert greedy.usage.completion_tokens == 4 * one.usage.completion_tokens  # what the four choices hold, as OpenAI counts
+    before = AnswerRecord.objects.count()
+    completions = client.completions.create(model="scope-a", prompt=QUESTIONS[6], n=2)
+    assert [c.text for c in completions.choices] == [FACTS[6]] * 2 and AnswerRecord.objects.count() == before + 1
+    sampled = client.chat.completions.create(model="scope-a", messages=messages, n=2, temperature=0.7, seed=1)
+    assert len(sampled.choices) == 2 and AnswerRecord.objects.count() == before + 3  # each sampled choice is its own draw
+
+
+def test_it_answers_with_no_tools_offered_and_refuses_offered_tools_as_unsupported(alice, scope_a, served, server_url):
+    served(scope_a, FACTS)
+    client = client_for(server_url, alice)
+    messages = [{"role": "user", "content": QUESTIONS[7]}]
+    for kwargs in ({"tools": [], "tool_choice": "none", "parallel_tool_calls": None},
+                   {"tools": None, "tool_choice": None, "parallel_tool_calls": None},
+                   {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}):
+        answer = client.chat.completions.create(model="scope-a", messages=messages, **kwargs)
+        assert answer.choices[0].message.content == FACTS[7] and not answer.choices[0].message.tool_calls, kwargs
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    for kwargs, param in (({"tools": [tool]}, "tools"), ({"tools": [tool], "tool_choice": "none"}, "tools"),
+                          ({"tool_choice": {"type": "function", "function": {"name": "lookup"}}}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="scope-a", messages=messages, **kwargs)
+        assert caught.value.body["param"] == param and caught.value.body["code"] == "unsupported", kwargs
