@@ -162,15 +162,22 @@ def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exc
 
 
 def cartridges_purge_destroyed() -> list[int]:
-    """Drop every cached cartridge and decrypted block part whose key was destroyed; return the versions' ids.
+    """Drop every cached cartridge, decrypted block part and opened routed chunk that was destroyed; return the
+    versions' ids.
 
     Runs at the start of every request and every task of this process (CartridgesConfig.ready connects
-    it), so a version or block destroyed by another process (an erasure processed by a worker, a prune) leaves
-    this process's memory within one request. A blob is destroyed when its key row (CartridgeBlob) is gone,
-    which destruction and pruning do first: one query over the cached names while either cache holds
-    anything, none when both are empty. (Whether a cached version may still serve is decided per answer by
-    active_version, manifest included.)
+    it), so a version, block or routed chunk destroyed by another process (an erasure processed by a worker, a
+    prune) leaves this process's memory within one request. A blob is destroyed when its key row (CartridgeBlob)
+    is gone, which destruction and pruning do first: one query over the cached names while either cache holds
+    anything, none when both are empty; a routed chunk when its row is gone: one more query while the chunk LRU
+    holds anything (services/routed_chunks.py). (Whether a cached version may still serve is decided per answer
+    by active_version, manifest included.)
     """
+    from .services.routed_chunks import routed_chunks_purge_destroyed  # the services import this module
+
+    chunks = routed_chunks_purge_destroyed()
+    if chunks:
+        log.info("dropped %d destroyed routed chunk(s) from this process's chunk cache", chunks)
     with _lock:
         versions = {key[0]: _names[key[0]] for key in _cartridges if key[0] in _names}
     blocks = block_cache_names()
@@ -197,7 +204,10 @@ def cartridge_forget(*, version_id: int) -> None:
 
 
 def cache_clear(*, backends: bool = False) -> None:
-    """Empty the cartridge LRU (and the backends when asked)."""
+    """Empty the cartridge LRU and the routed chunk LRU (and the backends when asked)."""
+    from .services.routed_chunks import routed_chunks_cache_clear  # the services import this module
+
+    routed_chunks_cache_clear()
     with _lock:
         _cartridges.clear()
         _names.clear()

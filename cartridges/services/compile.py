@@ -140,9 +140,10 @@ def compile_parts(*, backend, data: CompileInput, scope, reuse: bool = True) -> 
     return cartridge, backend.dump_parts(cartridge, stored=stored)
 
 
-def compile_cartridge(*, backend, data: CompileInput, blocks=None, block_secret: bytes = b""):
+def compile_cartridge(*, backend, data: CompileInput, block_secret: bytes, blocks=None):
     """Run the backend over the texts (reusing ``blocks``, a kvengine BlockLookup; block ids keyed by
-    ``block_secret``, services/blocksecret.py) and return the Cartridge."""
+    ``block_secret``, services/blocksecret.py) and return the Cartridge. The secret has no default here: the
+    engine's default (b"") would store public ids, a guess oracle (tests/cartridges/test_block_ids_on_transformers.py)."""
     limit = backend.describe().max_context_tokens
     num_tokens = backend.count_tokens(data.texts)
     if num_tokens > limit:

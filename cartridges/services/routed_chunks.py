@@ -9,7 +9,10 @@ chunk depends on its own memory's text only, so nothing is recomputed.
 
 Opened chunks are kept in a bounded per-process LRU keyed by row id. Whether a chunk may serve is decided from
 the database on every ask (its row must still exist), so a chunk destroyed by another process is never used from
-here; the rows not found are dropped from the LRU at that moment (the way storage.py purges destroyed blocks).
+here. The erasing process drops the rows it deletes from its own LRU (routed_chunks_destroy); every other process
+drops them at the start of its next request or task (routed_chunks_purge_destroyed, run by
+engine.cartridges_purge_destroyed: one query over the LRU's row ids while it holds anything), so no decrypted
+chunk outlives its row by more than one request.
 """
 from __future__ import annotations
 
@@ -159,6 +162,25 @@ def routed_chunks_forget(*, pks: Iterable[int]) -> int:
         dropped = sum(_opened.pop(pk, None) is not None for pk in pks)
         _stats["dropped"] += dropped
     return dropped
+
+
+def routed_chunks_purge_destroyed() -> int:
+    """Drop the opened chunks whose row is gone (destroyed by another process); how many were dropped.
+
+    One query over the LRU's row ids while it holds anything, none when it is empty.
+    """
+    with _lock:
+        held = list(_opened)
+    if not held:
+        return 0
+    live = set(RoutedChunk.objects.filter(pk__in=held).values_list("pk", flat=True))
+    return routed_chunks_forget(pks=[pk for pk in held if pk not in live])
+
+
+def routed_chunks_cache_clear() -> None:
+    """Empty this process's chunk LRU."""
+    with _lock:
+        _opened.clear()
 
 
 def routed_chunks_destroy(*, erasure_request: ErasureRequest) -> int:

@@ -120,3 +120,48 @@ def test_it_refuses_a_wrap_with_the_retired_key_in_a_process_left_behind_by_a_ro
     assert [m.text for m in scope_memories_open(scope=scope_a)] == [
         "Dana's locker code is 4417.", "written before the rotation",
     ]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_it_rewraps_a_key_whose_transaction_commits_after_the_rotation_wait(settings, scope_a):
+    """A transaction that wrapped with the old key before the rotation was recorded (its check passed) and commits
+    only after the rotation's wait: the rotation waits for it, so the re-wrap passes see its key."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from memories.keyring import RETIRED_CHECK_TTL_S
+
+    old = crypto.master_key()
+    held, done = threading.Event(), threading.Event()
+    hold_s = RETIRED_CHECK_TTL_S + 2.0  # past the rotation's wait and both passes, which take well under a second here
+
+    def late_wrap() -> None:  # what a process that verified the old key does inside a longer transaction
+        try:
+            with transaction.atomic():
+                aad = crypto.subject_key_aad("late", scope_a.pk)
+                Subject.objects.create(scope=scope_a, external_id="late", master_key_id=crypto.master_key_id(old),
+                                       wrapped_key=crypto.seal_box(old, os.urandom(32), aad=aad))
+                held.set()
+                time.sleep(hold_s)
+        finally:
+            connection.close()
+            done.set()
+
+    thread = threading.Thread(target=late_wrap)
+    thread.start()
+    assert held.wait(timeout=30)
+    settings.MNESIO_MASTER_KEY, settings.MNESIO_MASTER_KEY_OLD = NEW_KEY, old
+    started = time.monotonic()
+    call_command("rotate_master_key", stdout=io.StringIO())
+    took = time.monotonic() - started
+    thread.join(timeout=30)
+    assert done.is_set()
+    assert Subject.objects.get(external_id="late").master_key_id == crypto.master_key_id(NEW_KEY)
+    assert took >= hold_s - 0.5  # it waited for the transaction, not for a fixed time
+    settings.MNESIO_MASTER_KEY_OLD = None
+    from memories import keyring
+
+    assert keyring.master_key_verify().ok  # the new key alone opens every stored key

@@ -20,6 +20,11 @@ PER_USER = 12
 PER_PROCESS = 20
 FLOOD = 300
 REBUILD_BOUND_S = 60
+# The erasure request's own bound while the asks wait on the gpu queue. No worker runs until the request has
+# answered, so a shred queued behind the asks (or done by a worker after them) would never answer in time at all:
+# any finite bound shows it did not wait; 5 s is ~100x the 0.03-0.06 s measured (RELIABILITY.md): room for the
+# shared 2-core test machine, and still a bound an erasure in the request path has to keep.
+SHRED_BOUND_S = 5.0
 
 
 def _serve(scope, texts: list[tuple[str, str | None]]) -> None:
@@ -72,6 +77,7 @@ def test_it_bounds_async_asks_and_an_erasure_never_waits_behind_them(
                                     format="json")
     shred_s = time.monotonic() - started
     assert filed.status_code == 201 and filed.json()["status"] == "keys_shredded", filed.content
+    assert shred_s < SHRED_BOUND_S, f"the erasure request took {shred_s:.2f} s with {PER_PROCESS} asks queued"
     assert _search(clients["charlie"], "Miso cat") == []  # nothing of dana's is searchable any more
     ask = clients["charlie"].post("/api/v1/scopes/scope-c/ask/", {"question": "Where does Miso sleep?"}, format="json")
     assert "piano" not in ask.content.decode(), ask.content  # the cartridge holding it stops serving

@@ -2,11 +2,14 @@
 shape with a stable code (the OpenAI endpoint: OpenAI's shape).
 
 For each operation of the OpenAPI schema that takes a body (POST, PATCH, DELETE) and for ``/v1/chat/completions``
-(documented by OpenAI's reference, outside the schema), hypothesis sends (a) a body valid by the schema with one
-string leaf poisoned (a lone UTF-16 surrogate, a NUL, a control character, a bidi override) and (b) arbitrary JSON
-built from such strings, numbers past any bound and nesting. schemathesis (tests/reliability/test_fuzz_api.py)
-generates strings a UTF-8 codec accepts, so these strings are this test's own. Bounded: MNESIO_PROPERTY_EXAMPLES
-(default 8) examples per operation and kind, about half a minute on 2 cores.
+and ``/v1/completions`` (documented by OpenAI's reference, outside the schema), hypothesis sends (a) a body valid by
+the schema with one string leaf poisoned (a lone UTF-16 surrogate, a NUL, a control character, a bidi override) and
+(b) arbitrary JSON built from such strings, numbers past any bound and nesting. Every operation is sent as alice (a
+client granted scope A) and again as a staff user holding the staff write permissions, so the staff-only
+operations (creating scopes, grants, invites, the configuration switch) read their bodies instead of answering 403
+first. schemathesis (tests/reliability/test_fuzz_api.py) generates strings a UTF-8 codec accepts, so these strings
+are this test's own. Bounded: MNESIO_PROPERTY_EXAMPLES (default 8) examples per operation, kind and user, about a
+minute on 2 cores.
 """
 from __future__ import annotations
 
@@ -91,51 +94,78 @@ def _send(client, method: str, path: str, body) -> object:
     return client.generic(method, path, json.dumps(body), content_type="application/json")
 
 
-def test_no_json_body_makes_any_endpoint_answer_5xx(wsgi_app, fuzz_world, record_figures):  # noqa: F811
+# What the staff user holds besides the operator's permissions: every staff-only write of the API reads its body.
+STAFF_WRITE_PERMISSIONS = [
+    "auth.add_user", "memories.add_scope", "memories.delete_scope", "memories.add_scopegrant",
+    "memories.delete_scopegrant", "memories.grant_scope_to_self", "cartridges.change_scope_settings",
+]
+
+
+def _client(auth: str):
     from rest_framework.test import APIClient
 
     client = APIClient(raise_request_exception=False)
-    client.credentials(HTTP_AUTHORIZATION=fuzz_world["alice"])
-    openai = APIClient(raise_request_exception=False)
-    openai.credentials(HTTP_AUTHORIZATION=fuzz_world["alice"].replace("Token ", "Bearer "))
+    client.credentials(HTTP_AUTHORIZATION=auth)
+    return client
+
+
+def test_no_json_body_makes_any_endpoint_answer_5xx(wsgi_app, fuzz_world, operator, record_figures):  # noqa: F811
+    from django.contrib.auth.models import Permission
+    from django.db.models import Q
+
+    wanted = Q()
+    for dotted in STAFF_WRITE_PERMISSIONS:
+        app_label, codename = dotted.split(".")
+        wanted |= Q(content_type__app_label=app_label, codename=codename)
+    operator.user_permissions.add(*Permission.objects.filter(wanted))  # fuzz_world's operator token is this user's
+    clients = {"alice": _client(fuzz_world["alice"]), "operator": _client(fuzz_world["operator"])}
+    openai = _client(fuzz_world["alice"].replace("Token ", "Bearer "))
     schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", wsgi_app,
                                             headers={"Authorization": fuzz_world["alice"]})
     operations = [r.ok() for r in schema.get_all_operations() if r.ok().method.upper() in BODY_METHODS]
-    # the configuration switch answers alice 403 before it reads a body; nothing here may switch it
     assert len(operations) >= 14, [f"{o.method} {o.path}" for o in operations]
+    # the configuration switch last: once the operator switched to a model nobody has, later asks would meet that
+    operations.sort(key=lambda o: o.path.startswith("/api/v1/kv/configuration"))
     failures: list[str] = []
     counts: dict[str, int] = {}
 
-    def run(strategy, *, method: str, openai_shape: bool) -> None:
+    def run(strategy, *, method: str, client, openai_shape: bool = False) -> None:
         @settings(max_examples=NUM_EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
         @given(case=strategy)
         def one(case) -> None:
             path, body = case
-            response = _send(openai if openai_shape else client, method, path, body)
+            response = _send(client, method, path, body)
             counts[f"{response.status_code // 100}xx"] = counts.get(f"{response.status_code // 100}xx", 0) + 1
             _check(response, where=f"{method} {path} body={str(body)[:120]!r}", openai=openai_shape, failures=failures)
 
         one()
 
-    for operation in operations:
-        params = {"scope": "scope-a"} if "{scope}" in operation.path else None
-        cases = operation.as_strategy(generation_mode=GenerationMode.POSITIVE, path_parameters=params)
-        valid = cases.map(lambda case: case.body if isinstance(case.body, (dict, list)) else {})
-        paths = cases.map(lambda case: case.formatted_path)
-        method = operation.method.upper()
-        run(st.tuples(paths, poisoned_bodies(valid)), method=method, openai_shape=False)
-        run(st.tuples(paths, HOSTILE_JSON), method=method, openai_shape=False)
-    chat = st.fixed_dictionaries(
-        {"model": st.just("scope-a"),
-         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]),
-                                                     "content": st.text(max_size=30)}), min_size=1, max_size=3)},
-        optional={"max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "stream": st.just(False)},
+    def run_operations(user: str) -> None:
+        for operation in operations:
+            params = {"scope": "scope-a"} if "{scope}" in operation.path else None
+            cases = operation.as_strategy(generation_mode=GenerationMode.POSITIVE, path_parameters=params)
+            valid = cases.map(lambda case: case.body if isinstance(case.body, (dict, list)) else {})
+            paths = cases.map(lambda case: case.formatted_path)
+            method = operation.method.upper()
+            run(st.tuples(paths, poisoned_bodies(valid)), method=method, client=clients[user])
+            run(st.tuples(paths, HOSTILE_JSON), method=method, client=clients[user])
+
+    run_operations("alice")  # the configuration switch answers alice 403 before it reads a body
+    messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=30)}),
+                        min_size=1, max_size=3)
+    optional = {"max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "stream": st.just(False)}
+    chat = st.fixed_dictionaries({"model": st.just("scope-a"), "messages": messages}, optional=optional)
+    completion = st.fixed_dictionaries(
+        {"model": st.just("scope-a"), "prompt": st.one_of(st.text(max_size=30), st.lists(st.text(max_size=30), max_size=2))},
+        optional=optional,
     )
-    run(st.tuples(st.just("/v1/chat/completions"), poisoned_bodies(chat)), method="POST", openai_shape=True)
-    run(st.tuples(st.just("/v1/chat/completions"), HOSTILE_JSON), method="POST", openai_shape=True)
-    record_figures(scenario="hostile JSON properties", num_operations=len(operations) + 1,
-                   max_examples_per_operation_and_kind=NUM_EXAMPLES, responses_by_class=dict(sorted(counts.items())),
+    for path, valid in (("/v1/chat/completions", chat), ("/v1/completions", completion)):  # before any switch
+        run(st.tuples(st.just(path), poisoned_bodies(valid)), method="POST", client=openai, openai_shape=True)
+        run(st.tuples(st.just(path), HOSTILE_JSON), method="POST", client=openai, openai_shape=True)
+    run_operations("operator")
+    record_figures(scenario="hostile JSON properties", num_operations=len(operations) + 2, users=sorted(clients),
+                   max_examples_per_operation_kind_and_user=NUM_EXAMPLES, responses_by_class=dict(sorted(counts.items())),
                    num_failures=len(failures))
-    assert sum(counts.values()) >= (len(operations) + 1) * 2
+    assert sum(counts.values()) >= (2 * len(operations) + 2) * 2
     assert not failures, "\n".join(failures[:30])
