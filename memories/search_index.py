@@ -203,8 +203,13 @@ def documents_index(*, scope_id: int, texts: Sequence[IndexedText], appended: bo
         wrapped, key = _key_for_write(scope_id, reread=reread)
         docs, postings = _rows(key, texts)
         if connection.vendor != "postgresql":
-            _insert_portable(scope_id, docs, postings, not appended)
-            return
+            # the same guard as the PostgreSQL statement's: a key this process cached from a row that a rolled-back
+            # transaction created (or a reused scope id) would index the rows under a key nobody can search with
+            if SearchIndex.objects.filter(scope_id=scope_id, wrapped_key=wrapped).exists():
+                _insert_portable(scope_id, docs, postings, not appended)
+                return
+            _keys.pop(scope_id, None)
+            continue
         if _insert_postgresql(scope_id, wrapped, docs, postings, not appended):
             return
         _keys.pop(scope_id, None)

@@ -38,10 +38,16 @@ def _rows(sql: str, params: list) -> list[tuple]:
         return cursor.fetchall()
 
 
+def _seq_in(seqs: list[int]) -> tuple[str, list[int]]:
+    """``seq IN (...)`` and its parameters: raw SQL that PostgreSQL and SQLite both read."""
+    return f"seq IN ({', '.join(['%s'] * len(seqs))})", list(seqs)
+
+
 def _postings_of(seqs: list[int]) -> int:
     """Index rows (postings and documents) that name any of ``seqs``, counted by raw SQL."""
-    return (_rows("SELECT count(*) FROM memories_searchposting WHERE seq = ANY(%s)", [seqs])[0][0]
-            + _rows("SELECT count(*) FROM memories_searchdocument WHERE seq = ANY(%s)", [seqs])[0][0])
+    where, params = _seq_in(seqs)
+    return (_rows(f"SELECT count(*) FROM memories_searchposting WHERE {where}", params)[0][0]
+            + _rows(f"SELECT count(*) FROM memories_searchdocument WHERE {where}", params)[0][0])
 
 
 def test_it_finds_a_memory_as_soon_as_its_append_commits(scope_a, append):
@@ -149,8 +155,8 @@ def test_another_scopes_memories_never_leak_into_a_search(alice, charlie, scope_
 def test_a_term_has_another_digest_in_another_scope_and_no_plaintext_is_stored(scope_a, scope_c, append):
     a = append(scope_a, "lantern")
     c = append(scope_c, "lantern")
-    digests = {seq: term for seq, term in _rows("SELECT seq, term FROM memories_searchposting WHERE seq = ANY(%s)",
-                                                [[a.seq, c.seq]])}
+    where, params = _seq_in([a.seq, c.seq])
+    digests = {seq: term for seq, term in _rows(f"SELECT seq, term FROM memories_searchposting WHERE {where}", params)}
     assert digests[a.seq] != digests[c.seq]  # one scope's postings cannot be matched against another's
     assert digests[a.seq] == search_index.term_digest(search_index.index_key_for_read(scope=scope_a), "lantern")
     dump = repr(_rows("SELECT * FROM memories_searchposting", [])) + repr(_rows("SELECT * FROM memories_searchdocument", []))
@@ -169,6 +175,7 @@ def test_a_ranking_is_one_query_once_the_process_holds_its_terms(scope_a, append
     assert len(ranked) == 10 and ranked[0].seq == okapi.seq
 
 
+@pytest.mark.postgres  # one statement is PostgreSQL's path; SQLite's portable one checks the key and writes by table
 def test_an_append_adds_one_statement_for_the_index(scope_a, append, django_assert_num_queries):
     append(scope_a, "warms this process's scope and index keys")
     # BEGIN, the counter, the memory and its key (one statement), the index (one statement), COMMIT
@@ -208,3 +215,15 @@ def test_the_backfill_command_reports_what_it_indexed(scope_a, append):
     call_command("search_index_backfill", "--scope", "scope-a", stdout=out)
     assert out.getvalue().strip() == "indexed 1 memory"
     assert [r.seq for r in memory_search(scope=scope_a, query="okapi", k=1)] == [memory.seq]
+
+
+def test_it_indexes_under_the_stored_key_after_the_transaction_that_created_a_key_rolled_back(scope_a, append):
+    # the first append of a scope creates its index key; rolled back, this process still held the key it made
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        append(scope_a, "The umbrella is in the car.")
+        raise RuntimeError("the caller's transaction fails after the append")
+    assert not SearchIndex.objects.filter(scope_id=scope_a.pk).exists()
+    memory = append(scope_a, "The umbrella is in the garage.")
+    assert [hit.seq for hit in memory_search(scope=scope_a, query="umbrella garage", k=5)] == [memory.seq]
