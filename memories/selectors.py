@@ -228,6 +228,55 @@ def memory_open(*, memory: Memory) -> OpenedMemory:
     return memories_open([memory])[0]
 
 
+FILTER_OPEN_BATCH = 1000  # rows opened at a time while a metadata filter scans a scope
+
+
+def time_range_validate(*, since: dt.datetime | None, until: dt.datetime | None) -> None:
+    """Raise naming `until` unless it is later than `since` (either may be None)."""
+    if since is not None and until is not None and until <= since:
+        raise MnesioError(
+            f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
+            extra={"field": "until"},
+        )
+
+
+def scope_memories_filtered(
+    *,
+    scope: Scope,
+    as_of: int | None = None,
+    subject: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    metadata: dict | None = None,
+) -> QuerySet[Memory] | list[Memory]:
+    """The scope's memory rows with seq <= ``as_of`` that pass the filters, in log order: what a listing pages.
+
+    ``subject`` (external id), ``since <= created_at < until`` and ``as_of`` are SQL (a queryset comes back, so a
+    page reads only its rows); an erased memory passes them and lists as erased, as in the unfiltered list.
+    ``metadata`` (exact match on each given top-level key, as in memories_search) is sealed with each memory, so
+    it opens the rows the other filters keep, FILTER_OPEN_BATCH at a time, and returns the matching rows as a
+    list; an erased memory has no metadata and never matches. Raises naming the field.
+    """
+    time_range_validate(since=since, until=until)
+    rows = scope_memories(scope=scope, as_of=as_of)
+    if subject is not None:
+        rows = rows.filter(subject__external_id__in=subject_id_variants(subject))
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    if until is not None:
+        rows = rows.filter(created_at__lt=until)
+    if not metadata:
+        return rows
+    kept: list[Memory] = []
+    after = 0
+    while batch := list(rows.filter(seq__gt=after)[:FILTER_OPEN_BATCH]):
+        for row, memory in zip(batch, memories_open(batch), strict=True):
+            if not memory.erased and metadata_matches(memory.metadata or {}, metadata):
+                kept.append(row)
+        after = batch[-1].seq
+    return kept
+
+
 def scope_memories_open(*, scope: Scope, as_of: int | None = None) -> list[OpenedMemory]:
     """Return the scope's memories with seq <= ``as_of`` (all when None), opened, ordered by seq."""
     return memories_open(scope_memories(scope=scope, as_of=as_of))
@@ -619,11 +668,7 @@ def memories_search(
 
     query = _search_query_validate(query)
     top_k = _top_k_validate(top_k, field="top_k")
-    if since is not None and until is not None and until <= since:
-        raise MnesioError(
-            f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
-            extra={"field": "until"},
-        )
+    time_range_validate(since=since, until=until)
     if as_of is not None:
         as_of = as_of_validate(as_of, scope=scope)
     key = search_index.index_key_for_read(scope=scope)
