@@ -2,13 +2,15 @@
 
 The gate's retrieval baseline and kveval's ``bm25`` mode used to carry two hand-written BM25s that ranked
 differently; both now call this module. Scoring is bm25s's default (Lucene's BM25: idf = ln(1 + (N - df + 0.5)
-/ (df + 0.5)), k1 = 1.5, b = 0.75) over lower-cased ``\\w+`` tokens; a query term counts once per occurrence.
+/ (df + 0.5)), k1 = 1.5, b = 0.75) over lower-cased ``\\w+`` tokens, Porter-stemmed for the product's search
+index (``stem=True``, which memories.search_index scores alike); a query term counts once per occurrence.
 
 Ties: documents with equal scores rank in log order (the earlier first), and the top k are returned in log
 order, so a prompt built from them reads the memories in the order they were written, like the cartridge.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -19,9 +21,26 @@ BM25_K1 = 1.5  # term frequency saturates after a few repeats
 BM25_B = 0.75  # half-way between no and full length normalization
 
 
-def bm25_tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens (letters, digits, underscore)."""
-    return _WORD.findall(text.lower())
+@functools.cache
+def _porter():
+    # imported here: nltk imports scipy, which the gate and kveval's BM25 (unstemmed) never need
+    try:
+        from nltk.stem import PorterStemmer
+    except ImportError as exc:  # pragma: no cover - it is in requirements.txt
+        raise ImportError("stemmed BM25 needs NLTK's PorterStemmer; install it with `pip install nltk`") from exc
+    return PorterStemmer()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _stem(token: str) -> str:
+    return _porter().stem(token)  # ~10 us a word: cached, a scope's vocabulary is a few thousand words
+
+
+def bm25_tokenize(text: str, *, stem: bool = False) -> list[str]:
+    """Lower-cased word tokens (letters, digits, underscore); ``stem``: each reduced by Porter's stemmer (NLTK's
+    default), so "cats" and "cat" are one term. The product's search index stems; the gate and kveval do not."""
+    tokens = _WORD.findall(text.lower())
+    return [_stem(token) for token in tokens] if stem else tokens
 
 
 def top_k_indices(scores: Sequence[float], k: int) -> list[int]:
@@ -35,7 +54,7 @@ def top_k_indices(scores: Sequence[float], k: int) -> list[int]:
 class Bm25:
     """A BM25 index over a fixed list of documents (index once, query many times)."""
 
-    def __init__(self, documents: Sequence[str], *, k1: float = BM25_K1, b: float = BM25_B):
+    def __init__(self, documents: Sequence[str], *, k1: float = BM25_K1, b: float = BM25_B, stem: bool = False):
         if not documents:
             raise ValueError("`documents` has to hold at least one document but got none")
         # imported here: bm25s imports scipy (when installed), which a Django process needs only when the gate has cases
@@ -47,7 +66,8 @@ class Bm25:
         self.num_documents = len(documents)
         self.k1 = k1
         self.b = b
-        corpus = [bm25_tokenize(document) for document in documents]
+        self.stem = stem  # the tokens of bm25_tokenize(stem=): the product's index stems (memories.search_index)
+        corpus = [bm25_tokenize(document, stem=stem) for document in documents]
         self._index = None  # no document has a word (bm25s cannot index an empty vocabulary): nothing matches
         if any(corpus):
             self._index = bm25s.BM25(k1=k1, b=b)
@@ -55,7 +75,7 @@ class Bm25:
 
     def scores(self, query: str) -> list[float]:
         """BM25 score of every document for ``query``, in document order (0 for a query of no known words)."""
-        tokens = bm25_tokenize(query)
+        tokens = bm25_tokenize(query, stem=self.stem)
         if not tokens or self._index is None:  # bm25s wants at least one token and one indexed word
             return [0.0] * self.num_documents
         return [float(score) for score in self._index.get_scores(tokens)]
