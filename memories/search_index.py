@@ -28,7 +28,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection, models, transaction
@@ -332,6 +332,10 @@ class RankedPage:
 
     head: int
     ranked: list[Ranked]
+    # what a hybrid search re-ranks (rank(candidates=N)): the newest N indexed memories the filters keep, in log
+    # order, and the index generation they are of (an erasure or rebuild moves it)
+    candidates: list[int] = field(default_factory=list)
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -511,12 +515,12 @@ def _kept(held: _ScopeCache, upto: int, scope: Scope, *, subject_ids_of, since, 
 
 
 def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids_of: Sequence[str] | None = None,
-         since=None, until=None, as_of: int | None = None) -> RankedPage:
+         since=None, until=None, as_of: int | None = None, candidates: int = 0) -> RankedPage:
     """The ``limit`` best memories of ``scope`` for ``query`` by BM25, best first (equal scores: the earlier first).
 
     Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
     ``seq <= as_of``. One statement (_read), a second after an erasure or backfill, and one for the subject rows
-    of a subject filter.
+    of a subject filter. ``candidates``: also name the newest that many memories the filters keep, matching or not.
     """
     import numpy as np
 
@@ -533,8 +537,8 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
             if weights.tokenizer is None or weights.tokenizer == tokenizer:
                 break
             tokenizer = _read_tokenizers[cache_key] = weights.tokenizer
-        if not weights.weight:
-            return RankedPage(head=weights.head, ranked=[])
+        if not weights.weight and not candidates:
+            return RankedPage(head=weights.head, ranked=[], generation=weights.generation)
         upto = len(held.seqs) if as_of is None else int(np.searchsorted(held.seqs, as_of, side="right"))
         seqs = held.seqs[:upto]
         scores = np.zeros(upto, dtype=np.float64)
@@ -544,6 +548,9 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
             docs, tfs = postings.docs[keep], postings.tfs[keep]
             scores += np.bincount(docs, weight * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[docs]), upto)
         kept = _kept(held, upto, scope, subject_ids_of=subject_ids_of, since=since, until=until)
+    named: list[int] = []
+    if candidates:
+        named = [int(seq) for seq in (seqs if kept is None else seqs[kept])[-candidates:]]
     if kept is not None:
         scores[~kept] = 0.0
     matching = np.flatnonzero(scores > 0)
@@ -551,4 +558,5 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
         kth = np.partition(scores[matching], len(matching) - limit)[len(matching) - limit]
         matching = matching[scores[matching] >= kth]
     best = matching[np.lexsort((matching, -scores[matching]))][:limit]  # seq order = index order
-    return RankedPage(head=weights.head, ranked=[Ranked(int(seqs[i]), float(scores[i])) for i in best])
+    return RankedPage(head=weights.head, ranked=[Ranked(int(seqs[i]), float(scores[i])) for i in best],
+                      candidates=named, generation=weights.generation)

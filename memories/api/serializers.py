@@ -200,12 +200,15 @@ class SearchHitSerializer(serializers.Serializer):
     content = serializers.CharField()
     created_at = serializers.DateTimeField()
     metadata = serializers.DictField(child=serializers.JSONField())
-    score = serializers.FloatField(help_text="The BM25 score (higher is a better match; only matches, > 0).")
+    score = serializers.FloatField(help_text="The BM25 score (higher is a better match; only matches, > 0), or under "
+                                   "the `hybrid` retriever the fused reciprocal-rank score.")
 
 
 class SearchResultSerializer(serializers.Serializer):
     scope = serializers.CharField()
     as_of = serializers.IntegerField(help_text="The head searched: pass it back as `as_of` to repeat the search.")
+    retriever = serializers.CharField(help_text="What ranked the results: `bm25`, or `hybrid` (BM25 fused with "
+                                      "all-MiniLM-L6-v2 similarity; MNESIO_SEARCH_RETRIEVER).")
     results = SearchHitSerializer(many=True, help_text="Best match first.")
 
 

@@ -250,10 +250,11 @@ class MemorySearchView(APIView):
     @extend_schema(
         request=MemorySearchSerializer,
         responses={200: SearchResultSerializer, 400: ERROR, 404: ERROR},
-        summary="Search a scope's memories by BM25, best match first (erased and forgotten memories never appear)",
+        summary="Search a scope's memories by BM25 (or BM25 fused with dense similarity: MNESIO_SEARCH_RETRIEVER=hybrid), "
+        "best match first (erased and forgotten memories never appear)",
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         result = memories_search(scope=scope_row, **validated(MemorySearchSerializer, request))
-        body = {"scope": scope_row.name, "as_of": result.as_of, "results": result.hits}
+        body = {"scope": scope_row.name, "as_of": result.as_of, "retriever": result.retriever, "results": result.hits}
         return Response(SearchResultSerializer(body).data)
