@@ -141,7 +141,6 @@ class MemoryListQuerySerializer(StrictSerializer):
     as_of = IntegerParam(required=False, help_text="Read as of this log head (default: the current head).")
     limit = IntegerParam(required=False, help_text="Memories per page (at most 1000).")
     offset = IntegerParam(required=False, help_text="Memories to skip.")
-    format = serializers.ChoiceField(["json", "api"], required=False, help_text="The response format.")
     subject = serializers.CharField(
         required=False, max_length=MAX_SUBJECT_CHARS, trim_whitespace=False,
         help_text="Only memories about this subject (external id).",
@@ -154,6 +153,10 @@ class MemoryListQuerySerializer(StrictSerializer):
         f'value (at most {MAX_SEARCH_METADATA_KEYS} keys), e.g. `{{"kind": "note"}}`. Metadata is sealed: this '
         "filter opens the memories the other filters keep.",
     )
+
+    def to_internal_value(self, data):
+        # DRF reads `format` itself (?format=api: the browsable page): neither a filter nor documented here
+        return super().to_internal_value({key: data[key] for key in data if key != "format"})
 
     def validate_metadata(self, value: object) -> dict:
         if not isinstance(value, dict):

@@ -39,6 +39,7 @@ def test_it_lists_a_subjects_memories_in_log_order(alice, notes, api_client_for)
     assert [m["seq"] for m in body["results"]] == [notes[0].seq, notes[2].seq, notes[4].seq]
     assert body["count"] == 3 and body["as_of"] == notes[-1].seq
     assert _list(api_client_for(alice), subject="nobody").json()["results"] == []
+    assert _list(api_client_for(alice), subject="dana", format="json").json()["count"] == 3  # DRF's own parameter
 
 
 def test_it_lists_by_metadata_key_and_value_without_a_query(alice, notes, api_client_for):
