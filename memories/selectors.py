@@ -660,11 +660,12 @@ def _rank(*, scope: Scope, key: bytes | None, query: str, limit: int, retriever:
     return search_index.RankedPage(head=page.head, ranked=[search_index.Ranked(seq, fused[seq]) for seq in best])
 
 
-def memory_search(*, scope: Scope, query: str, k: int, retriever: str | None = None) -> list[RankedMemory]:
+def memory_search(*, scope: Scope, query: str, k: int, retriever: str = "bm25") -> list[RankedMemory]:
     """The seqs of the ``k`` memories of ``scope`` that best match ``query``, best first (equal scores: the earlier
-    first); ``sorted(r.seq for r in ...)`` is their log order. By BM25 (search_retriever): opens nothing, one query
-    once this process holds the terms' postings up to the scope's head, one more to read what it lacks; `hybrid`
-    also opens and embeds the candidates this process has not embedded yet.
+    first); ``sorted(r.seq for r in ...)`` is their log order. By BM25 unless ``retriever="hybrid"`` (routed answers
+    take BM25's top k; the search API follows MNESIO_SEARCH_RETRIEVER): opens nothing, one query once this process
+    holds the terms' postings up to the scope's head, one more to read what it lacks; `hybrid` also opens and
+    embeds the candidates this process has not embedded yet (search_retriever: never in a model-free web process).
 
     Erased memories are not in the index once their erasure's shred step has committed; a caller that opens
     the rows still checks each for ``erased`` (a forget in flight between its shred and that commit).

@@ -56,14 +56,14 @@ def pets(scope_a, append):
 
 def test_it_finds_by_meaning_what_bm25_alone_misses(hybrid, scope_a, pets):
     assert [r.seq for r in memory_search(scope=scope_a, query="feline", k=5, retriever="bm25")] == []
-    ranked = memory_search(scope=scope_a, query="feline", k=2)
+    ranked = memory_search(scope=scope_a, query="feline", k=2, retriever="hybrid")
     assert ranked[0].seq == pets[0].seq
     # the fused score: dense rank 1, no BM25 rank
     assert ranked[0].score == pytest.approx(rrf_scores([[], [pets[0].seq]])[pets[0].seq])
 
 
 def test_it_fuses_the_bm25_and_dense_rankings_by_reciprocal_rank(hybrid, scope_a, pets):
-    got = memory_search(scope=scope_a, query="the puppy pet", k=4)
+    got = memory_search(scope=scope_a, query="the puppy pet", k=4, retriever="hybrid")
     bm25 = [r.seq for r in memory_search(scope=scope_a, query="the puppy pet", k=100, retriever="bm25")]
     similarity = hybrid.encode(PETS) @ hybrid.encode(["the puppy pet"])[0]
     dense = [pets[i].seq for i in np.lexsort((np.arange(4), -similarity))]
@@ -83,18 +83,18 @@ def test_the_filters_and_as_of_choose_the_dense_candidates_too(hybrid, scope_a, 
 def test_a_forgotten_memory_is_never_a_hybrid_hit_and_its_embedding_is_dropped(alice, hybrid, scope_a, pets):
     from memories.services import memory_forget_file
 
-    assert memory_search(scope=scope_a, query="feline", k=1)[0].seq == pets[0].seq
+    assert memory_search(scope=scope_a, query="feline", k=1, retriever="hybrid")[0].seq == pets[0].seq
     held = search_dense._held[(scope_a.pk, scope_a.created_at)]
     assert pets[0].seq in held.vectors
     memory_forget_file(scope=scope_a, seq=pets[0].seq, requested_by=alice)
-    assert pets[0].seq not in [r.seq for r in memory_search(scope=scope_a, query="feline", k=10)]
+    assert pets[0].seq not in [r.seq for r in memories_search(scope=scope_a, query="feline").hits]
     assert pets[0].seq not in search_dense._held[(scope_a.pk, scope_a.created_at)].vectors
     assert not any("Luna" in text for text in hybrid.texts[len(pets):])  # the forgotten text was not embedded again
 
 
 def test_another_scopes_memories_are_never_hybrid_candidates(hybrid, scope_a, scope_c, pets, append):
     mine = append(scope_c, "My kitten is asleep.")
-    assert [r.seq for r in memory_search(scope=scope_c, query="feline", k=10)] == [mine.seq]
+    assert [h.seq for h in memories_search(scope=scope_c, query="feline").hits] == [mine.seq]
 
 
 def test_a_model_free_web_process_searches_by_bm25_without_loading_the_encoder(settings, monkeypatch, scope_a, pets,
@@ -116,6 +116,12 @@ def test_an_unknown_retriever_is_refused_naming_it(scope_a, pets):
 
     with pytest.raises(MnesioError, match="`retriever` has to be one of"):
         memory_search(scope=scope_a, query="pet", k=5, retriever="dense")
+
+
+def test_memory_search_ranks_by_bm25_unless_asked_whatever_the_setting(hybrid, scope_a, pets):
+    # routed answers take BM25's top k (cartridges.services.routed_answer)
+    assert memory_search(scope=scope_a, query="feline", k=5) == []
+    assert memories_search(scope=scope_a, query="feline").retriever == "hybrid"
 
 
 @pytest.mark.model
