@@ -7,6 +7,9 @@ index (``stem=True``, which memories.search_index scores alike); a query term co
 
 Ties: documents with equal scores rank in log order (the earlier first), and the top k are returned in log
 order, so a prompt built from them reads the memories in the order they were written, like the cartridge.
+
+Also here, one of each for kveval's hybrid and the product's (memories.selectors): reciprocal rank fusion
+(``rrf_fuse``, ``rrf_scores``) and the all-MiniLM-L6-v2 encoder (``DenseEncoder``).
 """
 from __future__ import annotations
 
