@@ -81,3 +81,13 @@ def test_the_streamed_answer_reads_them_too(scope_a, fake_engine, append):
     result = items[-1]
     assert "".join(items[:-1]).strip() == CAR == result.answer
     assert result.version_id == version.pk and result.num_memories_after_version == 1
+
+
+def test_a_question_answered_by_a_worker_carries_the_count_through_its_sealed_answer(scope_a, fake_engine, append):
+    from cartridges.services import answer_request_answer, answer_request_collect, answer_request_file
+
+    _served(scope_a, [KEY, TEA])
+    append(scope_a, CAR)
+    request = answer_request_answer(answer_request=answer_request_file(scope=scope_a, question="Where is the car parked?"))
+    result = answer_request_collect(answer_request=request)
+    assert result.answer == CAR and result.num_memories_after_version == 1
