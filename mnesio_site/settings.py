@@ -399,6 +399,9 @@ MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = envint("MNESIO_GATE_FIDELITY_MAX_NEW_TOKEN
 MNESIO_ANSWER_MAX_NEW_TOKENS = envint("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, minimum=1)
 # How long an AnswerRequest waits to be collected before it expires and is swept (one hour).
 MNESIO_ANSWER_REQUEST_TTL_S = envint("MNESIO_ANSWER_REQUEST_TTL_S", 3600, minimum=1)
+# Most memories appended after the serving version that an ask compiles on top of it in memory (a fresh answer); past
+# it the version answers alone and says so. Each ask pays that incremental compile until the refresh catches up.
+MNESIO_FRESH_MAX_MEMORIES = envint("MNESIO_FRESH_MAX_MEMORIES", 32, minimum=0)
 # Age after which an unclaimed blob is certainly dead; None: CELERY_TASK_TIME_LIMIT + 60 (cartridges.conf), since
 # a compile cannot outlive the task's hard limit.
 MNESIO_ORPHAN_BLOB_GRACE_S = envint("MNESIO_ORPHAN_BLOB_GRACE_S", None, minimum=0)
