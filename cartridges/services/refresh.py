@@ -259,6 +259,17 @@ def refresh_timers_flush() -> list[int]:
     return sorted(pending)
 
 
+def refresh_timers_cancel() -> list[int]:
+    """Drop every waiting timer without refreshing (a test's scope must not be compiled in the next test's database;
+    a process that stops without refreshing). A timer already firing runs on: refresh_timers_join waits for it."""
+    with _timers_lock:
+        pending = dict(_timers)
+        _timers.clear()
+    for timer in pending.values():
+        timer.cancel()
+    return sorted(pending)
+
+
 def refresh_timers_join(timeout_s: float = 60.0) -> bool:
     """Wait for the pending in-process refresh timers (and their refreshes) to finish; False on timeout."""
     import time

@@ -150,7 +150,7 @@ class MemoryListQuerySerializer(StrictSerializer):
     metadata = JsonParamField(
         required=False,
         help_text=f"A JSON object: only memories whose metadata has each of its top-level keys with exactly that JSON "
-        f'value (at most {MAX_SEARCH_METADATA_KEYS} keys), e.g. `{{"kind": "note"}}`. Metadata is sealed: this '
+        f'value (at most {MAX_SEARCH_METADATA_KEYS} keys), e.g. `{{"topic": "travel"}}`. Metadata is sealed: this '
         "filter opens the memories the other filters keep.",
     )
 

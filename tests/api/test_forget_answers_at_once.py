@@ -35,3 +35,27 @@ def test_the_202_comes_before_the_rebuild_finishes(alice, scope_a, served, api_c
     assert erasure_request_status(erasure_request=request) == ErasureStatus.VIEWS_REBUILT
     rebuilt = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", {"question": "What is the vault code?"}, format="json")
     assert rebuilt.status_code == 200 and rebuilt.json()["version_id"] != version.pk and "4417" not in rebuilt.json()["answer"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_mcp_forget_tool_answers_before_the_rebuild_finishes(alice, scope_a, served, monkeypatch):
+    from cartridges.mcp_server import tools
+
+    served(scope_a, ["The spare key is under the blue flowerpot.", "The vault code is 4417."])
+    started, release = threading.Event(), threading.Event()
+
+    def held_rebuilder(erasure_request) -> None:
+        started.set()
+        release.wait(10)
+
+    monkeypatch.setattr(registry, "_rebuilders", [held_rebuilder, *registry.view_rebuilders()])
+    try:
+        result = tools.forget(user=alice, scope="scope-a", seq=2)
+        assert result["forgotten"] is True and not release.is_set() and started.wait(10)
+        request = ErasureRequest.objects.get(pk=result["erasure_request"])
+        assert erasure_request_status(erasure_request=request) == ErasureStatus.KEYS_SHREDDED
+        assert scope_memories_open(scope=scope_a)[1].erased
+    finally:
+        release.set()
+        assert background_jobs_join(30)
+    assert erasure_request_status(erasure_request=request) == ErasureStatus.VIEWS_REBUILT
