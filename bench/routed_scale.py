@@ -79,7 +79,8 @@ def _rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
 
-def run(*, num_tokens: int, num_facts: int, batch: int, num_fresh: int, seed: int) -> dict:
+def run(*, num_tokens: int, num_facts: int, batch: int, num_fresh: int, seed: int, resume: str | None = None,
+        fill_log: Path | None = None) -> dict:
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import connection
@@ -88,12 +89,12 @@ def run(*, num_tokens: int, num_facts: int, batch: int, num_fresh: int, seed: in
     from rest_framework.test import APIClient
 
     from cartridges import conf, engine
-    from cartridges.models import RoutedChunk
+    from cartridges.models import EvaluationCase, RoutedChunk
     from cartridges.selectors import active_configuration
     from cartridges.services import evaluation_case_add
     from cartridges.services.routed_gate import routed_gate
     from cartridges.services.scope_settings import scope_settings_update
-    from memories.models import Memory
+    from memories.models import Memory, Scope
     from memories.services import memories_append_batch, scope_create, scope_grant
 
     rng = random.Random(seed)
@@ -104,28 +105,44 @@ def run(*, num_tokens: int, num_facts: int, batch: int, num_fresh: int, seed: in
                      "repair": conf.routed_repair(), "chunk_quant": conf.routed_chunk_quant(),
                      "top_k": conf.routed_top_k(), "token_budget": conf.routed_token_budget(),
                      "window": backend.describe().max_context_tokens, "rss_mb_after_model_load": _rss_mb()}
-    scope = scope_create(name=f"routed-scale-{uuid.uuid4().hex[:8]}")
     user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}", is_superuser=True)
+    if resume:  # a scope an earlier run filled (--resume): the same seed replays its text to find the facts
+        scope = Scope.objects.get(name=resume)
+    else:
+        scope = scope_create(name=f"routed-scale-{uuid.uuid4().hex[:8]}")
+        scope_settings_update(scope=scope, layout="routed")
     scope_grant(scope=scope, user=user)
-    scope_settings_update(scope=scope, layout="routed")
     config_key = engine.kv_config(config).key
+    figures["scope"] = scope.name
 
     facts = [turns.fact(i) for i in range(num_facts)]
     every = max(1, num_tokens // (55 * batch) // num_facts)  # ~55 tokens a turn: the facts spread over the fill
     planted: dict[int, int] = {}  # fact index -> its memory's seq
     stored, batches = 0, []
-    while stored < num_tokens:
+    seqs = list(Memory.objects.filter(scope=scope).order_by("seq").values_list("seq", flat=True)) if resume else []
+    while (len(batches) * batch < len(seqs)) if resume else (stored < num_tokens):
         items = [{"content": turns.turn()} for _ in range(batch)]
         fact = len(planted) if len(batches) % every == 0 and len(planted) < num_facts else None
         if fact is not None:
             items[batch // 2] = {"content": facts[fact][0]}
+        if resume:
+            if fact is not None:
+                planted[fact] = seqs[len(batches) * batch + batch // 2]
+            batches.append(0.0)
+            continue
         t0 = time.perf_counter()
         outcomes = memories_append_batch(scope=scope, items=items)  # its commit compiles the new chunks
         batches.append(time.perf_counter() - t0)
         if fact is not None:
             planted[fact] = outcomes[batch // 2].memory.seq
         stored = RoutedChunk.objects.filter(scope=scope, config_key=config_key).aggregate(n=Sum("num_tokens"))["n"] or 0
-        print(f"fill: {len(batches) * batch} memories, {stored} tokens, {sum(batches):.0f} s", file=sys.stderr, flush=True)
+        print(f"fill: {len(batches) * batch} memories, {stored} tokens, {sum(batches):.1f} s", file=sys.stderr, flush=True)
+    if resume:
+        stored = RoutedChunk.objects.filter(scope=scope, config_key=config_key).aggregate(n=Sum("num_tokens"))["n"]
+        if fill_log is not None:  # the filling run's cumulative progress lines: its batches' times
+            marks = [float(line.rsplit(",", 1)[1].strip().removesuffix(" s")) for line in fill_log.read_text().splitlines()
+                     if line.startswith("fill: ")]
+            batches = [b - a for a, b in zip([0.0, *marks], marks, strict=False)]
     num_facts = len(planted)
     fill_s = sum(batches)
     num_memories = Memory.objects.filter(scope=scope).count()
@@ -148,8 +165,9 @@ def run(*, num_tokens: int, num_facts: int, batch: int, num_fresh: int, seed: in
         "note": "one row per (memory, configuration); versions hold no chunk copies",
     }
 
-    for i in range(num_facts):
-        evaluation_case_add(scope=scope, question=facts[i][1], answers=[facts[i][2]])
+    if not EvaluationCase.objects.filter(scope=scope).exists():  # a resumed run's cases were added by the first
+        for i in range(num_facts):
+            evaluation_case_add(scope=scope, question=facts[i][1], answers=[facts[i][2]])
     t0 = time.perf_counter()
     gate = routed_gate(scope=scope, config=config)
     figures["gate"] = {"seconds": round(time.perf_counter() - t0, 1), "passed": gate.passed, "reasons": gate.reasons,
@@ -222,6 +240,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/routed_scale.json")
     parser.add_argument("--no-migrate", action="store_true")
+    parser.add_argument("--resume", metavar="SCOPE", help="measure a scope an earlier run filled (same --seed, --batch, "
+                        "--tokens, --facts) instead of filling one")
+    parser.add_argument("--fill-log", type=Path, help="with --resume: that run's stderr, whose progress lines time its fill")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
@@ -237,7 +258,8 @@ def main() -> None:
     if not args.no_migrate:
         call_command("migrate", interactive=False, verbosity=0)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    figures = run(num_tokens=args.tokens, num_facts=args.facts, batch=args.batch, num_fresh=args.fresh, seed=args.seed)
+    figures = run(num_tokens=args.tokens, num_facts=args.facts, batch=args.batch, num_fresh=args.fresh, seed=args.seed,
+                  resume=args.resume, fill_log=args.fill_log)
     figures["started_at"] = started
     figures["command"] = " ".join(["bench/routed_scale.py", *sys.argv[1:]])
     figures["threads"] = int(os.environ.get("OMP_NUM_THREADS", "0")) or None
