@@ -421,6 +421,13 @@ DEFAULT_AUTO_REFRESH = AutoRefresh.ON_APPEND
 DEFAULT_DEBOUNCE_S = 2
 
 
+def default_auto_refresh() -> str:
+    """A new scope's refresh: MNESIO_DEFAULT_AUTO_REFRESH (DEFAULT_AUTO_REFRESH unless the deployment says manual)."""
+    from django.conf import settings
+
+    return getattr(settings, "MNESIO_DEFAULT_AUTO_REFRESH", DEFAULT_AUTO_REFRESH)
+
+
 # Bounds of the scope settings, checked by the service (a 400 naming the field) and by the database.
 MAX_DEBOUNCE_S = 86_400  # a day: a longer wait is "manual" in practice
 MAX_KEEP_PREVIOUS_VERSIONS = 1_000
@@ -440,7 +447,7 @@ class ScopeSettings(LifecycleRecord):
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="settings_changes")
-    auto_refresh = models.CharField(max_length=16, choices=AutoRefresh.choices, default=DEFAULT_AUTO_REFRESH)
+    auto_refresh = models.CharField(max_length=16, choices=AutoRefresh.choices, default=default_auto_refresh)
     # the wait after an append before an `on_append` refresh (appends within it share one compile)
     auto_refresh_debounce_s = models.PositiveIntegerField(default=DEFAULT_DEBOUNCE_S)
     # how many versions before the active one to keep; null keeps every one

@@ -12,10 +12,14 @@ import os
 
 
 def _test_environment() -> dict[str, str]:
-    """What is set when absent: a master key for this session, a test SECRET_KEY, the fake engine allowed."""
+    """What is set when absent: a master key for this session, a test SECRET_KEY, the fake engine allowed, manual
+    refreshes."""
     values = {
         # The fake engine answers with whole memory texts: for tests only (settings refuse it otherwise).
         "MNESIO_ALLOW_FAKE_BACKEND": "true",
+        # New scopes refresh by hand in tests: a test about refreshing opts in (settings.MNESIO_DEFAULT_AUTO_REFRESH
+        # or the scope's settings); elsewhere a debounced refresh would compile in the middle of what a test counts.
+        "MNESIO_DEFAULT_AUTO_REFRESH": "manual",
     }
     if not os.environ.get("SECRET_KEY_FILE"):
         values["SECRET_KEY"] = "mnesio-test-only-" + base64.urlsafe_b64encode(os.urandom(30)).decode()

@@ -128,6 +128,14 @@ class CartridgeRollbackView(APIView):
 class AskView(APIView):
     renderer_classes = [renderers.JSONRenderer, renderers.BrowsableAPIRenderer, sse.EventStreamRenderer]
 
+    def get_renderers(self):
+        # the schema declares the stream by hand (extend_schema below): left to drf-spectacular, the event-stream
+        # renderer would add a `?format=` parameter and an event-stream body to every error status
+        found = super().get_renderers()
+        if getattr(self, "swagger_fake_view", False):
+            return [r for r in found if not isinstance(r, sse.EventStreamRenderer)]
+        return found
+
     @extend_schema(
         summary="Ask a scope a question (mode=cartridge by default; mode=text re-reads the memories); "
                 "stream=true answers text/event-stream, async=true answers 202 with a Location to collect",

@@ -1,5 +1,7 @@
 from django.db import migrations, models
 
+import cartridges.models
+
 # What a scope without a settings row got before this migration: scopes that exist keep it (a settings row saying
 # so, written here), new ones refresh on append after 2 s.
 MANUAL = {"auto_refresh": "manual", "auto_refresh_debounce_s": 60}
@@ -27,7 +29,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='scopesettings',
             name='auto_refresh',
-            field=models.CharField(choices=[('manual', 'Manual'), ('on_append', 'On Append')], default='on_append', max_length=16),
+            field=models.CharField(choices=[('manual', 'Manual'), ('on_append', 'On Append')], default=cartridges.models.default_auto_refresh, max_length=16),
         ),
         migrations.AlterField(
             model_name='scopesettings',

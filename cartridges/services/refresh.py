@@ -48,7 +48,7 @@ from memories.models import Scope
 
 from .. import conf
 from ..channels import redis_client
-from ..models import DEFAULT_AUTO_REFRESH, DEFAULT_DEBOUNCE_S, AutoRefresh, ScopeSettings
+from ..models import DEFAULT_DEBOUNCE_S, AutoRefresh, ScopeSettings, default_auto_refresh
 from ..selectors import active_configuration, active_version, scope_settings_get, version_latest_evaluation
 from .activate import cartridge_activate
 from .compile import cartridge_compile
@@ -85,11 +85,11 @@ class RefreshOutcome:
 def refresh_debounce_s(*, scope_id: int) -> int | None:
     """The debounce of scope ``scope_id`` when its settings say ``on_append``; None when it is refreshed by hand.
 
-    One query (it runs after every append): the scope's newest settings row, none meaning the defaults (on append).
+    One query (it runs after every append): the scope's newest settings row, none meaning the defaults (MNESIO_DEFAULT_AUTO_REFRESH).
     """
     row = ScopeSettings.objects.filter(scope_id=scope_id).order_by("-id").values("auto_refresh", "auto_refresh_debounce_s").first()
     if row is None:
-        row = {"auto_refresh": DEFAULT_AUTO_REFRESH, "auto_refresh_debounce_s": DEFAULT_DEBOUNCE_S}
+        row = {"auto_refresh": default_auto_refresh(), "auto_refresh_debounce_s": DEFAULT_DEBOUNCE_S}
     if row["auto_refresh"] != AutoRefresh.ON_APPEND:
         return None
     return int(row["auto_refresh_debounce_s"])

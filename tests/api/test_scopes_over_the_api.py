@@ -122,7 +122,8 @@ def test_the_scope_list_shows_only_the_callers_grants(alice, charlie, staff_with
 
 
 # --- settings ------------------------------------------------------------------------------------------
-def test_a_scopes_clients_read_its_settings_defaults_first(alice, api_client_for):
+def test_a_scopes_clients_read_its_settings_defaults_first(alice, api_client_for, settings):
+    settings.MNESIO_DEFAULT_AUTO_REFRESH = "on_append"  # the production default (tests/settings.py makes it manual)
     body = api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()
     assert body == {"scope": "scope-a", "auto_refresh": "on_append", "auto_refresh_debounce_s": 2,
                     "keep_previous_versions": 3, "layout": "auto", "updated_at": None, "updated_by": None}
@@ -148,7 +149,8 @@ def test_staff_with_the_permission_change_settings_and_clients_see_them(alice, b
                                                                           ("on_append", None)]
 
 
-def test_clients_and_view_only_staff_cannot_change_settings(alice, charlie, staff_with, api_client_for):
+def test_clients_and_view_only_staff_cannot_change_settings(alice, charlie, staff_with, api_client_for, settings):
+    settings.MNESIO_DEFAULT_AUTO_REFRESH = "on_append"  # the production default (tests/settings.py makes it manual)
     from cartridges.models import ScopeSettings
 
     change = {"auto_refresh": "manual"}

@@ -62,7 +62,8 @@ def test_in_process_debounce_zero_refreshes_right_after_the_append_in_a_thread(s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_new_scope_refreshes_on_append_and_a_manual_one_is_not_refreshed(scope_a, append, fake_engine, eager_tasks):
+def test_a_new_scope_refreshes_on_append_and_a_manual_one_is_not_refreshed(scope_a, append, fake_engine, eager_tasks, settings):
+    settings.MNESIO_DEFAULT_AUTO_REFRESH = "on_append"  # the production default (tests/settings.py makes it manual)
     append(scope_a, "Crate 0 holds apples.")
     assert refresh_timers_pending() == [scope_a.pk]  # the default: on append, after DEFAULT_DEBOUNCE_S
     assert refresh_timers_flush() == [scope_a.pk] and active_version(scope=scope_a).log_head == 1

@@ -16,7 +16,8 @@ def _migrate(targets):
     executor.migrate(targets)
 
 
-def test_existing_scopes_keep_manual_and_new_ones_refresh_on_append(scope_a):
+def test_existing_scopes_keep_manual_and_new_ones_refresh_on_append(scope_a, settings):
+    settings.MNESIO_DEFAULT_AUTO_REFRESH = "on_append"  # the production default (tests/settings.py makes it manual)
     from cartridges.selectors import scope_settings_get
     from cartridges.services import scope_settings_update
     from memories.services import scope_create
