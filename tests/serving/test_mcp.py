@@ -153,6 +153,30 @@ def test_it_serves_the_tools_over_stdio_for_a_tokens_owner(alice, charlie, scope
     assert error_code(intruding) == "not_found"  # alice's token never reaches charlie's scope
 
 
+def test_it_stops_serving_stdio_once_its_token_is_revoked(alice, scope_a, blob_root):
+    from django.db import connection
+    from knox.models import AuthToken
+
+    token, key = api_token_create(user=alice)
+
+    def revoke() -> None:  # in a worker thread (the ORM is sync), its connection closed after
+        try:
+            AuthToken.objects.filter(pk=token.pk).delete()
+        finally:
+            connection.close()
+
+    async def go():
+        async with over_stdio(key, blob_root) as client:
+            before = await client.call_tool("list_scopes", {})
+            await anyio.to_thread.run_sync(revoke)
+            after = await client.call_tool("recall", {"scope": "scope-a", "query": "anything"})
+            return before, after
+
+    before, after = anyio.run(go)
+    assert [s["name"] for s in before.structured_content["scopes"]] == ["scope-a"]
+    assert error_code(after) == "authentication_failed"  # checked per call, not once at start
+
+
 def test_it_refuses_to_start_stdio_with_a_bad_token(db):
     import subprocess
 
