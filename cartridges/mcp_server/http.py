@@ -6,6 +6,12 @@ the API's JSON error body. A session is bound to the token that opened it (the S
 The SDK's session manager needs a running task group; ASGI lifespan is off in some deployments (the test server)
 and Django's application does not speak it, so the manager is started on the first request and runs for the
 life of the process's event loop.
+
+The Host (and any Origin) header is checked first against Django's ``ALLOWED_HOSTS``, with Django's own rules
+(``validate_host``: ports ignored, ``.example.com`` for a domain and its subdomains, ``*`` for any), as every
+Django view checks it: a refused Host is a 400 ``invalid_input`` (field ``host``), as Django answers one. The
+SDK's own DNS-rebinding check is turned off in its favour: by default it allows only loopback hosts, which
+refused every request behind a real hostname, and its patterns cannot say "a domain and its subdomains".
 """
 from __future__ import annotations
 
@@ -13,12 +19,16 @@ import asyncio
 import json
 import weakref
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
+from django.conf import settings
 from django.db import close_old_connections
+from django.http.request import split_domain_port, validate_host
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.mcpserver import Context
+from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework.exceptions import AuthenticationFailed
 
 from core.errors import ERROR_CODES
@@ -51,12 +61,41 @@ def _user_from_request(ctx: Context) -> Any:
     return request.scope[USER_KEY]
 
 
-async def _refuse(send, code: str, message: str) -> None:
-    body = json.dumps({"code": code, "message": message, "extra": {"field": "authorization"}}).encode()
-    await send({"type": "http.response.start", "status": ERROR_CODES[code][0], "headers": [
-        (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="mnesio"'),
-        (b"content-length", str(len(body)).encode())]})
+async def _refuse(send, code: str, message: str, *, field: str = "authorization") -> None:
+    body = json.dumps({"code": code, "message": message, "extra": {"field": field}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if field == "authorization":
+        headers.append((b"www-authenticate", b'Bearer realm="mnesio"'))
+    await send({"type": "http.response.start", "status": ERROR_CODES[code][0], "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _allowed_hosts() -> list[str]:
+    # as HttpRequest.get_host: with DEBUG on and ALLOWED_HOSTS empty, the local names
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [".localhost", "127.0.0.1", "[::1]"]
+    return list(settings.ALLOWED_HOSTS)
+
+
+def _host_refusal(headers: dict[bytes, bytes]) -> tuple[str, str, str] | None:
+    """``(code, message, field)`` when the Host or Origin header names a host ALLOWED_HOSTS does not list."""
+    host = headers.get(b"host", b"").decode("latin-1")
+    domain, _ = split_domain_port(host)
+    if not domain or not validate_host(domain, _allowed_hosts()):
+        return "invalid_input", f"the `Host` header {host[:100]!r} is not in ALLOWED_HOSTS", "host"
+    origin = headers.get(b"origin")
+    if origin is None:
+        return None
+    origin = origin.decode("latin-1")
+    if origin in settings.CSRF_TRUSTED_ORIGINS:
+        return None
+    try:
+        origin_domain, _ = split_domain_port(urlsplit(origin).netloc)
+    except ValueError:
+        origin_domain = ""
+    if not origin_domain or not validate_host(origin_domain, _allowed_hosts()):
+        return "permission_denied", f"the `Origin` header {origin[:100]!r} is not in ALLOWED_HOSTS", "origin"
+    return None
 
 
 class McpHttpApp:
@@ -64,7 +103,9 @@ class McpHttpApp:
 
     def __init__(self) -> None:
         self.server = build_server(_user_from_request)
-        self.server.streamable_http_app()  # creates the session manager (its Starlette app is not used)
+        # creates the session manager (its Starlette app is not used); Host and Origin are checked in __call__
+        self.server.streamable_http_app(
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
         self._started: anyio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -84,6 +125,11 @@ class McpHttpApp:
 
     async def __call__(self, scope: dict, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
+        refusal = _host_refusal(headers)
+        if refusal is not None:
+            code, message, field = refusal
+            await _refuse(send, code, message, field=field)
+            return
         raw = headers.get(b"authorization", b"").decode("latin-1").split()
         if len(raw) != 2 or raw[0].lower() not in PREFIXES:
             await _refuse(send, "not_authenticated", "no credentials: send `Authorization: Bearer <token>`")

@@ -126,6 +126,31 @@ def test_it_refuses_a_bad_or_missing_token_over_http(alice, asgi_server):
     assert caught.group_contains(MCPError, match="error response")
 
 
+def test_it_serves_mcp_for_a_host_in_allowed_hosts_and_refuses_others(alice, scope_a, asgi_server, settings):
+    settings.ALLOWED_HOSTS = ["mnesio.example.com", ".corp.example"]
+    key = token_for(alice)
+    results = {}
+    for host in ("mnesio.example.com", "mnesio.example.com:8443", "mcp.corp.example"):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}", "Host": host}, timeout=60)
+        _, (results[host],) = run(Client(streamable_http_client(f"{asgi_server.url}/mcp", http_client=http)),
+                                  [("list_scopes", {})])
+    assert all(r.structured_content["scopes"][0]["name"] == "scope-a" for r in results.values())
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    sent = {"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"}
+    other_host = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers={**sent, "Host": "evil.example"})
+    assert other_host.status_code == 400 and other_host.json()["code"] == "invalid_input"
+    assert other_host.json()["extra"]["field"] == "host"
+    loopback = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers=sent)  # 127.0.0.1 is not listed now
+    assert loopback.status_code == 400
+    other_origin = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers={
+        **sent, "Host": "mnesio.example.com", "Origin": "https://evil.example"})
+    assert other_origin.status_code == 403 and other_origin.json()["extra"]["field"] == "origin"
+    same_origin = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers={
+        **sent, "Host": "mnesio.example.com", "Origin": "https://mnesio.example.com"})
+    assert same_origin.status_code == 200
+
+
 def test_it_returns_the_apis_error_codes_as_tool_errors(alice, scope_a, asgi_server):
     _, (blank, both, unknown_seq) = run(over_http(asgi_server.url, token_for(alice)), [
         ("remember", {"scope": "scope-a", "content": "   "}),
