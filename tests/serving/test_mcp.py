@@ -151,6 +151,34 @@ def test_it_serves_mcp_for_a_host_in_allowed_hosts_and_refuses_others(alice, sco
     assert same_origin.status_code == 200
 
 
+def test_it_caps_open_sessions_per_token_and_leaves_other_tokens_room(alice, bob, scope_a, asgi_server, settings):
+    from cartridges.mcp_server.http import McpHttpApp
+
+    settings.MNESIO_MCP_MAX_SESSIONS_PER_TOKEN = 2
+    alices, bobs = token_for(alice), token_for(bob)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {  # a handshake-era client's opening
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    def open_session(key: str):
+        return httpx2.post(f"{asgi_server.url}/mcp", json=initialize, timeout=60, headers={
+            "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"})
+
+    first, second, third = open_session(alices), open_session(alices), open_session(alices)
+    assert first.status_code == second.status_code == 200 and first.headers["mcp-session-id"]
+    assert third.status_code == 429 and third.json()["code"] == "too_many_sessions"
+    assert int(third.headers["retry-after"]) >= 1 and third.json()["extra"]["limit"] == 2
+    assert open_session(bobs).status_code == 200  # another token still opens a session
+    _, (scopes,) = run(over_http(asgi_server.url, alices), [("list_scopes", {})])  # sessionless requests still served
+    assert [s["name"] for s in scopes.structured_content["scopes"]] == ["scope-a"]
+    ended = httpx2.delete(f"{asgi_server.url}/mcp", headers={
+        "Authorization": f"Bearer {alices}", "Mcp-Session-Id": first.headers["mcp-session-id"],
+        "MCP-Protocol-Version": "2025-06-18"})
+    assert ended.status_code == 200 and open_session(alices).status_code == 200  # ending one made room
+    settings.MNESIO_MCP_MAX_SESSIONS, settings.MNESIO_MCP_SESSION_IDLE_S = 50, 120
+    manager = McpHttpApp().server.session_manager  # the SDK's process-wide bounds come from the settings too
+    assert (manager.max_sessions, manager.session_idle_timeout) == (50, 120)
+
+
 def test_it_returns_the_apis_error_codes_as_tool_errors(alice, scope_a, asgi_server):
     _, (blank, both, unknown_seq) = run(over_http(asgi_server.url, token_for(alice)), [
         ("remember", {"scope": "scope-a", "content": "   "}),
