@@ -1,13 +1,15 @@
-"""Freshness (issue 13, must-show 1): from an append to an active cartridge that answers from the new memory.
+"""Freshness: from an append to an answer that uses the new memory, and to an active cartridge that holds it.
 
 Through the real services, the real model (SmolLM2-135M, CPU f32):
 - ``--mode embedded``: the embedded default (SQLite, in-process tasks; the scope's auto-refresh timer thread);
 - ``--mode worker``: PostgreSQL + Redis (``DATABASE_URL``, ``REDIS_URL``) and a real Celery worker on the gpu queue.
 A scope of ~``--tokens`` tokens is compiled and activated through the FULL gate first (those times are reported
 beside the cycle), its settings are switched to auto-refresh on append (debounce ``--debounce-s``), then
-``--appends`` memories are appended one at a time, each holding a fact only it states. For each one: the time until
-an activation serves a version whose head includes it, then the question about it is answered from the active
-cartridge and the answer is checked for the fact.
+``--appends`` memories are appended one at a time, each holding a fact only it states. For each one: the question
+about it is asked right after the append (a fresh answer: the memories after the serving version are read on top of
+its blocks, services/answer.py) and the answer checked for the fact (``append_to_fresh_answer_s``); then the time
+until an activation serves a version whose head includes it, and the question answered from that active cartridge
+(``append_to_answer_s``).
 
     .venv/bin/python bench/freshness_bench.py --mode embedded --out bench/results/freshness-embedded.json
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench REDIS_URL=redis://127.0.0.1:6379/5 \\
@@ -86,7 +88,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["embedded", "worker"], default="embedded")
     parser.add_argument("--tokens", type=int, default=7400, help="scope size before the appends (ends near 8k)")
     parser.add_argument("--appends", type=int, default=20)
-    parser.add_argument("--debounce-s", type=int, default=0)
+    parser.add_argument("--debounce-s", type=int, default=2, help="the scope's debounce (2: a new scope's default)")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker-concurrency", type=int, default=2,
@@ -129,6 +131,9 @@ def main() -> None:
             project = f"Zeta-{i}-{rng.randint(100, 999)}"
             appended_at = time.perf_counter()
             memory = memory_append(scope=scope, content=f"The vault code of project {project} is {code}.")
+            fresh = cartridge_answer(scope=scope, question=f"What is the vault code of project {project}?")
+            fresh_at = time.perf_counter()
+            fresh_ok = str(code) in fresh.answer
             deadline = appended_at + args.timeout_s
             while True:
                 activation = CartridgeActivation.objects.filter(scope=scope).select_related("version").order_by("-created_at", "-id").first()
@@ -145,7 +150,9 @@ def main() -> None:
             figures = activation.evaluation.figures or {}
             gate = figures.get("gate", "?")
             gates.append(gate)
-            cycles.append({"append_to_active_s": round(active_at - appended_at, 3), "answer_s": round(answered_at - active_at, 3),
+            cycles.append({"append_to_fresh_answer_s": round(fresh_at - appended_at, 3), "fresh_answer_has_fact": fresh_ok,
+                           "fresh_num_memories_after_version": fresh.num_memories_after_version,
+                           "append_to_active_s": round(active_at - appended_at, 3), "answer_s": round(answered_at - active_at, 3),
                            "append_to_answer_s": round(answered_at - appended_at, 3), "answer_has_fact": ok, "gate": gate,
                            "gate_s": (figures.get("gate_cost") or {}).get("seconds"),
                            "full_gate_after": bool((figures.get("incremental") or {}).get("full_due")),
@@ -163,10 +170,13 @@ def main() -> None:
                   for e in CartridgeEvaluation.objects.filter(version__scope=scope, figures__stage="scheduled_full_gate").order_by("id")]
     active = [c["append_to_active_s"] for c in cycles]
     answered = [c["append_to_answer_s"] for c in cycles]
+    fresh_answered = [c["append_to_fresh_answer_s"] for c in cycles]
     report = {
         "mode": args.mode, "worker_concurrency": args.worker_concurrency if args.mode == "worker" else None,
         "threads": os.environ.get("OMP_NUM_THREADS"), "scope_tokens_before": version.num_tokens, "appends": args.appends, "debounce_s": args.debounce_s,
         "full_compile_s": round(full_compile_s, 2), "full_gate_s": round(full_gate_s, 2),
+        "append_to_fresh_answer_p50_s": _pct(fresh_answered, 0.5), "append_to_fresh_answer_p95_s": _pct(fresh_answered, 0.95),
+        "fresh_answers_with_the_new_fact": sum(c["fresh_answer_has_fact"] for c in cycles),
         "append_to_active_p50_s": _pct(active, 0.5), "append_to_active_p95_s": _pct(active, 0.95),
         "append_to_answer_p50_s": _pct(answered, 0.5), "append_to_answer_p95_s": _pct(answered, 0.95),
         "append_to_active_mean_s": round(statistics.mean(active), 3), "answers_with_the_new_fact": answers_ok,

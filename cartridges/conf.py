@@ -184,3 +184,9 @@ def routed_token_budget() -> int:
 def routed_chunk_cache_size() -> int:
     """How many opened chunks one process keeps (LRU); 0 disables the cache."""
     return _int("MNESIO_ROUTED_CHUNK_CACHE_SIZE", minimum=0, default=512)
+
+
+def fresh_max_memories() -> int:
+    """Most memories appended after the serving version that an ask compiles on top of it in memory (services/answer.py,
+    "Fresh answers"); past it the version answers alone and says how many it did not read. 0: never."""
+    return _int("MNESIO_FRESH_MAX_MEMORIES", minimum=0)

@@ -410,8 +410,15 @@ class Layout(models.TextChoices):
 
 
 class AutoRefresh(models.TextChoices):
-    MANUAL = "manual"  # today's behaviour: a cartridge is compiled when a client or an operator asks
-    ON_APPEND = "on_append"  # recompile after appends, at most once per debounce window
+    MANUAL = "manual"  # a cartridge is compiled when a client or an operator asks
+    ON_APPEND = "on_append"  # recompile after appends, at most once per debounce window (the default)
+
+
+# A new scope's refresh: on append, after a short wait. Asks read the memories after the serving version in the
+# meantime (services/answer.py, "Fresh answers"), so the debounce bounds how long each ask pays that extra compile,
+# and 2 s still folds an agent's burst of appends into one compile + gate.
+DEFAULT_AUTO_REFRESH = AutoRefresh.ON_APPEND
+DEFAULT_DEBOUNCE_S = 2
 
 
 # Bounds of the scope settings, checked by the service (a 400 naming the field) and by the database.
@@ -427,15 +434,15 @@ class ScopeSettings(LifecycleRecord):
     """One change of a scope's cartridge settings; the scope's newest row is in force (none: the defaults).
 
     Append-only like KvConfiguration: a change is a new row naming who made it, so the history of who set
-    what is kept without an audit table. The defaults: manual refresh, the DEFAULT_KEEP_PREVIOUS_VERSIONS
-    versions before the active one kept (null keeps every one). ``keep_previous_versions`` is applied after every
+    what is kept without an audit table. The defaults: refresh on append after DEFAULT_DEBOUNCE_S, the
+    DEFAULT_KEEP_PREVIOUS_VERSIONS versions before the active one kept (null keeps every one). ``keep_previous_versions`` is applied after every
     activation (services/retention.py).
     """
 
     scope = models.ForeignKey("memories.Scope", on_delete=models.PROTECT, related_name="settings_changes")
-    auto_refresh = models.CharField(max_length=16, choices=AutoRefresh.choices, default=AutoRefresh.MANUAL)
+    auto_refresh = models.CharField(max_length=16, choices=AutoRefresh.choices, default=DEFAULT_AUTO_REFRESH)
     # the wait after an append before an `on_append` refresh (appends within it share one compile)
-    auto_refresh_debounce_s = models.PositiveIntegerField(default=60)
+    auto_refresh_debounce_s = models.PositiveIntegerField(default=DEFAULT_DEBOUNCE_S)
     # how many versions before the active one to keep; null keeps every one
     keep_previous_versions = models.PositiveIntegerField(null=True, blank=True, default=DEFAULT_KEEP_PREVIOUS_VERSIONS)
     # auto: a scope that fits keeps today's exact prefix cartridge, one that grows past the window is still answered

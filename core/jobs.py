@@ -10,11 +10,15 @@ Two modes, from the Celery app's ``task_always_eager``:
 - in-process (no broker, the embedded default), an attached job runs now, inside the caller's transaction
   (it sees the caller's rows), and the outcome is "done" with the task's result or its refusal. A
   ``detached`` job (the caller does not report on it: erasure processing, chained steps) runs after commit
-  in both modes.
+  in both modes. A ``background`` job is detached and, in-process, runs after commit in a thread of its own
+  with its own database connection, so the caller answers first (forgetting a memory answers 202 before its
+  rebuild, as it does with a broker); ``background_jobs_join`` waits for those threads (tests, a clean shutdown).
 """
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +26,7 @@ from typing import Any, Literal
 
 from celery.app.task import Task
 from celery.result import EagerResult
-from django.db import transaction
+from django.db import close_old_connections, connections, transaction
 
 from core.errors import MnesioError
 
@@ -84,23 +88,68 @@ def job_dispatch(
     detached: bool = False,
     robust: bool = False,
     expires: int | None = None,
+    background: bool = False,
 ) -> JobOutcome:
     """Send ``task(*args)`` once the surrounding transaction commits (see the module docstring for the modes).
 
     ``actor_id`` is passed only to tasks that declare ``records_actor``. ``robust``: an error while sending
     (or running in-process) after commit is logged, not raised, so the caller's committed work stands.
+    ``background`` (implies ``detached``): in-process, the job runs in a thread after commit; an error there is logged.
     """
     task_id = str(uuid.uuid4())
 
     def send() -> Any:
         return _send(task, args=args, actor_id=actor_id, expires=expires, task_id=task_id)
 
+    if background and task.app.conf.task_always_eager:
+        transaction.on_commit(lambda: _background_start(task.name, send), robust=robust)
+        return JobOutcome(task_id=task_id, status="queued")
+    detached = detached or background
     if task.app.conf.task_always_eager and not detached:
         return _outcome(task_id, send())
     sent: list[Any] = []
     transaction.on_commit(lambda: sent.append(send()), robust=robust)
     # no transaction open: it ran at once (a detached in-process run is reported as queued: nobody waits on it)
     return JobOutcome(task_id=task_id, status="queued") if detached or not sent else _outcome(task_id, sent[0])
+
+
+_background: set[threading.Thread] = set()
+_background_lock = threading.Lock()
+
+
+def _background_start(name: str, send: Any) -> None:
+    """Run ``send`` in a daemon thread with its own database connection (closed after), tracked for the join."""
+
+    def run() -> None:
+        close_old_connections()
+        try:
+            send()
+        except Exception:  # a thread has nobody to raise to: log it (tasks take ids, never memory text)
+            log.exception("background job failed task=%s", name)
+        finally:
+            connections.close_all()  # this thread's connections only (they are per thread)
+            with _background_lock:
+                _background.discard(threading.current_thread())
+
+    thread = threading.Thread(target=run, name=f"mnesio-job-{name}", daemon=True)
+    with _background_lock:
+        _background.add(thread)
+    thread.start()
+
+
+def background_jobs_join(timeout_s: float = 60.0) -> bool:
+    """Wait for the in-process background jobs started so far (and any they start) to finish; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _background_lock:
+            running = list(_background)
+        if not running:
+            return True
+        for thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if time.monotonic() >= deadline:
+            with _background_lock:
+                return not _background
 
 
 def _send(task: Task, *, args: Sequence[Any], actor_id: int | None, expires: int | None, task_id: str) -> Any:

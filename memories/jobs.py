@@ -15,11 +15,15 @@ from memories.tasks import erasure_request_process_task
 logger = logging.getLogger("memories")
 
 
-def erasure_request_enqueue(*, erasure_request: ErasureRequest) -> JobOutcome:
-    """Queue ``erasure_request_process_task`` for the request once the current transaction commits."""
+def erasure_request_enqueue(*, erasure_request: ErasureRequest, background: bool = False) -> JobOutcome:
+    """Queue ``erasure_request_process_task`` for the request once the current transaction commits.
+
+    ``background``: in-process too, the rebuild runs in a thread after commit (core.jobs), so the caller answers
+    before it (its shred is done already)."""
     # detached + robust: with tasks run in-process (no broker), a failing rebuild must not turn the caller's
     # committed filing into an error; the failure is logged and recorded as a `failed` event.
-    return job_dispatch(erasure_request_process_task, args=[erasure_request.pk], detached=True, robust=True)
+    return job_dispatch(erasure_request_process_task, args=[erasure_request.pk], detached=True, robust=True,
+                        background=background)
 
 
 @dataclass(frozen=True)

@@ -435,6 +435,11 @@ class ErasureEvent(AppendOnlyModel):
 # ---------------------------------------------------------------------------
 # The search index (memories.search_index): BM25 postings kept up to date by appends and erasures
 # ---------------------------------------------------------------------------
+# The search index's current tokenizer (memories.search_index.TOKENIZERS): 1 lower-cased words, 2 the same
+# Porter-stemmed. A new index is built with it.
+SEARCH_TOKENIZER = 2
+
+
 class SearchIndex(models.Model):
     """A scope's search index: the secret of its term digests (HMAC-SHA256), wrapped by the master key, and the
     totals BM25 needs (documents and their summed length), kept by the same transactions as the postings.
@@ -454,6 +459,9 @@ class SearchIndex(models.Model):
     # +1 by every change other than an append (an erasure, a backfill): a process's cached postings of this scope
     # (memories.search_index) are then dropped; an append only adds seqs past the scope's head, read as a delta
     generation = models.BigIntegerField(default=0)
+    # how its postings were tokenized (memories.search_index.TOKENIZERS): searches and appends of the scope use
+    # this one; search_index_backfill rebuilds an index of an older one with the current one
+    tokenizer = models.PositiveSmallIntegerField(default=SEARCH_TOKENIZER)
 
     class Meta:
         constraints = [

@@ -8,9 +8,11 @@ its commit. A process keeps the postings it has read, and checks them against th
   Without the key the tables cannot be searched for a guessed word; deleting the scope shreds the key.
 - Scoring is bm25s's, exactly (kvengine.retrieval: Lucene's BM25, idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
   term part tf / (tf + k1 (1 - b + b dl / avgdl)), k1 = 1.5, b = 0.75, a query term counted once per
-  occurrence), over the same tokens (kvengine.retrieval.bm25_tokenize). N, df and avgdl are the scope's (as of
+  occurrence), over the same tokens (kvengine.retrieval.bm25_tokenize, Porter-stemmed: ``index_tokens``; an
+  index records its tokenizer, and one built unstemmed is searched unstemmed until search_index_backfill
+  rebuilds it). N, df and avgdl are the scope's (as of
   ``as_of``); the subject and time filters choose among its memories without changing them, as a filter does in
-  Lucene. tests/memories/test_search_index.py compares rankings and scores with kvengine.retrieval.Bm25.
+  Lucene. tests/memories/test_search_index.py compares rankings and scores with kvengine.retrieval.Bm25(stem=True).
 - Ranking reads the query terms' postings into this process once and then only what was appended past them
   (a scope's head only grows with appends); an erasure or a backfill moves the scope's generation in its own
   transaction, and the next search in any process drops what it held of that scope. Ranked in SQL instead, a
@@ -26,7 +28,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection, models, transaction
@@ -35,7 +37,17 @@ from django.views.decorators.debug import sensitive_variables
 
 from kvengine.retrieval import BM25_B, BM25_K1, bm25_tokenize
 from memories import crypto
-from memories.models import LogHead, Memory, Scope, SearchDocument, SearchIndex, SearchPosting, SearchTerm, Subject
+from memories.models import (
+    SEARCH_TOKENIZER,
+    LogHead,
+    Memory,
+    Scope,
+    SearchDocument,
+    SearchIndex,
+    SearchPosting,
+    SearchTerm,
+    Subject,
+)
 
 _DOCS = SearchDocument._meta.db_table
 _POSTINGS = SearchPosting._meta.db_table
@@ -45,15 +57,29 @@ _MEMORIES = Memory._meta.db_table
 _NO_HEAD = 2**63 - 1  # as_of when none is given: every seq is at or before it
 
 
+# SearchIndex.tokenizer -> whether its terms are stemmed. An index is searched and appended to with its own
+# tokenizer, so an index built before stemming answers as it did until search_index_backfill rebuilds it.
+TOKENIZERS = {1: False, 2: True}
+assert SEARCH_TOKENIZER in TOKENIZERS
+
+
+def index_tokens(text: str, *, tokenizer: int = SEARCH_TOKENIZER) -> list[str]:
+    """The terms of ``text`` as an index of ``tokenizer`` holds them (Porter-stemmed words by default)."""
+    return bm25_tokenize(text, stem=TOKENIZERS[tokenizer])
+
+
 def index_key_aad(scope_id: int) -> bytes:
     """Associated data of a wrapped search index key: its scope."""
     return f"mnesio:search-index-key:v1|scope={scope_id}".encode()
 
 
-# scope id -> (wrapped bytes, key) as this process last read them. An append checks in its INSERT that the row
-# still holds these bytes (a re-wrap by a new master key changes them, and a test database can reuse an id), so a
-# stale entry is never used to write; it only saves a read.
-_keys: dict[int, tuple[bytes, bytes]] = {}
+# scope id -> (wrapped bytes, key, tokenizer) as this process last read them. An append checks in its INSERT that
+# the row still holds these bytes and tokenizer (a re-wrap by a new master key changes the bytes, a rebuild the
+# tokenizer, and a test database can reuse an id), so a stale entry is never used to write; it only saves a read.
+_keys: dict[int, tuple[bytes, bytes, int]] = {}
+# (scope id, scope created_at) -> the tokenizer a search of the scope assumes; the search reads the index's own and
+# tokenizes the query again when it differs (once after a rebuild)
+_read_tokenizers: dict[tuple[int, object], int] = {}
 # (scope id, scope created_at) -> its key, for searches: a search reads no key row once its process knows the key.
 # A key never changes while its scope lives (a master-key rotation re-wraps the same key), and a deleted scope
 # has no postings left to search; created_at tells a scope from another that reuses its id (a test database).
@@ -65,28 +91,30 @@ def _key_unwrap(row: SearchIndex) -> bytes:
     wrapped = bytes(row.wrapped_key)
     cached = _keys.get(row.scope_id)
     if cached is not None and cached[0] == wrapped:
-        return cached[1]
-    key = crypto.unwrap(wrapped, wrapped_by=row.master_key_id, aad=index_key_aad(row.scope_id))
-    _keys[row.scope_id] = (wrapped, key)
+        key = cached[1]
+    else:
+        key = crypto.unwrap(wrapped, wrapped_by=row.master_key_id, aad=index_key_aad(row.scope_id))
+    _keys[row.scope_id] = (wrapped, key, row.tokenizer)
     return key
 
 
 @sensitive_variables()
-def _key_for_write(scope_id: int, *, reread: bool) -> tuple[bytes, bytes]:
-    """The scope's (wrapped, key), created on first use. Callers hold the log counter's lock (appends, backfill),
-    so two writers never create it at once."""
+def _key_for_write(scope_id: int, *, reread: bool) -> tuple[bytes, bytes, int]:
+    """The scope's (wrapped, key, tokenizer), created on first use. Callers hold the log counter's lock (appends,
+    backfill), so two writers never create it at once."""
     if not reread and scope_id in _keys:
         return _keys[scope_id]
     row = SearchIndex.objects.filter(scope_id=scope_id).first()
     if row is None:
         key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(key, aad=index_key_aad(scope_id))
-        SearchIndex.objects.create(scope_id=scope_id, wrapped_key=wrapped, master_key_id=kid)
-        _keys[scope_id] = (bytes(wrapped), key)
+        SearchIndex.objects.create(scope_id=scope_id, wrapped_key=wrapped, master_key_id=kid, tokenizer=SEARCH_TOKENIZER)
+        _keys[scope_id] = (bytes(wrapped), key, SEARCH_TOKENIZER)
         return _keys[scope_id]
     if row.wrapped_key is None:
         raise AssertionError(f"scope {scope_id}'s search index key is shredded: the scope is deleted")
-    return bytes(row.wrapped_key), _key_unwrap(row)
+    _key_unwrap(row)
+    return _keys[scope_id]
 
 
 def index_key_for_read(*, scope: Scope) -> bytes | None:
@@ -120,12 +148,12 @@ class IndexedText:
     text: str
 
 
-def _rows(key: bytes, texts: Sequence[IndexedText]) -> tuple[list[tuple], list[tuple]]:
+def _rows(key: bytes, tokenizer: int, texts: Sequence[IndexedText]) -> tuple[list[tuple], list[tuple]]:
     """Document rows (seq, subject, created_at, length) and posting rows (seq, term, tf, length)."""
     digests: dict[str, int] = {}
     docs, postings = [], []
     for item in texts:
-        tokens = bm25_tokenize(item.text)
+        tokens = index_tokens(item.text, tokenizer=tokenizer)
         counts: Counter[int] = Counter()
         for token in tokens:
             digest = digests.get(token)
@@ -137,9 +165,11 @@ def _rows(key: bytes, texts: Sequence[IndexedText]) -> tuple[list[tuple], list[t
     return docs, postings
 
 
-def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], postings: list[tuple], bump: bool) -> bool:
-    """One statement (one round trip), written only if the scope's key row still holds ``wrapped``; False if not."""
-    guard = f"WHERE EXISTS (SELECT 1 FROM {_INDEX} k WHERE k.scope_id = %s AND k.wrapped_key = %s)"
+def _insert_postgresql(scope_id: int, wrapped: bytes, tokenizer: int, docs: list[tuple], postings: list[tuple],
+                       bump: bool) -> bool:
+    """One statement (one round trip), written only if the scope's key row still holds ``wrapped`` and
+    ``tokenizer``; False if not."""
+    guard = f"WHERE EXISTS (SELECT 1 FROM {_INDEX} k WHERE k.scope_id = %s AND k.wrapped_key = %s AND k.tokenizer = %s)"
     sql = (
         f"WITH posted AS (INSERT INTO {_POSTINGS} (seq, term, scope_id, tf, length) "
         "SELECT p.seq, p.term, %s, p.tf, p.length FROM unnest(%s::bigint[], %s::bigint[], %s::int[], %s::int[]) "
@@ -148,7 +178,7 @@ def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], posting
         f"SELECT %s, n.term, count(*) FROM unnest(%s::bigint[]) AS n(term) {guard} GROUP BY n.term "
         "ON CONFLICT (scope_id, term) DO UPDATE SET df = t.df + EXCLUDED.df RETURNING 1), "
         f"totals AS (UPDATE {_INDEX} SET num_documents = num_documents + %s, total_length = total_length + %s, "
-        "generation = generation + %s WHERE scope_id = %s AND wrapped_key = %s RETURNING 1) "
+        "generation = generation + %s WHERE scope_id = %s AND wrapped_key = %s AND tokenizer = %s RETURNING 1) "
         f"INSERT INTO {_DOCS} (seq, scope_id, subject_id, created_at, length) "
         "SELECT d.seq, %s, d.subject_id, d.created_at, d.length "
         "FROM unnest(%s::bigint[], %s::bigint[], %s::timestamptz[], %s::int[]) "
@@ -157,10 +187,10 @@ def _insert_postgresql(scope_id: int, wrapped: bytes, docs: list[tuple], posting
     columns = [list(c) for c in zip(*postings, strict=True)] if postings else [[], [], [], []]
     doc_columns = [list(c) for c in zip(*docs, strict=True)]
     params = [
-        scope_id, *columns, scope_id, wrapped,
-        scope_id, columns[1], scope_id, wrapped,
-        len(docs), sum(doc_columns[3]), int(bump), scope_id, wrapped,
-        scope_id, *doc_columns, scope_id, wrapped,
+        scope_id, *columns, scope_id, wrapped, tokenizer,
+        scope_id, columns[1], scope_id, wrapped, tokenizer,
+        len(docs), sum(doc_columns[3]), int(bump), scope_id, wrapped, tokenizer,
+        scope_id, *doc_columns, scope_id, wrapped, tokenizer,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -193,19 +223,21 @@ def documents_index(*, scope_id: int, texts: Sequence[IndexedText], appended: bo
     """Index memories of one scope (opened texts), in the caller's transaction; the caller holds the counter lock.
 
     ``appended``: they are the newest of the scope (an append), which processes read as a delta; anything else
-    (the backfill) moves the scope's generation. On PostgreSQL one statement; it checks the key this process
-    cached, and reads the key again if that changed.
+    (the backfill) moves the scope's generation. Tokenized with the index's tokenizer. On PostgreSQL one statement;
+    it checks the key and tokenizer this process cached, and reads them again if they changed (elsewhere, SQLite
+    reads them every time).
     """
     if not texts:
         return
     assert transaction.get_connection().in_atomic_block
-    for reread in (False, True):
-        wrapped, key = _key_for_write(scope_id, reread=reread)
-        docs, postings = _rows(key, texts)
-        if connection.vendor != "postgresql":
+    portable = connection.vendor != "postgresql"
+    for reread in (portable, True):
+        wrapped, key, tokenizer = _key_for_write(scope_id, reread=reread)
+        docs, postings = _rows(key, tokenizer, texts)
+        if portable:
             _insert_portable(scope_id, docs, postings, not appended)
             return
-        if _insert_postgresql(scope_id, wrapped, docs, postings, not appended):
+        if _insert_postgresql(scope_id, wrapped, tokenizer, docs, postings, not appended):
             return
         _keys.pop(scope_id, None)
     raise AssertionError(f"scope {scope_id}'s search index key changed twice during one append")
@@ -217,6 +249,17 @@ def memories_index(*, memories: Sequence[Memory], texts: Sequence[str]) -> None:
         documents_index(scope_id=memories[0].scope_id, appended=True, texts=[
             IndexedText(m.seq, m.subject_id, m.created_at, text) for m, text in zip(memories, texts, strict=True)
         ])
+
+
+def index_reset(*, scope_id: int) -> None:
+    """Empty the scope's index and give it the current tokenizer: a rebuild's first step, in its transaction (the
+    caller holds the counter lock and indexes every memory again before it commits)."""
+    SearchPosting.objects.filter(scope_id=scope_id).delete()
+    SearchTerm.objects.filter(scope_id=scope_id).delete()
+    SearchDocument.objects.filter(scope_id=scope_id).delete()
+    SearchIndex.objects.filter(scope_id=scope_id).update(
+        num_documents=0, total_length=0, tokenizer=SEARCH_TOKENIZER, generation=models.F("generation") + 1
+    )
 
 
 def _in(column: str, values: list) -> tuple[str, list]:
@@ -290,6 +333,10 @@ class RankedPage:
 
     head: int
     ranked: list[Ranked]
+    # what a hybrid search re-ranks (rank(candidates=N)): the newest N indexed memories the filters keep, in log
+    # order, and the index generation they are of (an erasure or rebuild moves it)
+    candidates: list[int] = field(default_factory=list)
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -302,6 +349,7 @@ class _Weights:
     c1: float  # k1 (1 - b)
     c2: float  # k1 b / avgdl: a term's part is weight x tf / (tf + c1 + c2 dl)
     generation: int
+    tokenizer: int | None  # the index's (None: the scope has no index row)
 
 
 def weights_statement(scope: Scope, counts: Counter[int], as_of: int) -> tuple[str, list]:
@@ -311,7 +359,7 @@ def weights_statement(scope: Scope, counts: Counter[int], as_of: int) -> tuple[s
     sql = (
         f"SELECT 0, i.generation, i.num_documents - (SELECT count(*) FROM {_DOCS} d WHERE d.scope_id = %s "
         f"AND d.seq > %s), CAST(NULL AS timestamp with time zone), i.total_length - (SELECT coalesce(sum(d.length), 0) FROM {_DOCS} d "
-        f"WHERE d.scope_id = %s AND d.seq > %s), 0 FROM {_INDEX} i WHERE i.scope_id = %s "
+        f"WHERE d.scope_id = %s AND d.seq > %s), i.tokenizer FROM {_INDEX} i WHERE i.scope_id = %s "
         f"UNION ALL SELECT 1, t.term, t.df - (SELECT count(*) FROM {_POSTINGS} p WHERE p.scope_id = t.scope_id "
         f"AND p.term = t.term AND p.seq > %s), CAST(NULL AS timestamp with time zone), 0, 0 FROM {_TERMS} t WHERE t.scope_id = %s AND {terms} "
         f"UNION ALL SELECT 2, 0, max(m.seq), CAST(NULL AS timestamp with time zone), 0, 0 FROM {_MEMORIES} m WHERE m.scope_id = %s"
@@ -320,10 +368,10 @@ def weights_statement(scope: Scope, counts: Counter[int], as_of: int) -> tuple[s
 
 
 def _weights(rows: list[tuple], counts: Counter[int]) -> _Weights:
-    head, generation, num_documents, total_length, df = 0, -1, 0, 0, {}
-    for kind, term, value, _, length, _ in rows:
+    head, generation, num_documents, total_length, df, tokenizer = 0, -1, 0, 0, {}, None
+    for kind, term, value, _, length, extra in rows:
         if kind == 0:
-            generation, num_documents, total_length = int(term), int(value), int(length)
+            generation, num_documents, total_length, tokenizer = int(term), int(value), int(length), int(extra)
         elif kind == 1 and value > 0:
             df[int(term)] = int(value)
         elif kind == 2:
@@ -333,7 +381,7 @@ def _weights(rows: list[tuple], counts: Counter[int]) -> _Weights:
     }
     avgdl = total_length / num_documents if num_documents else 1.0
     return _Weights(head, weight, num_documents, BM25_K1 * (1 - BM25_B), BM25_K1 * BM25_B / (avgdl or 1.0),
-                    generation)
+                    generation, tokenizer)
 
 
 @dataclass
@@ -468,22 +516,30 @@ def _kept(held: _ScopeCache, upto: int, scope: Scope, *, subject_ids_of, since, 
 
 
 def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids_of: Sequence[str] | None = None,
-         since=None, until=None, as_of: int | None = None) -> RankedPage:
+         since=None, until=None, as_of: int | None = None, candidates: int = 0) -> RankedPage:
     """The ``limit`` best memories of ``scope`` for ``query`` by BM25, best first (equal scores: the earlier first).
 
     Filters: ``subject_ids_of`` (the subject external id spellings to keep), ``since <= created_at < until``,
     ``seq <= as_of``. One statement (_read), a second after an erasure or backfill, and one for the subject rows
-    of a subject filter.
+    of a subject filter. ``candidates``: also name the newest that many memories the filters keep, matching or not.
     """
     import numpy as np
 
-    counts = Counter(term_digest(key, token) for token in bm25_tokenize(query)) if key is not None else Counter()
-    if not counts:
-        counts = Counter({0: 1})  # no term (or nothing indexed): the statement still reads the head; 0 weighs 0
+    cache_key = (scope.pk, scope.created_at)
+    tokenizer = _read_tokenizers.get(cache_key, SEARCH_TOKENIZER)
     with _cache_lock:
-        weights, held = _read(scope, counts, _NO_HEAD if as_of is None else as_of)
-        if not weights.weight:
-            return RankedPage(head=weights.head, ranked=[])
+        for _ in range(2):  # a second time only when the index's tokenizer is not the one assumed
+            counts = Counter(
+                term_digest(key, token) for token in index_tokens(query, tokenizer=tokenizer)
+            ) if key is not None else Counter()
+            if not counts:
+                counts = Counter({0: 1})  # no term (or nothing indexed): the statement still reads the head; 0 weighs 0
+            weights, held = _read(scope, counts, _NO_HEAD if as_of is None else as_of)
+            if weights.tokenizer is None or weights.tokenizer == tokenizer:
+                break
+            tokenizer = _read_tokenizers[cache_key] = weights.tokenizer
+        if not weights.weight and not candidates:
+            return RankedPage(head=weights.head, ranked=[], generation=weights.generation)
         upto = len(held.seqs) if as_of is None else int(np.searchsorted(held.seqs, as_of, side="right"))
         seqs = held.seqs[:upto]
         scores = np.zeros(upto, dtype=np.float64)
@@ -493,6 +549,9 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
             docs, tfs = postings.docs[keep], postings.tfs[keep]
             scores += np.bincount(docs, weight * tfs / (tfs + weights.c1 + weights.c2 * held.lengths[docs]), upto)
         kept = _kept(held, upto, scope, subject_ids_of=subject_ids_of, since=since, until=until)
+    named: list[int] = []
+    if candidates:
+        named = [int(seq) for seq in (seqs if kept is None else seqs[kept])[-candidates:]]
     if kept is not None:
         scores[~kept] = 0.0
     matching = np.flatnonzero(scores > 0)
@@ -500,4 +559,5 @@ def rank(*, scope: Scope, key: bytes | None, query: str, limit: int, subject_ids
         kth = np.partition(scores[matching], len(matching) - limit)[len(matching) - limit]
         matching = matching[scores[matching] >= kth]
     best = matching[np.lexsort((matching, -scores[matching]))][:limit]  # seq order = index order
-    return RankedPage(head=weights.head, ranked=[Ranked(int(seqs[i]), float(scores[i])) for i in best])
+    return RankedPage(head=weights.head, ranked=[Ranked(int(seqs[i]), float(scores[i])) for i in best],
+                      candidates=named, generation=weights.generation)

@@ -228,6 +228,55 @@ def memory_open(*, memory: Memory) -> OpenedMemory:
     return memories_open([memory])[0]
 
 
+FILTER_OPEN_BATCH = 1000  # rows opened at a time while a metadata filter scans a scope
+
+
+def time_range_validate(*, since: dt.datetime | None, until: dt.datetime | None) -> None:
+    """Raise naming `until` unless it is later than `since` (either may be None)."""
+    if since is not None and until is not None and until <= since:
+        raise MnesioError(
+            f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
+            extra={"field": "until"},
+        )
+
+
+def scope_memories_filtered(
+    *,
+    scope: Scope,
+    as_of: int | None = None,
+    subject: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    metadata: dict | None = None,
+) -> QuerySet[Memory] | list[Memory]:
+    """The scope's memory rows with seq <= ``as_of`` that pass the filters, in log order: what a listing pages.
+
+    ``subject`` (external id), ``since <= created_at < until`` and ``as_of`` are SQL (a queryset comes back, so a
+    page reads only its rows); an erased memory passes them and lists as erased, as in the unfiltered list.
+    ``metadata`` (exact match on each given top-level key, as in memories_search) is sealed with each memory, so
+    it opens the rows the other filters keep, FILTER_OPEN_BATCH at a time, and returns the matching rows as a
+    list; an erased memory has no metadata and never matches. Raises naming the field.
+    """
+    time_range_validate(since=since, until=until)
+    rows = scope_memories(scope=scope, as_of=as_of)
+    if subject is not None:
+        rows = rows.filter(subject__external_id__in=subject_id_variants(subject))
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    if until is not None:
+        rows = rows.filter(created_at__lt=until)
+    if not metadata:
+        return rows
+    kept: list[Memory] = []
+    after = 0
+    while batch := list(rows.filter(seq__gt=after)[:FILTER_OPEN_BATCH]):
+        for row, memory in zip(batch, memories_open(batch), strict=True):
+            if not memory.erased and metadata_matches(memory.metadata or {}, metadata):
+                kept.append(row)
+        after = batch[-1].seq
+    return kept
+
+
 def scope_memories_open(*, scope: Scope, as_of: int | None = None) -> list[OpenedMemory]:
     """Return the scope's memories with seq <= ``as_of`` (all when None), opened, ordered by seq."""
     return memories_open(scope_memories(scope=scope, as_of=as_of))
@@ -514,6 +563,8 @@ def scope_erasure_requests(*, scope: Scope) -> QuerySet[ErasureRequest]:
 MAX_SEARCH_TOP_K = 100
 MAX_SEARCH_QUERY_CHARS = 2000
 MAX_SEARCH_METADATA_KEYS = 20
+SEARCH_RETRIEVERS = ("bm25", "hybrid")
+HYBRID_BM25_DEPTH = 100  # BM25's list in the fusion holds at least this many (RRF reads ranks, deep ones weigh little)
 
 
 @dataclass(frozen=True)
@@ -542,6 +593,7 @@ class SearchResult:
 
     as_of: int
     hits: list[SearchHit]
+    retriever: str = "bm25"  # what ranked them (search_retriever)
 
 
 def _json_same(a: object, b: object) -> bool:
@@ -581,10 +633,44 @@ def _top_k_validate(top_k: object, *, field: str) -> int:
     return top_k
 
 
-def memory_search(*, scope: Scope, query: str, k: int) -> list[RankedMemory]:
-    """The seqs of the ``k`` memories of ``scope`` that best match ``query`` by BM25, best first (equal scores:
-    the earlier first); ``sorted(r.seq for r in ...)`` is their log order. Opens nothing: one query once this
-    process holds the terms' postings up to the scope's head, one more to read what it lacks.
+def search_retriever(retriever: str | None = None) -> str:
+    """The retriever a search uses: ``retriever``, else MNESIO_SEARCH_RETRIEVER; always `bm25` in a model-free web
+    process (MNESIO_WEB_LOADS_MODEL=false), which never loads the dense encoder."""
+    from django.conf import settings
+
+    if retriever is not None and retriever not in SEARCH_RETRIEVERS:
+        raise MnesioError(f"`retriever` has to be one of {list(SEARCH_RETRIEVERS)} but got {_shown(retriever)}",
+                          extra={"field": "retriever"})
+    chosen = retriever or settings.MNESIO_SEARCH_RETRIEVER
+    return chosen if chosen == "bm25" or settings.MNESIO_WEB_LOADS_MODEL else "bm25"
+
+
+def _rank(*, scope: Scope, key: bytes | None, query: str, limit: int, retriever: str, **filters):
+    """search_index.rank, or under `hybrid` its BM25 ranking fused by reciprocal rank (kvengine.retrieval's RRF)
+    with the dense ranking of its candidates (memories.search_dense); a hit's score is then the fused score."""
+    from memories import search_index
+
+    if retriever == "bm25":
+        return search_index.rank(scope=scope, key=key, query=query, limit=limit, **filters)
+    from django.conf import settings
+
+    from kvengine.retrieval import rrf_scores
+    from memories.search_dense import dense_ranking
+
+    page = search_index.rank(scope=scope, key=key, query=query, limit=max(limit, HYBRID_BM25_DEPTH),
+                             candidates=settings.MNESIO_SEARCH_DENSE_WINDOW, **filters)
+    dense = dense_ranking(scope=scope, query=query, seqs=page.candidates, generation=page.generation)
+    fused = rrf_scores([[r.seq for r in page.ranked], dense])
+    best = sorted(fused, key=lambda seq: (-fused[seq], seq))[:limit]
+    return search_index.RankedPage(head=page.head, ranked=[search_index.Ranked(seq, fused[seq]) for seq in best])
+
+
+def memory_search(*, scope: Scope, query: str, k: int, retriever: str = "bm25") -> list[RankedMemory]:
+    """The seqs of the ``k`` memories of ``scope`` that best match ``query``, best first (equal scores: the earlier
+    first); ``sorted(r.seq for r in ...)`` is their log order. By BM25 unless ``retriever="hybrid"`` (routed answers
+    take BM25's top k; the search API follows MNESIO_SEARCH_RETRIEVER): opens nothing, one query once this process
+    holds the terms' postings up to the scope's head, one more to read what it lacks; `hybrid` also opens and
+    embeds the candidates this process has not embedded yet (search_retriever: never in a model-free web process).
 
     Erased memories are not in the index once their erasure's shred step has committed; a caller that opens
     the rows still checks each for ``erased`` (a forget in flight between its shred and that commit).
@@ -593,8 +679,9 @@ def memory_search(*, scope: Scope, query: str, k: int) -> list[RankedMemory]:
 
     query = _search_query_validate(query)
     k = _top_k_validate(k, field="k")
+    retriever = search_retriever(retriever)
     key = search_index.index_key_for_read(scope=scope)
-    page = search_index.rank(scope=scope, key=key, query=query, limit=k)
+    page = _rank(scope=scope, key=key, query=query, limit=k, retriever=retriever)
     return [RankedMemory(r.seq, r.score) for r in page.ranked]
 
 
@@ -608,8 +695,10 @@ def memories_search(
     until: dt.datetime | None = None,
     as_of: int | None = None,
     metadata: dict | None = None,
+    retriever: str | None = None,
 ) -> SearchResult:
-    """Return the scope's memories that best match ``query`` by BM25, best first, at most ``top_k``.
+    """Return the scope's memories that best match ``query`` by BM25 (or `hybrid`: search_retriever), best first,
+    at most ``top_k``.
 
     Filters: ``subject`` (external id), ``since <= created_at < until``, ``seq <= as_of`` (default: the
     scope's head, read by the same statement as the statistics, so the reported ``as_of`` is exactly what was
@@ -624,21 +713,19 @@ def memories_search(
 
     query = _search_query_validate(query)
     top_k = _top_k_validate(top_k, field="top_k")
-    if since is not None and until is not None and until <= since:
-        raise MnesioError(
-            f"`until` has to be later than `since` ({since.isoformat()}) but got {until.isoformat()}",
-            extra={"field": "until"},
-        )
+    time_range_validate(since=since, until=until)
     if as_of is not None:
         as_of = as_of_validate(as_of, scope=scope)
+    retriever = search_retriever(retriever)
     key = search_index.index_key_for_read(scope=scope)
     wanted = subject_id_variants(subject) if subject is not None else None
     limit = top_k if not metadata else max(4 * top_k, 50)
     seen: set[int] = set()
     hits: list[SearchHit] = []
     while True:
-        page = search_index.rank(
-            scope=scope, key=key, query=query, limit=limit, subject_ids_of=wanted, since=since, until=until, as_of=as_of
+        page = _rank(
+            scope=scope, key=key, query=query, limit=limit, subject_ids_of=wanted, since=since, until=until, as_of=as_of,
+            retriever=retriever,
         )
         fresh = [r for r in page.ranked if r.seq not in seen]
         seen.update(r.seq for r in fresh)
@@ -666,5 +753,5 @@ def memories_search(
                 if len(hits) == top_k:
                     break
         if not metadata or len(hits) == top_k or len(page.ranked) < limit:
-            return SearchResult(as_of=page.head if as_of is None else as_of, hits=hits)
+            return SearchResult(as_of=page.head if as_of is None else as_of, hits=hits, retriever=retriever)
         limit *= 4

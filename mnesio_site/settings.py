@@ -399,6 +399,9 @@ MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = envint("MNESIO_GATE_FIDELITY_MAX_NEW_TOKEN
 MNESIO_ANSWER_MAX_NEW_TOKENS = envint("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, minimum=1)
 # How long an AnswerRequest waits to be collected before it expires and is swept (one hour).
 MNESIO_ANSWER_REQUEST_TTL_S = envint("MNESIO_ANSWER_REQUEST_TTL_S", 3600, minimum=1)
+# Most memories appended after the serving version that an ask compiles on top of it in memory (a fresh answer); past
+# it the version answers alone and says so. Each ask pays that incremental compile until the refresh catches up.
+MNESIO_FRESH_MAX_MEMORIES = envint("MNESIO_FRESH_MAX_MEMORIES", 32, minimum=0)
 # Age after which an unclaimed blob is certainly dead; None: CELERY_TASK_TIME_LIMIT + 60 (cartridges.conf), since
 # a compile cannot outlive the task's hard limit.
 MNESIO_ORPHAN_BLOB_GRACE_S = envint("MNESIO_ORPHAN_BLOB_GRACE_S", None, minimum=0)
@@ -417,6 +420,11 @@ MNESIO_MAX_PENDING_ASYNC_ASKS = envint("MNESIO_MAX_PENDING_ASYNC_ASKS", 64, mini
 MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER = envint("MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER", 16, minimum=1)
 # false: this (web) process never loads the model (never imports torch); asks go to gpu workers as AnswerRequests.
 MNESIO_WEB_LOADS_MODEL = envbool("MNESIO_WEB_LOADS_MODEL", True)
+# Search (memories/selectors.py): `bm25` ranks by BM25 alone; `hybrid` fuses BM25 by reciprocal rank with
+# all-MiniLM-L6-v2 similarity over the newest MNESIO_SEARCH_DENSE_WINDOW memories the filters keep (embedded in the
+# process, never stored). A model-free web process (MNESIO_WEB_LOADS_MODEL=false) never loads the encoder: BM25.
+MNESIO_SEARCH_RETRIEVER = envchoice("MNESIO_SEARCH_RETRIEVER", "bm25", ["bm25", "hybrid"])
+MNESIO_SEARCH_DENSE_WINDOW = envint("MNESIO_SEARCH_DENSE_WINDOW", 2000, minimum=1)
 # How long a model-free web process waits for a gpu worker's answer before answering 504 (never a hung request).
 MNESIO_REMOTE_ANSWER_TIMEOUT_S = envint("MNESIO_REMOTE_ANSWER_TIMEOUT_S", 120, minimum=1)
 

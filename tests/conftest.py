@@ -27,11 +27,18 @@ def real_backend():
 
 @pytest.fixture(autouse=True)
 def fresh_engine():
-    """Empty this process's cartridge LRU around each test (backends stay loaded): no test sees another's cache."""
+    """Empty this process's cartridge LRU around each test (backends stay loaded): no test sees another's cache; no
+    refresh timer or background job outlives its test."""
     from cartridges import engine
+    from cartridges.services.refresh import refresh_timers_cancel, refresh_timers_join
+    from core.jobs import background_jobs_join
 
     engine.cache_clear()
     yield
+    # scopes refresh on append after a short debounce by default, and forgetting rebuilds in a background thread:
+    # neither may outlive its test (it would compile or erase in the next test's database)
+    refresh_timers_cancel()
+    assert refresh_timers_join(60) and background_jobs_join(60), "a refresh or background job outlived its test"
     engine.cache_clear()
 
 

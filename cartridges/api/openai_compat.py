@@ -165,7 +165,8 @@ def _completion_logprobs(result: AnswerResult) -> dict[str, Any]:
 
 def _mnesio(result: AnswerResult) -> dict[str, Any]:
     """What /api/ also says (an extra field; OpenAI clients keep it on the object)."""
-    return {"version_id": result.version_id, "ttft_s": result.ttft_s, "total_s": result.total_s}
+    return {"version_id": result.version_id, "ttft_s": result.ttft_s, "total_s": result.total_s,
+            "num_memories_after_version": result.num_memories_after_version, "num_memories_unread": result.num_memories_unread}
 
 
 class ChunkEncoder(Encoder):

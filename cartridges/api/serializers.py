@@ -249,6 +249,12 @@ class AnswerSerializer(serializers.Serializer):
                                      "scope's prefix cartridge, or its routed chunks (the memories in `memory_seqs`).")
     memory_seqs = serializers.ListField(child=serializers.IntegerField(), allow_null=True,
                                         help_text="routed: the memories read, in log order; null: the whole scope.")
+    num_memories_after_version = serializers.IntegerField(
+        help_text="Memories appended after `version_id` that this answer read on top of its blocks (computed in memory "
+        "as the refresh will: the answer is the refreshed version's); 0 when the version is at the scope's head.")
+    num_memories_unread = serializers.IntegerField(
+        help_text="Memories appended after `version_id` that this answer did not read (more than "
+        "MNESIO_FRESH_MAX_MEMORIES, or the scope past the model's window; `note` says which); the refresh catches up.")
 
 
 class EvaluationCaseSerializer(StrictSerializer):

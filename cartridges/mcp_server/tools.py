@@ -65,5 +65,5 @@ def forget(*, user, scope: str, seq: int, reason: str | None = None) -> dict[str
     scope_row = scope_get_for_user(user=user, name=scope)
     extra = {"reason": reason} if reason else {}
     erasure_request = memory_forget_file(scope=scope_row, seq=seq, requested_by=user, **extra)
-    erasure_request_enqueue(erasure_request=erasure_request)
+    erasure_request_enqueue(erasure_request=erasure_request, background=True)  # the answer never waits for the rebuild
     return {"scope": scope_row.name, "seq": seq, "erasure_request": erasure_request.pk, "forgotten": True}

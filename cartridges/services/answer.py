@@ -7,6 +7,13 @@ master key), answered by ``cartridge_answer_task(answer_request_id)`` on the gpu
 once: collecting opens the sealed answer and deletes the row with its key. A task's arguments never hold
 the question (they would sit in the broker in plaintext). An AnswerRecord keeps the version, mode and
 timings, never the question or the answer.
+
+Fresh answers: an ask never misses a committed memory. When the scope's head is past the serving version's
+log head, ``cartridge_serving`` compiles the scope at its head in memory (never stored), reusing the scope's
+stored blocks: what the refresh's incremental compile computes, so the answer is the one the refreshed version
+will give. Memories whose key is shredded are left out as in every compile. Past MNESIO_FRESH_MAX_MEMORIES
+memories after the version (or past the model's window) the version answers alone and the answer says how many
+it did not read; the refresh (services/refresh.py) catches up in the background either way.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
 from kvengine import ANSWER_MODES, ContextTooLongError
+from kvengine.base import Cartridge, KvBackend
 from kvengine.conversation import Prompt
 from kvengine.errors import OverloadedError
 from memories import crypto
@@ -32,16 +40,20 @@ from memories.selectors import (
     legacy_subjects_in_scope,
     log_head,
     memory_keys_forgotten_lock,
+    scope_head,
     scope_memories_open,
     subject_id_variants,
 )
 from memories.services import subject_id_validate
 
 from .. import conf, engine, prometheus
-from ..models import AnswerRecord, AnswerRequest, EvaluationCase, Layout
+from ..models import AnswerRecord, AnswerRequest, CartridgeVersion, EvaluationCase, Layout
 from ..selectors import active_configuration, active_version, evaluation_case_aad
+from ..storage import block_lookup, scope_blocks_live
 from .admission import overloaded_from_engine
 from .ask import DEFAULT_OPTIONS, AskOptions, ask_open_payload, ask_seal_payload, prompt_validate
+from .blocksecret import scope_block_secret
+from .compile import compile_cartridge, compile_input
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
 from .gate import normalize
 from .routed_answer import routed_answer, scope_layout
@@ -68,6 +80,8 @@ class AnswerResult:
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # [{token, logprob, top: [[token, logprob]]}] when asked
     layout: str = "prefix"  # the scope layout that answered in mode "cartridge": prefix | routed
     memory_seqs: list[int] | None = None  # routed: the memories read, in log order (None: the whole scope)
+    num_memories_after_version: int = 0  # memories appended after the version, read on top of its blocks
+    num_memories_unread: int = 0  # memories appended after the version that this answer did not read (over the bound)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +126,68 @@ def active_version_for_answer(*, scope, config):
     return version
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What an ask in mode "cartridge" reads: the serving version's cartridge, or that version's blocks with the
+    memories appended after it compiled on top, in memory (module docstring, "Fresh answers")."""
+
+    version: CartridgeVersion
+    cartridge: Cartridge
+    backend: KvBackend
+    num_memories_after_version: int = 0  # surviving memories after version.log_head compiled on top of it
+    num_memories_unread: int = 0  # memories after version.log_head left out (over the bound, or past the window)
+    unread_reason: str = ""
+
+    @property
+    def note(self) -> str:
+        if self.num_memories_unread:
+            return (f"answered from version {self.version.pk} without the {self.num_memories_unread} memories appended "
+                    f"after it ({self.unread_reason}); the refresh catches up")
+        if self.num_memories_after_version:
+            return (f"read the {self.num_memories_after_version} memories appended after version {self.version.pk} "
+                    "on top of its blocks")
+        return ""
+
+
+def cartridge_serving(*, scope, config) -> Serving:
+    """The cartridge that answers for ``scope``: the active version's, extended in memory (never stored) with the
+    memories appended after it, up to MNESIO_FRESH_MAX_MEMORIES of them; NoActiveCartridge (409) without a version."""
+    version = active_version_for_answer(scope=scope, config=config)
+    head = scope_head(scope=scope)
+    if head <= version.log_head:
+        cartridge, backend = engine.cartridge_load(version=version, config=config)
+        return Serving(version=version, cartridge=cartridge, backend=backend)
+    num_after = Memory.objects.filter(scope=scope, seq__gt=version.log_head, seq__lte=head).count()
+    limit = conf.fresh_max_memories()
+    backend = engine.backend_for(config)
+    reason = ""
+    if num_after > limit:
+        reason = f"more than MNESIO_FRESH_MAX_MEMORIES={limit}"
+    elif version.block_size and getattr(backend, "block_size", version.block_size) != version.block_size:
+        reason = "the version was cut into blocks of another size: its blocks cannot be reused"
+    if reason:
+        return _serving_stale(version=version, config=config, num_unread=num_after, reason=reason)
+    data = compile_input(scope=scope, head=head)  # leaves out every memory whose key is shredded, as a compile does
+    num_fresh = sum(1 for seq in data.seqs if seq > version.log_head)
+    if not num_fresh:  # every memory after the version was erased since: the version holds the surviving ones
+        cartridge, backend = engine.cartridge_load(version=version, config=config)
+        return Serving(version=version, cartridge=cartridge, backend=backend)
+    try:
+        cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=scope_blocks_live(scope=scope)),
+                                      block_secret=scope_block_secret(scope=scope))
+    except ContextTooLong:
+        return _serving_stale(version=version, config=config, num_unread=num_fresh,
+                              reason="the scope at its head is over the model's context window")
+    log.info("fresh answer scope=%s version=%s num_memories_after_version=%d blocks_reused=%s computed_tokens=%s",
+             scope.pk, version.pk, num_fresh, cartridge.stats.get("blocks_reused"), cartridge.stats.get("computed_tokens"))
+    return Serving(version=version, cartridge=cartridge, backend=backend, num_memories_after_version=num_fresh)
+
+
+def _serving_stale(*, version, config, num_unread: int, reason: str) -> Serving:
+    cartridge, backend = engine.cartridge_load(version=version, config=config)
+    return Serving(version=version, cartridge=cartridge, backend=backend, num_memories_unread=num_unread, unread_reason=reason)
+
+
 def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
                      options: AskOptions = DEFAULT_OPTIONS) -> AnswerResult:
     """Answer ``question`` for ``scope`` from its active cartridge, or by re-reading the text when mode="text".
@@ -131,21 +207,18 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
             )
         return _routed_answer(scope=scope, config=config, question=question, max_new=max_new, actor=actor)
     if mode == "cartridge":
-        version = active_version_for_answer(scope=scope, config=config)
-        cartridge, backend = engine.cartridge_load(version=version, config=config)
+        serving = cartridge_serving(scope=scope, config=config)
         with _context_too_long_as_422():
-            answer = backend.answer(cartridge, question, max_new_tokens=max_new, **options.engine_kwargs())
-        note = ""
-    else:
-        version = None
-        texts = [m.text for m in scope_memories_open(scope=scope, as_of=log_head()) if not m.erased]
-        if not texts:
-            raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
-        with _context_too_long_as_422():
-            answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new,
-                                                                 **options.engine_kwargs())
-        note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
-    return answer_record(scope=scope, version=version, mode=mode, answer=answer, actor=actor, note=note)
+            answer = serving.backend.answer(serving.cartridge, question, max_new_tokens=max_new, **options.engine_kwargs())
+        return answer_record(scope=scope, version=serving.version, mode=mode, answer=answer, actor=actor, serving=serving)
+    texts = [m.text for m in scope_memories_open(scope=scope, as_of=log_head()) if not m.erased]
+    if not texts:
+        raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
+    with _context_too_long_as_422():
+        answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new,
+                                                             **options.engine_kwargs())
+    note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
+    return answer_record(scope=scope, version=None, mode=mode, answer=answer, actor=actor, note=note)
 
 
 def _routed_answer(*, scope, config, question: Prompt, max_new: int, actor=None) -> AnswerResult:
@@ -156,8 +229,10 @@ def _routed_answer(*, scope, config, question: Prompt, max_new: int, actor=None)
     return replace(result, mode="cartridge", layout=Layout.ROUTED.value, memory_seqs=seqs)
 
 
-def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = "") -> AnswerResult:
-    """Record an engine Answer (AnswerRecord: version, mode, timings, never text) and return its AnswerResult."""
+def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = "",
+                  serving: Serving | None = None) -> AnswerResult:
+    """Record an engine Answer (AnswerRecord: version, mode, timings, never text) and return its AnswerResult
+    (with ``serving``'s counts and note when it answered from a cartridge)."""
     AnswerRecord.objects.create(
         scope=scope,
         version=version,
@@ -178,10 +253,12 @@ def answer_record(*, scope, version, mode: str, answer, actor=None, note: str = 
         total_s=answer.total_s,
         num_context_tokens=answer.num_context_tokens,
         num_prompt_tokens=answer.num_prompt_tokens,
-        note=note,
+        note=serving.note if serving is not None else note,
         num_answer_tokens=len(answer.token_ids),
         finish_reason=answer.finish_reason,
         logprobs=[{"token": e.token, "logprob": e.logprob, "top": [list(t) for t in e.top]} for e in answer.logprobs],
+        num_memories_after_version=serving.num_memories_after_version if serving is not None else 0,
+        num_memories_unread=serving.num_memories_unread if serving is not None else 0,
     )
 
 

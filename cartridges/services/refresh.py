@@ -3,7 +3,8 @@
 Decisions:
 - **Trigger.** memories runs its append hooks (memories.registry) after an append that wrote rows commits, single
   and batch appends alike; ``cartridges.tasks.refresh_after_append`` is one (it sends tasks, so it lives with
-  them; services never send). memories never imports cartridges. ``manual`` (the default) does nothing.
+  them; services never send). memories never imports cartridges. ``on_append`` is a new scope's default, after
+  DEFAULT_DEBOUNCE_S (asks read what the refresh has not compiled yet: services/answer.py); ``manual`` does nothing.
 - **One refresh per burst, with a broker.** A marker ``mnesio:auto-refresh:<scope id>`` is set in Redis with
   SET NX EX. The append that sets it sends ``cartridge_refresh_task`` to the gpu queue with a countdown of the
   debounce; appends that find it set send nothing, since the pending refresh compiles at the scope's head when it
@@ -47,7 +48,7 @@ from memories.models import Scope
 
 from .. import conf
 from ..channels import redis_client
-from ..models import AutoRefresh, ScopeSettings
+from ..models import DEFAULT_AUTO_REFRESH, DEFAULT_DEBOUNCE_S, AutoRefresh, ScopeSettings
 from ..selectors import active_configuration, active_version, scope_settings_get, version_latest_evaluation
 from .activate import cartridge_activate
 from .compile import cartridge_compile
@@ -84,10 +85,12 @@ class RefreshOutcome:
 def refresh_debounce_s(*, scope_id: int) -> int | None:
     """The debounce of scope ``scope_id`` when its settings say ``on_append``; None when it is refreshed by hand.
 
-    One query (it runs after every append): the scope's newest settings row, none meaning the defaults (manual).
+    One query (it runs after every append): the scope's newest settings row, none meaning the defaults (on append).
     """
     row = ScopeSettings.objects.filter(scope_id=scope_id).order_by("-id").values("auto_refresh", "auto_refresh_debounce_s").first()
-    if row is None or row["auto_refresh"] != AutoRefresh.ON_APPEND:
+    if row is None:
+        row = {"auto_refresh": DEFAULT_AUTO_REFRESH, "auto_refresh_debounce_s": DEFAULT_DEBOUNCE_S}
+    if row["auto_refresh"] != AutoRefresh.ON_APPEND:
         return None
     return int(row["auto_refresh_debounce_s"])
 
@@ -253,6 +256,17 @@ def refresh_timers_flush() -> list[int]:
     for scope_id, timer in pending.items():
         timer.cancel()
         _timer_fire(scope_id, own_thread=False)
+    return sorted(pending)
+
+
+def refresh_timers_cancel() -> list[int]:
+    """Drop every waiting timer without refreshing (a test's scope must not be compiled in the next test's database;
+    a process that stops without refreshing). A timer already firing runs on: refresh_timers_join waits for it."""
+    with _timers_lock:
+        pending = dict(_timers)
+        _timers.clear()
+    for timer in pending.values():
+        timer.cancel()
     return sorted(pending)
 
 

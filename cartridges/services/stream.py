@@ -19,15 +19,15 @@ from collections.abc import Callable, Iterator
 
 from kvengine.conversation import Prompt
 
-from .. import engine
 from ..models import Layout
 from ..selectors import active_configuration
 from .answer import (
     AnswerResult,
+    Serving,
     _context_too_long_as_422,
-    active_version_for_answer,
     answer_record,
     cartridge_answer,
+    cartridge_serving,
     mode_validate,
     question_validate,
 )
@@ -142,13 +142,12 @@ def cartridge_answer_stream(*, scope, question: Prompt, mode: str = "cartridge",
     if mode != "cartridge" or scope_layout(scope=scope, config=config) == Layout.ROUTED:  # answered whole: one delta
         result = cartridge_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
         return AnswerStream(iter([result.answer, result] if result.answer else [result]))
-    version = active_version_for_answer(scope=scope, config=config)
-    cartridge, backend = engine.cartridge_load(version=version, config=config)
-    items = backend.answer_stream(cartridge, question, max_new_tokens=options.length(), **options.engine_kwargs())
-    return AnswerStream(_recorded(items, scope=scope, version=version, actor=actor))
+    serving = cartridge_serving(scope=scope, config=config)
+    items = serving.backend.answer_stream(serving.cartridge, question, max_new_tokens=options.length(), **options.engine_kwargs())
+    return AnswerStream(_recorded(items, scope=scope, serving=serving, actor=actor))
 
 
-def _recorded(items, *, scope, version, actor) -> Iterator[StreamItem]:
+def _recorded(items, *, scope, serving: Serving, actor) -> Iterator[StreamItem]:
     """Pass the engine's deltas on; record its final Answer and yield it as the AnswerResult; close the engine."""
     try:
         with _context_too_long_as_422():
@@ -156,6 +155,7 @@ def _recorded(items, *, scope, version, actor) -> Iterator[StreamItem]:
                 if isinstance(item, str):
                     yield item
                 else:
-                    yield answer_record(scope=scope, version=version, mode="cartridge", answer=item, actor=actor)
+                    yield answer_record(scope=scope, version=serving.version, mode="cartridge", answer=item, actor=actor,
+                                        serving=serving)
     finally:
         items.close()  # an early close (client gone) stops decoding here, not at the answer's end

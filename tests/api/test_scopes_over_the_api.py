@@ -124,7 +124,7 @@ def test_the_scope_list_shows_only_the_callers_grants(alice, charlie, staff_with
 # --- settings ------------------------------------------------------------------------------------------
 def test_a_scopes_clients_read_its_settings_defaults_first(alice, api_client_for):
     body = api_client_for(alice).get("/api/v1/scopes/scope-a/settings/").json()
-    assert body == {"scope": "scope-a", "auto_refresh": "manual", "auto_refresh_debounce_s": 60,
+    assert body == {"scope": "scope-a", "auto_refresh": "on_append", "auto_refresh_debounce_s": 2,
                     "keep_previous_versions": 3, "layout": "auto", "updated_at": None, "updated_by": None}
 
 
@@ -151,7 +151,7 @@ def test_staff_with_the_permission_change_settings_and_clients_see_them(alice, b
 def test_clients_and_view_only_staff_cannot_change_settings(alice, charlie, staff_with, api_client_for):
     from cartridges.models import ScopeSettings
 
-    change = {"auto_refresh": "on_append"}
+    change = {"auto_refresh": "manual"}
     viewer = staff_with("vera", *VIEW_ONLY)
     for user in (alice, viewer):
         body = assert_error(api_client_for(user).patch("/api/v1/scopes/scope-a/settings/", data=change, format="json"), 403)
@@ -160,7 +160,7 @@ def test_clients_and_view_only_staff_cannot_change_settings(alice, charlie, staf
     assert_error(api_client_for(charlie).get("/api/v1/scopes/scope-a/settings/"), 404, "scope")
     assert not ScopeSettings.objects.exists()
     # view-only staff read any scope's settings (as in the admin), without a grant
-    assert api_client_for(viewer).get("/api/v1/scopes/scope-a/settings/").json()["auto_refresh"] == "manual"
+    assert api_client_for(viewer).get("/api/v1/scopes/scope-a/settings/").json()["auto_refresh"] == "on_append"
 
 
 @pytest.mark.parametrize(
@@ -191,8 +191,8 @@ def test_the_settings_service_validates_callers_that_skip_the_api(scope_a):
         with pytest.raises(MnesioError) as caught:
             scope_settings_update(scope=scope_a, **kwargs)
         assert caught.value.extra["field"] == field and f"`{field}`" in caught.value.message
-    row = scope_settings_update(scope=scope_a, auto_refresh="on_append")
-    assert (row.auto_refresh, row.auto_refresh_debounce_s, row.keep_previous_versions) == ("on_append", 60, 3)
+    row = scope_settings_update(scope=scope_a, auto_refresh="manual")
+    assert (row.auto_refresh, row.auto_refresh_debounce_s, row.keep_previous_versions) == ("manual", 2, 3)
 
 
 @pytest.mark.postgres
@@ -239,7 +239,7 @@ def test_two_concurrent_partial_changes_both_land(scope_a, monkeypatch):
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=change, kwargs={"auto_refresh": "on_append"}),
+    threads = [threading.Thread(target=change, kwargs={"auto_refresh": "manual"}),
                threading.Thread(target=change, kwargs={"keep_previous_versions": 2})]
     for thread in threads:
         thread.start()
@@ -247,7 +247,7 @@ def test_two_concurrent_partial_changes_both_land(scope_a, monkeypatch):
         thread.join(timeout=30)
     assert not errors, errors
     final = scope_settings_get(scope=scope_a)
-    assert (final.auto_refresh, final.keep_previous_versions) == ("on_append", 2)
+    assert (final.auto_refresh, final.keep_previous_versions) == ("manual", 2)
 
 
 def test_a_hostile_username_in_the_path_is_a_404_naming_user(scope_a, staff_with, api_client_for):
@@ -274,11 +274,11 @@ def test_an_operator_revokes_a_grant_from_the_command_line(alice, api_client_for
 def test_the_admin_shows_the_settings_history_read_only(scope_a, staff_with, client, django_user_model):
     from cartridges.services import scope_settings_update
 
-    scope_settings_update(scope=scope_a, auto_refresh="on_append")
+    scope_settings_update(scope=scope_a, auto_refresh="manual")
     viewer = staff_with("vera", "cartridges.view_scopesettings")
     client.force_login(viewer)
     page = client.get("/admin/cartridges/scopesettings/")
-    assert page.status_code == 200 and "on_append" in page.content.decode()
+    assert page.status_code == 200 and "manual" in page.content.decode()
     assert client.get("/admin/cartridges/scopesettings/add/").status_code == 403
     # even a superuser has no form to change a setting there: the API's PATCH is the one door
     client.force_login(django_user_model.objects.create_superuser(username="root", password="x-root"))

@@ -62,13 +62,13 @@ def test_in_process_debounce_zero_refreshes_right_after_the_append_in_a_thread(s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_manual_scope_is_not_refreshed(scope_a, append, fake_engine, eager_tasks):
+def test_a_new_scope_refreshes_on_append_and_a_manual_one_is_not_refreshed(scope_a, append, fake_engine, eager_tasks):
     append(scope_a, "Crate 0 holds apples.")
-    assert refresh_timers_pending() == [] and not CartridgeVersion.objects.exists()
-    _on_append(scope_a, 0)
+    assert refresh_timers_pending() == [scope_a.pk]  # the default: on append, after DEFAULT_DEBOUNCE_S
+    assert refresh_timers_flush() == [scope_a.pk] and active_version(scope=scope_a).log_head == 1
     scope_settings_update(scope=scope_a, auto_refresh="manual")
     append(scope_a, "Crate 1 holds pears.")
-    assert refresh_timers_pending() == [] and not CartridgeVersion.objects.exists()
+    assert refresh_timers_pending() == [] and CartridgeVersion.objects.count() == 1
 
 
 @pytest.mark.django_db

@@ -84,3 +84,10 @@ def test_documents_without_a_single_word_match_nothing():
     assert index.scores("6") == [0.0, 0.0, 0.0]
     assert index.ranked("6", 5) == [] and index.top_k("6", 2) == [0, 1]
     assert Bm25(["...", "the key is under the pot"]).ranked("key", 5)[0][0] == 1
+
+
+def test_the_stemmed_tokens_merge_inflections_and_the_default_stays_unstemmed():
+    assert bm25_tokenize("Cats were running; the cat runs") == ["cats", "were", "running", "the", "cat", "runs"]
+    assert bm25_tokenize("Cats were running; the cat runs", stem=True) == ["cat", "were", "run", "the", "cat", "run"]
+    assert Bm25(["my cat", "a dog"]).ranked("cats", 5) == []
+    assert [index for index, _ in Bm25(["my cat", "a dog"], stem=True).ranked("cats", 5)] == [0]

@@ -1,4 +1,5 @@
-"""Index the memories appended before the search index existed (memories.services.search_index_backfill).
+"""Index the memories appended before the search index existed, and rebuild each index built with an older
+tokenizer (before stemming) (memories.services.search_index_backfill).
 
 Run once after upgrading; safe to repeat (a second run finds nothing to do) and beside a running service:
 appends index their own rows, and an erasure removes what this indexed.
@@ -17,8 +18,8 @@ from memories.services import search_index_backfill
 
 class Command(BaseCommand):
     help = (
-        "Add every memory not yet in the search index (opened with its keys; erased ones are left out) to it. "
-        "Safe to re-run."
+        "Add every memory not yet in the search index (opened with its keys; erased ones are left out) to it, and "
+        "rebuild each scope's index built with an older tokenizer (one transaction per scope). Safe to re-run."
     )
 
     def add_arguments(self, parser) -> None:

@@ -1,0 +1,93 @@
+"""Fresh answers: memories appended after the serving version are read on top of its blocks, in memory.
+
+The fake engine answers with the memory that best matches the question, so an answer naming a memory appended
+after the version shows it was read; the real model's token-for-token equality with a version compiled at the
+head is in test_fresh_answers_real_model.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+from cartridges.models import AnswerRecord, CartridgeBlob, CartridgeBlock, CartridgeVersion
+from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile
+from cartridges.services.stream import cartridge_answer_stream
+from memories.services import memories_append_batch, memory_forget_file
+
+pytestmark = pytest.mark.django_db
+
+KEY = "The spare key is under the blue flowerpot."
+TEA = "Ada drinks green tea every morning."
+CAR = "The car is parked on level 3."
+CODE = "The vault code is 4417."
+
+
+def _served(scope, texts):
+    memories_append_batch(scope=scope, items=[{"content": t} for t in texts])
+    version = cartridge_compile(scope=scope)
+    cartridge_activate(version=version)
+    return version
+
+
+def test_it_reads_memories_appended_after_the_version_and_stores_nothing(scope_a, fake_engine, append):
+    version = _served(scope_a, [KEY, TEA])
+    stored = (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), CartridgeBlob.objects.count())
+    append(scope_a, CAR)
+    append(scope_a, CODE)
+
+    result = cartridge_answer(scope=scope_a, question="Where is the car parked?")
+
+    assert result.answer == CAR and result.version_id == version.pk
+    assert (result.num_memories_after_version, result.num_memories_unread) == (2, 0)
+    assert "2 memories appended after version" in result.note
+    assert (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), CartridgeBlob.objects.count()) == stored
+    assert AnswerRecord.objects.get().version_id == version.pk
+
+
+def test_it_says_nothing_when_the_version_is_at_the_head(scope_a, fake_engine):
+    _served(scope_a, [KEY, TEA])
+    result = cartridge_answer(scope=scope_a, question="What does Ada drink?")
+    assert result.answer == TEA and (result.num_memories_after_version, result.num_memories_unread) == (0, 0)
+    assert result.note == ""
+
+
+def test_past_the_bound_the_version_answers_alone_and_says_how_many_it_did_not_read(scope_a, fake_engine, append, settings):
+    settings.MNESIO_FRESH_MAX_MEMORIES = 1
+    version = _served(scope_a, [KEY, TEA])
+    append(scope_a, CAR)
+    append(scope_a, CODE)
+
+    result = cartridge_answer(scope=scope_a, question="Where is the car parked?")
+
+    assert result.answer != CAR and result.version_id == version.pk
+    assert (result.num_memories_after_version, result.num_memories_unread) == (0, 2)
+    assert "without the 2 memories appended after it" in result.note and "MNESIO_FRESH_MAX_MEMORIES=1" in result.note
+
+
+def test_it_never_reads_a_forgotten_memory_appended_after_the_version(scope_a, fake_engine, append):
+    _served(scope_a, [KEY, TEA])
+    append(scope_a, CAR)
+    secret = append(scope_a, CODE)
+    memory_forget_file(scope=scope_a, seq=secret.seq, requested_by=None)  # shreds its key; no version holds it
+
+    result = cartridge_answer(scope=scope_a, question="What is the vault code?")
+
+    assert "4417" not in result.answer and result.num_memories_after_version == 1
+
+
+def test_the_streamed_answer_reads_them_too(scope_a, fake_engine, append):
+    version = _served(scope_a, [KEY, TEA])
+    append(scope_a, CAR)
+    items = list(cartridge_answer_stream(scope=scope_a, question="Where is the car parked?"))
+    result = items[-1]
+    assert "".join(items[:-1]).strip() == CAR == result.answer
+    assert result.version_id == version.pk and result.num_memories_after_version == 1
+
+
+def test_a_question_answered_by_a_worker_carries_the_count_through_its_sealed_answer(scope_a, fake_engine, append):
+    from cartridges.services import answer_request_answer, answer_request_collect, answer_request_file
+
+    _served(scope_a, [KEY, TEA])
+    append(scope_a, CAR)
+    request = answer_request_answer(answer_request=answer_request_file(scope=scope_a, question="Where is the car parked?"))
+    result = answer_request_collect(answer_request=request)
+    assert result.answer == CAR and result.num_memories_after_version == 1
