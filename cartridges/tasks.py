@@ -179,6 +179,8 @@ def routed_chunks_compile_task(scope_id: int) -> dict[str, Any]:
     scope = Scope.objects.filter(pk=scope_id).first()
     if scope is None:
         return {"ok": False, "error": f"scope {scope_id} does not exist"}
+    if scope.deleted_at is not None:  # its keys and block secret are shredded: nothing to compile, nothing to make
+        return {"ok": True, "made": 0}
     try:
         return {"ok": True, "made": routed_chunks_compile(scope=scope, config=active_configuration())}
     except MnesioError as exc:

@@ -70,6 +70,8 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
     "overloaded": (429, "the answering engine is at capacity; retry after `Retry-After` seconds"),
     "too_many_pending_asks": (429, "too many async asks wait for an answer (this process's or this user's); collect "
                                    "them, or retry after `Retry-After` seconds"),
+    "too_many_sessions": (429, "this token holds the most MCP sessions it may keep open; end one (DELETE /mcp with its "
+                               "session id) or retry after `Retry-After` seconds, when an idle one has closed"),
     "worker_timeout": (504, "no gpu worker answered in time (none running, or all busy); retry after `Retry-After` seconds"),
     "database_unavailable": (503, "the database is unreachable; retry with the same idempotency key"),
     "master_key_unavailable": (503, "the server's master key does not open the stored keys; an operator must fix it"),

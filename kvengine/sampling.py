@@ -45,7 +45,10 @@ class JsonConstraint:
         except ImportError as exc:  # an optional dependency: say which
             raise ConfigError("a JSON `response_format` needs lm-format-enforcer: pip install lm-format-enforcer==0.11.3") from exc
         schema = json.loads(schema_json)
-        parser = JsonSchemaParser(schema or None)  # None: any JSON object
+        try:
+            parser = JsonSchemaParser(schema or None)  # None: any JSON object
+        except Exception as exc:  # its schema model's ValidationError, ValueError, ...: a schema it cannot take
+            raise ConfigError(f"`json_schema` is not a schema lm-format-enforcer can constrain to: {str(exc)[:200]}") from None
         self.enforcer = TokenEnforcer(self._table(tokenizer, eos_ids), parser)
         self.eos_ids = eos_ids
 

@@ -272,7 +272,8 @@ def memories_unindex(*, seqs: Sequence[int] | None = None, scope: Scope | None =
     """Delete the postings and documents of ``seqs``, lowering the counts, or all of ``scope``'s (and shred its
     index key); return how many documents went. In the caller's transaction (an erasure's)."""
     assert (seqs is None) != (scope is None)
-    # the counter lock: appends (which raise the same counts) and the backfill wait; no two orders of row locks
+    # the counter lock: appends (which raise the same counts) and the backfill wait. Appends take it before any
+    # subject row, so the caller takes it before it locks subjects (memories.services.erasure_request_shred)
     list(LogHead.objects.select_for_update().filter(pk=1).values_list("pk", flat=True))
     if scope is not None:
         SearchPosting.objects.filter(scope_id=scope.pk).delete()

@@ -369,6 +369,11 @@ TOKEN_ID_CHARS = 16
 _TOKEN_ID_RE = re.compile(rf"[0-9a-f]{{{TOKEN_ID_CHARS}}}")
 
 
+def token_is_limited(*, user) -> bool:
+    """Whether ``user`` came with a token limited to some of their scopes (memories.tokens)."""
+    return getattr(user, TOKEN_SCOPES_ATTR, None) is not None
+
+
 def token_management_check(*, user) -> None:
     """403 unless ``user`` came with a credential that reaches all their scopes (a limited token manages nothing)."""
     if getattr(user, TOKEN_SCOPES_ATTR, None) is not None:

@@ -9,6 +9,7 @@ pass and a real request for something not done here is never silently ignored. A
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,9 +130,45 @@ def _json_schema(data: dict) -> str | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(schema, dict):
             raise InvalidRequest("`response_format.json_schema` has to be {\"name\": ..., \"schema\": {...}}",
                                  param="response_format", code="invalid_value")
+        _check_schema(schema)
         return json.dumps(schema, sort_keys=True)
     raise InvalidRequest(f"`response_format.type` has to be one of ['text', 'json_object', 'json_schema'] but got {kind!r}",
                          param="response_format", code="invalid_value")
+
+
+def _schema_refusal(problem: str) -> InvalidRequest:
+    return InvalidRequest(f"`response_format.json_schema.schema` {problem}", param="response_format", code="invalid_value")
+
+
+def _check_schema(schema: dict) -> None:
+    """Refuse a schema the JSON constraint (kvengine/sampling.py, lm-format-enforcer) cannot be built from, here and
+    not in the engine: there it failed as a 500, or mid-stream. Checked with jsonschema (the schema against its
+    draft's metaschema) rather than the enforcer itself, which imports torch (a model-free web process never does);
+    what the metaschema allows but the enforcer's own model refuses is refused by the engine (engine_refused)."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import Draft202012Validator, validator_for
+
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "(the root)"
+        raise _schema_refusal(f"is not a valid JSON schema at {where}: {exc.message[:200]}") from None
+    except RecursionError:
+        raise _schema_refusal("is nested too deeply") from None
+    # references are followed as the enforcer follows them: by the last segment, in the root's definitions
+    definitions = schema.get("definitions") if "definitions" in schema else schema.get("$defs")
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and not (re.fullmatch(r"#/(\$defs|definitions)/[^/]+", ref)
+                                             and isinstance(definitions, dict) and ref.rsplit("/", 1)[1] in definitions):
+                raise _schema_refusal(f"has `$ref` {ref[:100]!r}: only references to the schema's own `$defs` "
+                                      "(or `definitions`) are supported")
+            stack.extend(node.values())
 
 
 def parse(data: dict[str, Any], *, chat: bool) -> Parsed:

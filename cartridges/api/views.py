@@ -24,7 +24,7 @@ from core.api import validated
 from core.errors import MnesioError
 from core.pagination import BoundedLimitOffsetPagination
 from memories.models import Scope
-from memories.selectors import scope_get_for_staff, scope_get_for_user, user_scopes
+from memories.selectors import scope_get_for_staff, scope_get_for_user, token_is_limited, user_scopes
 
 ERROR = OpenApiResponse(description='`{"code": ..., "message": ..., "extra": ...}` naming the field or reason')
 
@@ -275,8 +275,10 @@ METRICS_PERMISSION = "cartridges.view_kv_metrics"
 
 
 def sees_every_scope(user: Any) -> bool:
-    """Whether ``user``'s KV metrics cover every scope: staff holding ``cartridges.view_kv_metrics`` (else their grants')."""
-    return bool(user and user.is_active and user.is_staff and user.has_perm(METRICS_PERMISSION))
+    """Whether ``user``'s KV metrics cover every scope: staff holding ``cartridges.view_kv_metrics`` with a credential
+    that reaches all their scopes (else their grants', a limited token's only its scopes)."""
+    return bool(user and user.is_active and user.is_staff and user.has_perm(METRICS_PERMISSION)
+                and not token_is_limited(user=user))
 
 
 class KvMetricsView(APIView):
@@ -285,7 +287,8 @@ class KvMetricsView(APIView):
     @extend_schema(
         summary="KV metrics: configuration, per-scope cartridges and lag, gate outcomes, latency, counts, "
                 "erasures, this process's asks (?format=prometheus for Prometheus text). Staff with "
-                "`cartridges.view_kv_metrics` see every scope; everyone else (staff included) the scopes granted to them.",
+                "`cartridges.view_kv_metrics` see every scope (a token limited to some scopes: only those); everyone "
+                "else (staff included) the scopes granted to them.",
         parameters=[OpenApiParameter("format", str, enum=["json", "prometheus"])],
         responses={200: s.KvMetricsSerializer},
     )

@@ -6,23 +6,40 @@ the API's JSON error body. A session is bound to the token that opened it (the S
 The SDK's session manager needs a running task group; ASGI lifespan is off in some deployments (the test server)
 and Django's application does not speak it, so the manager is started on the first request and runs for the
 life of the process's event loop.
+
+The Host (and any Origin) header is checked first against Django's ``ALLOWED_HOSTS``, with Django's own rules
+(``validate_host``: ports ignored, ``.example.com`` for a domain and its subdomains, ``*`` for any), as every
+Django view checks it: a refused Host is a 400 ``invalid_input`` (field ``host``), as Django answers one. The
+SDK's own DNS-rebinding check is turned off in its favour: by default it allows only loopback hosts, which
+refused every request behind a real hostname, and its patterns cannot say "a domain and its subdomains".
+
+Sessions are bounded: the SDK's process-wide limit (MNESIO_MCP_MAX_SESSIONS, then its 503) and idle timeout
+(MNESIO_MCP_SESSION_IDLE_S), and here, per token, MNESIO_MCP_MAX_SESSIONS_PER_TOKEN open sessions (a 429
+``too_many_sessions``): without it one token could open every session the process allows and lock out every tenant.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import weakref
+from collections import Counter
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
+from django.conf import settings
 from django.db import close_old_connections
+from django.http.request import split_domain_port, validate_host
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.mcpserver import Context
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from rest_framework.exceptions import AuthenticationFailed
 
 from core.errors import ERROR_CODES
 
+from .. import conf
 from .server import build_server
 
 USER_KEY = "mnesio.user"  # the ASGI scope's key holding the authenticated Django user
@@ -51,12 +68,44 @@ def _user_from_request(ctx: Context) -> Any:
     return request.scope[USER_KEY]
 
 
-async def _refuse(send, code: str, message: str) -> None:
-    body = json.dumps({"code": code, "message": message, "extra": {"field": "authorization"}}).encode()
-    await send({"type": "http.response.start", "status": ERROR_CODES[code][0], "headers": [
-        (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="mnesio"'),
-        (b"content-length", str(len(body)).encode())]})
+async def _refuse(send, code: str, message: str, *, field: str = "authorization", extra: dict | None = None,
+                  retry_after_s: int | None = None) -> None:
+    body = json.dumps({"code": code, "message": message, "extra": {"field": field, **(extra or {})}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if field == "authorization":
+        headers.append((b"www-authenticate", b'Bearer realm="mnesio"'))
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    await send({"type": "http.response.start", "status": ERROR_CODES[code][0], "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _allowed_hosts() -> list[str]:
+    # as HttpRequest.get_host: with DEBUG on and ALLOWED_HOSTS empty, the local names
+    if settings.DEBUG and not settings.ALLOWED_HOSTS:
+        return [".localhost", "127.0.0.1", "[::1]"]
+    return list(settings.ALLOWED_HOSTS)
+
+
+def _host_refusal(headers: dict[bytes, bytes]) -> tuple[str, str, str] | None:
+    """``(code, message, field)`` when the Host or Origin header names a host ALLOWED_HOSTS does not list."""
+    host = headers.get(b"host", b"").decode("latin-1")
+    domain, _ = split_domain_port(host)
+    if not domain or not validate_host(domain, _allowed_hosts()):
+        return "invalid_input", f"the `Host` header {host[:100]!r} is not in ALLOWED_HOSTS", "host"
+    origin = headers.get(b"origin")
+    if origin is None:
+        return None
+    origin = origin.decode("latin-1")
+    if origin in settings.CSRF_TRUSTED_ORIGINS:
+        return None
+    try:
+        origin_domain, _ = split_domain_port(urlsplit(origin).netloc)
+    except ValueError:
+        origin_domain = ""
+    if not origin_domain or not validate_host(origin_domain, _allowed_hosts()):
+        return "permission_denied", f"the `Origin` header {origin[:100]!r} is not in ALLOWED_HOSTS", "origin"
+    return None
 
 
 class McpHttpApp:
@@ -64,7 +113,11 @@ class McpHttpApp:
 
     def __init__(self) -> None:
         self.server = build_server(_user_from_request)
-        self.server.streamable_http_app()  # creates the session manager (its Starlette app is not used)
+        # creates the session manager (its Starlette app is not used); Host and Origin are checked in __call__
+        self.server.streamable_http_app(
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            max_sessions=conf.mcp_max_sessions(), session_idle_timeout=conf.mcp_session_idle_s())
+        self._opening: Counter[str] = Counter()  # requests without a session id in flight, per client id
         self._started: anyio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -82,8 +135,21 @@ class McpHttpApp:
             self._task = asyncio.get_running_loop().create_task(run_manager())  # referenced: never collected
         await self._started.wait()
 
+    def num_sessions(self, client_id: str) -> int:
+        """Open sessions of ``client_id`` (a token's digest), counting the opening requests still in flight."""
+        # the SDK's record of who opened each open session (mcp 2.3 has no public accessor); a session leaves it
+        # however it ends (DELETE, idle timeout, crash, a refused opening request). A session whose opening request
+        # is still in flight is counted twice, until that request ends: concurrent openings are refused early, never late
+        owners = self.server.session_manager._session_owners.values()
+        return sum(owner["client_id"] == client_id for owner in owners) + self._opening[client_id]
+
     async def __call__(self, scope: dict, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
+        refusal = _host_refusal(headers)
+        if refusal is not None:
+            code, message, field = refusal
+            await _refuse(send, code, message, field=field)
+            return
         raw = headers.get(b"authorization", b"").decode("latin-1").split()
         if len(raw) != 2 or raw[0].lower() not in PREFIXES:
             await _refuse(send, "not_authenticated", "no credentials: send `Authorization: Bearer <token>`")
@@ -96,7 +162,29 @@ class McpHttpApp:
         principal = AccessToken(token="", client_id=auth_token.digest[:32], scopes=[])
         scope = {**scope, "user": AuthenticatedUser(principal), USER_KEY: user}
         await self._ensure_started()
-        await self.server.session_manager.handle_request(scope, receive, send)
+        version = headers.get(b"mcp-protocol-version", b"").decode("latin-1") or None
+        if b"mcp-session-id" in headers or (version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS):
+            # a request of an open session, or of a sessionless (modern-era) client: it opens nothing (the SDK
+            # routes requests the same way)
+            await self.server.session_manager.handle_request(scope, receive, send)
+            return
+        # a request that may open a session: counted and checked with no await in between (one event loop), so
+        # concurrent openings by one token cannot pass the cap together
+        client_id, cap = principal.client_id, conf.mcp_max_sessions_per_token()
+        if self.num_sessions(client_id) >= cap:
+            idle_s = conf.mcp_session_idle_s()
+            await _refuse(send, "too_many_sessions", f"this token holds {cap} open MCP sessions, the most it may "
+                          f"(MNESIO_MCP_MAX_SESSIONS_PER_TOKEN): end one (DELETE with its Mcp-Session-Id) or retry "
+                          f"once one has been idle {idle_s} s", field="mcp-session-id", extra={"limit": cap},
+                          retry_after_s=min(idle_s, 60))
+            return
+        self._opening[client_id] += 1
+        try:
+            await self.server.session_manager.handle_request(scope, receive, send)
+        finally:
+            self._opening[client_id] -= 1
+            if not self._opening[client_id]:
+                del self._opening[client_id]
 
 
 # One application (one session manager, whose task group lives on one event loop) per event loop: a process

@@ -30,6 +30,8 @@ INSTRUCTIONS = (
     "memory (by its seq) with forget. Errors carry a stable `code` (not_found, invalid_input, conflict, ...)."
 )
 
+# Called in the tool's worker thread, once per tool call: it may use the database (the stdio command re-checks its
+# token there, so a revoked or expired token stops working mid-session); it raises MnesioError to refuse the call.
 UserResolver = Callable[[Context], Any]
 
 Scope = Annotated[str, Field(description="The scope's name (see list_scopes).", max_length=100)]
@@ -44,12 +46,12 @@ def tool_error(exc: MnesioError) -> CallToolResult:
                           is_error=True)
 
 
-def _in_thread(fn: Callable[..., dict], **kwargs: Any) -> dict:
+def _in_thread(fn: Callable[..., dict], resolve_user: UserResolver, ctx: Context, **kwargs: Any) -> dict:
     # a worker thread outside Django's request cycle: drop connections that died or aged past CONN_MAX_AGE, as the
     # request_started/finished signals do for views
     close_old_connections()
     try:
-        return fn(**kwargs)
+        return fn(user=resolve_user(ctx), **kwargs)
     finally:
         close_old_connections()
 
@@ -59,9 +61,8 @@ def build_server(resolve_user: UserResolver) -> MCPServer:
     server = MCPServer("mnesio", instructions=INSTRUCTIONS, log_level="WARNING")
 
     async def run(ctx: Context, fn: Callable[..., dict], **kwargs: Any) -> dict[str, Any] | CallToolResult:
-        user = resolve_user(ctx)
         try:
-            return await anyio.to_thread.run_sync(partial(_in_thread, fn, user=user, **kwargs))
+            return await anyio.to_thread.run_sync(partial(_in_thread, fn, resolve_user, ctx, **kwargs))
         except MnesioError as exc:
             return tool_error(exc)
 

@@ -424,8 +424,8 @@ def answer_request_answer(
     if request.answered_at is not None:
         return request
     key = _request_key(request)
-    question, options = ask_open_payload(crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")))
     try:
+        question, options = ask_open_payload(crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")))
         if publish is None:
             result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor,
                                       options=options)

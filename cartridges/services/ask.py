@@ -3,7 +3,8 @@
 A question is a string or a kvengine Conversation (the client's system text and earlier turns; the memories stay
 the cached prefix, kvengine/layout.py). AskOptions holds the decoding (kvengine/decoding.py; greedy by default)
 and the answer length (at most the server's MNESIO_ANSWER_MAX_NEW_TOKENS). For a gpu worker both are sealed
-together as one JSON document (``ask_seal_payload``); a plain question alone is sealed as its text.
+together as one JSON document behind a prefix byte (``ask_seal_payload``), whatever the question: a question's own
+text is never read as options (a question that was such a document, sealed as bare text, made the worker fail).
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from .. import conf
 
 MAX_TURNS = 64  # turns of one conversation (each at most MNESIO_MAX_QUESTION_CHARS)
 _PAYLOAD_KIND = "mnesio-ask-v1"
+# Starts every payload sealed now. Never in UTF-8, so never the first byte of one sealed before it (a question's
+# bare text, or the JSON document): those are opened as they were, until they expire (MNESIO_ANSWER_REQUEST_TTL_S).
+_PAYLOAD_PREFIX = b"\xff"
 
 
 @dataclass(frozen=True)
@@ -85,24 +89,38 @@ def prompt_build(*, question: str, history: list[tuple[str, str]] = (), system: 
 
 
 def ask_seal_payload(question: Prompt, options: AskOptions) -> bytes:
-    """The bytes sealed for a worker: the plain question's text, or one JSON document with the rest."""
-    if isinstance(question, str) and options == DEFAULT_OPTIONS:
-        return question.encode()
+    """The bytes sealed for a worker: the prefix byte, then one JSON document of the question and the options."""
     body = {"kind": _PAYLOAD_KIND, "max_new_tokens": options.max_new_tokens, "decoding": options.decoding.as_dict(),
             "question": question.as_dict() if isinstance(question, Conversation) else question}
-    return json.dumps(body).encode()
+    return _PAYLOAD_PREFIX + json.dumps(body).encode()
+
+
+def _payload_of(body: dict) -> tuple[Prompt, AskOptions]:
+    question = body["question"]
+    prompt = Conversation.of_dict(question) if isinstance(question, dict) else question
+    if not isinstance(prompt, (str, Conversation)):
+        raise TypeError(f"a payload's question is text or a conversation, not {type(prompt).__name__}")
+    return prompt, AskOptions(decoding=Decoding.of_dict(body["decoding"]), max_new_tokens=body["max_new_tokens"])
 
 
 def ask_open_payload(data: bytes) -> tuple[Prompt, AskOptions]:
-    """What ask_seal_payload sealed."""
+    """What ask_seal_payload sealed (or, without the prefix, what it sealed before: a question's text or the document).
+
+    Raises MnesioError (never another error) for a prefixed payload that does not open, so the worker records it as
+    the request's answer and the asker is told rather than left waiting.
+    """
+    if data.startswith(_PAYLOAD_PREFIX):
+        try:
+            return _payload_of(json.loads(data[len(_PAYLOAD_PREFIX):].decode()))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise MnesioError(f"the sealed question does not open: {type(exc).__name__}", extra={"field": "question"},
+                              status_code=500) from None
     text = data.decode()
     if text.startswith("{"):
         try:
             body = json.loads(text)
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and body.get("kind") == _PAYLOAD_KIND:
-            question = body["question"]
-            prompt = Conversation.of_dict(question) if isinstance(question, dict) else question
-            return prompt, AskOptions(decoding=Decoding.of_dict(body["decoding"]), max_new_tokens=body["max_new_tokens"])
+            if isinstance(body, dict) and body.get("kind") == _PAYLOAD_KIND:
+                return _payload_of(body)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            pass  # not a document this sealed: a question's text that looked like one
     return text, DEFAULT_OPTIONS

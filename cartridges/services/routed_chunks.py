@@ -36,6 +36,7 @@ from memories.selectors import erasure_request_memories, memories_open, memory_o
 from .. import conf, engine
 from ..models import RoutedChunk
 from .blocksecret import scope_block_secret
+from .compile import SubjectErasedDuringCompile, manifest_memory_keys_lock, manifest_subjects_lock
 
 log = logging.getLogger("cartridges")
 
@@ -89,6 +90,8 @@ def routed_chunks_compile(*, scope: Scope, config: Any, seqs: Iterable[int] | No
         return 0
     keys = memory_own_keys(missing)
     texts = {m.seq: m.text for m in memories_open([row for row in missing if row.seq in keys]) if not m.erased}
+    if not any(text.strip() for text in texts.values()):
+        return 0  # nothing to compile: no block secret is made (a deleted scope's was shredded)
     backend = engine.backend_for(config)
     secret = scope_block_secret(scope=scope)
     quant = conf.routed_chunk_quant()
@@ -101,12 +104,21 @@ def routed_chunks_compile(*, scope: Scope, config: Any, seqs: Iterable[int] | No
         sealed = crypto.seal_box(keys[row.seq], data, aad=chunk_aad(seq=row.seq, scope_id=scope.pk, config_key=config_key))
         try:
             with transaction.atomic():
+                # The keys were read before the model ran: an erasure since then has shredded them and found no
+                # row to destroy. Lock the memory's subject and own key (in the order a cartridge compile does)
+                # and store nothing if either is shredded; a shred that comes later waits for this commit, and its
+                # rebuild then destroys the row (routed_chunks_destroy).
+                manifest_subjects_lock([row.subject_id] if row.subject_id is not None else [])
+                manifest_memory_keys_lock((row.seq,))
                 RoutedChunk.objects.create(
                     scope=scope, memory=row, config_key=config_key, quant=quant, num_tokens=chunk.num_tokens, sealed=sealed,
                     chunk_id=chunk_id_of(secret=secret, config_key=config_key, token_ids=chunk.token_ids),
                 )
             made += 1
         except IntegrityError:  # another process compiled it first: the same chunk
+            continue
+        except SubjectErasedDuringCompile:  # erased while its chunk compiled: nothing of it is stored
+            log.info("routed chunk of seq=%s not stored: erased during its compile", row.seq)
             continue
     log.info("routed chunks compiled scope=%s config=%s made=%d", scope.pk, config_key, made)
     return made

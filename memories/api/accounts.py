@@ -61,8 +61,9 @@ class UserInviteView(APIView):
     @extend_schema(
         request=UserInviteSerializer,
         responses={201: InvitedUserSerializer, 400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
-        summary="Invite a user (staff with `auth.add_user`, and `memories.add_scopegrant` to grant scopes): "
-        "the account, its grants and a first token, whose secret is shown only in this answer",
+        summary="Invite a user (staff with `auth.add_user`, an unlimited token, and `memories.add_scopegrant` plus "
+        "`memories.grant_scope_to_self` to invite into scopes): the account, its grants and a first token, whose "
+        "secret is shown only in this answer",
     )
     def post(self, request: Request) -> Response:
         staff_permission_check(user=request.user, permission="auth.add_user")

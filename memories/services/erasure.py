@@ -110,7 +110,7 @@ def erasure_request_shred(*, erasure_request: ErasureRequest, actor=None) -> Non
     before storing a version (cartridges.services.compile), so once this commits no compile can store a
     version holding what it erased, and every earlier one is visible to the rebuild.
     """
-    from .forget import memory_key_shred, scope_keys_shred  # forget imports this module
+    from .forget import _counter_lock, memory_key_shred, scope_keys_shred  # forget imports this module
 
     if ErasureEvent.objects.filter(request=erasure_request, status=ErasureStatus.KEYS_SHREDDED).exists():
         return
@@ -119,6 +119,9 @@ def erasure_request_shred(*, erasure_request: ErasureRequest, actor=None) -> Non
     elif erasure_request.kind == ErasureKind.SCOPE:
         scope_keys_shred(scope=erasure_request.scope)
     with transaction.atomic():
+        # The locks in the order an append takes them: the log counter (search_index_erase needs it), then the
+        # subject rows. Shredding the subjects first deadlocked with an append for one of them.
+        _counter_lock()
         for subject in erasure_request_subjects(erasure_request=erasure_request):
             subject_shred(subject=subject)
         search_index_erase(erasure_request=erasure_request)

@@ -183,11 +183,12 @@ def scope_keys_shred(*, scope: Scope) -> int:
         memory_keys_backfill_parent(subject=Subject.objects.get(pk=subject_id))
     now = timezone.now()
     with transaction.atomic():
+        # one order of locks everywhere: the counter, subjects, own keys (a compile's store locks subjects, then keys)
         _counter_lock()
+        Subject.objects.filter(scope=scope, shredded_at__isnull=True)._privileged_update(wrapped_key=None, shredded_at=now)
         num = MemoryKey.objects.filter(memory__scope=scope, shredded_at__isnull=True)._privileged_update(
             wrapped_key=None, resealed=None, shredded_at=now
         )
-        Subject.objects.filter(scope=scope, shredded_at__isnull=True)._privileged_update(wrapped_key=None, shredded_at=now)
         ScopeKey.objects.filter(scope=scope, shredded_at__isnull=True)._privileged_update(wrapped_key=None, shredded_at=now)
     logger.info("scope keys shredded scope_id=%s own_keys=%s", scope.pk, num)
     return num

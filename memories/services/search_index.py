@@ -48,10 +48,11 @@ def _index_pending(scope: Scope, after: int) -> tuple[int, int] | None:
     if not seqs:
         return None
     # a shred of these keys either committed before (the memory opens as erased and is skipped) or waits for
-    # this commit, after which its erasure deletes what was indexed here
-    list(MemoryKey.objects.select_for_update().filter(memory_id__in=seqs).order_by("memory_id").values_list("pk"))
+    # this commit, after which its erasure deletes what was indexed here; subjects before own keys, the order
+    # of every other lock of both (a compile's store, the scope's shred)
     subject_ids = set(Memory.objects.filter(seq__in=seqs).exclude(subject=None).values_list("subject_id", flat=True))
     list(Subject.objects.select_for_update().filter(pk__in=subject_ids).order_by("pk").values_list("pk"))
+    list(MemoryKey.objects.select_for_update().filter(memory_id__in=seqs).order_by("memory_id").values_list("pk"))
     rows = list(scope_memories(scope=scope).filter(seq__in=seqs))
     opened = [m for m in memories_open(rows) if not m.erased and m.text is not None]
     search_index.documents_index(scope_id=scope.pk, texts=[

@@ -11,12 +11,12 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from core.errors import Conflict, MnesioError, NotFound
+from core.errors import Conflict, MnesioError, NotFound, PermissionDenied
 from memories.models import Scope
-from memories.selectors import scope_get_for_user, token_management_check, user_token_get
+from memories.selectors import scope_get_for_staff, scope_get_for_user, token_management_check, user_token_get
 from memories.tokens import ApiTokenProfile
 
-from .scopes import scope_grant
+from .scopes import SELF_GRANT_PERMISSION, scope_grant
 
 logger = logging.getLogger("memories")
 
@@ -89,13 +89,34 @@ def api_token_revoke(*, user, token_id: str) -> None:
     logger.info("api token revoked user=%s", user.pk)
 
 
+def _invited_scope(*, actor, name, field: str) -> Scope:
+    missing = NotFound(f"`{field}` {name!r} is not a scope", extra={"field": field})
+    if actor is None:
+        row = Scope.objects.filter(name=name, deleted_at__isnull=True).first() if isinstance(name, str) else None
+    else:
+        try:
+            row = scope_get_for_staff(user=actor, name=name, permission="memories.add_scopegrant")
+        except NotFound:
+            raise missing from None
+        if row.deleted_at is not None:
+            row = None
+    if row is None:
+        raise missing
+    return row
+
+
 def user_invite(*, username: str, email: str = "", scopes: list[str] | None = None, actor=None,
                 expires_at: dt.datetime | None = None):
-    """Create the account ``username`` (no password: it signs in with tokens), grant it ``scopes`` (any scope, by
-    name: the caller checked the operator's permissions) and give it a first, unlimited token.
+    """Create the account ``username`` (no password: it signs in with tokens), grant it ``scopes`` (by name) and
+    give it a first, unlimited token.
 
     Returns ``(user, token, key)``; the key is shown only now. The user then makes their own tokens and revokes
     this one. An existing username is a 409 naming `username`.
+
+    ``actor`` None is the operator's command (trusted: any scope). An actor over the API (the caller checked
+    `auth.add_user`) needs a credential that reaches all their scopes (a limited token invites no one: 403), each
+    scope as a staff grant (`memories.add_scopegrant`), and, since the actor receives the new user's secret and so
+    reads what it is granted, `memories.grant_scope_to_self` to invite into any scope (403 naming it).
     """
     username = username.strip() if isinstance(username, str) else username
     User = get_user_model()
@@ -105,12 +126,18 @@ def user_invite(*, username: str, email: str = "", scopes: list[str] | None = No
         User._meta.get_field(User.USERNAME_FIELD).run_validators(username)
     except ValidationError as exc:
         raise MnesioError(f"`username` {username!r}: {' '.join(exc.messages)}", extra={"field": "username"}) from None
+    if actor is not None:
+        token_management_check(user=actor)
     rows = []
     for i, name in enumerate(scopes or []):
-        row = Scope.objects.filter(name=name, deleted_at__isnull=True).first() if isinstance(name, str) else None
-        if row is None:
-            raise NotFound(f"`scopes[{i}]` {name!r} is not a scope", extra={"field": f"scopes[{i}]"})
-        rows.append(row)
+        rows.append(_invited_scope(actor=actor, name=name, field=f"scopes[{i}]"))
+    if rows and actor is not None and not actor.has_perm(SELF_GRANT_PERMISSION):
+        raise PermissionDenied(
+            f"inviting a user into scopes needs the permission `{SELF_GRANT_PERMISSION}`: the answer holds the new "
+            "user's token, which reads those scopes (invite without `scopes` and grant them, or have the operator "
+            "run `manage.py user_invite`); nothing was created",
+            extra={"field": "scopes", "permission": SELF_GRANT_PERMISSION},
+        )
     taken = Conflict(f"`username` {username!r} is taken", extra={"field": "username"})
     if User.objects.filter(username=username).exists():
         raise taken

@@ -27,6 +27,7 @@ ELSEWHERE = {
     "version_pruned": "tests/api/test_cartridge_versions.py",
     "too_many_pending_asks": "tests/reliability/test_async_flood.py",
     "body_too_large": "tests/api/test_body_limits.py",
+    "too_many_sessions": "tests/serving/test_mcp.py",
 }
 # The catch-all: never produced on purpose (an error class without a code of its own and an unlisted status).
 CATCH_ALL = {"error"}

@@ -288,3 +288,22 @@ def test_percentiles_use_the_nearest_rank():
     assert percentile([], 50) is None
     assert percentile([3.0], 95) == 3.0
     assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.0 and percentile([4.0, 1.0, 3.0, 2.0], 95) == 4.0
+
+
+def test_a_token_limited_to_some_scopes_shows_only_those_even_to_staff_with_the_permission(scenario):
+    from rest_framework.test import APIClient
+
+    from memories.models import Scope, ScopeGrant
+    from memories.services import api_token_create
+
+    operator = _staff("mona", "cartridges.view_kv_metrics")
+    ScopeGrant.objects.create(scope=Scope.objects.get(name="scope-a"), user=operator)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {api_token_create(user=operator, scopes=['scope-a'])[1]}")
+    body = api.get("/api/v1/kv/metrics").json()
+    assert [row["scope"] for row in body["scopes"]] == ["scope-a"]
+    assert body["erasures"] == {"pending": 1, "done": 0, "failed": 0}  # scope C's erasure is not counted
+    for url in ("/api/v1/kv/metrics?format=prometheus", "/metrics"):
+        text = api.get(url).content.decode()
+        assert 'scope="scope-c"' not in text and 'scope="scope-a"' in text, url
+        assert "mnesio_answer_total_seconds" not in text, url  # the histograms count every scope's answers

@@ -210,3 +210,46 @@ def test_it_refuses_a_routed_question_with_no_word_naming_the_question(scope_a, 
     with pytest.raises(NothingToCompile) as refused:
         cartridge_answer(scope=scope_a, question="???")
     assert refused.value.extra == {"field": "question"}
+
+
+def _erase(kind: str, scope, secret):
+    if kind == "subject":
+        request = erasure_request_file(subject="dana", scope=scope, requested_by=None, reason="asked")
+    elif kind == "memory":
+        request = memory_forget_file(scope=scope, seq=secret.seq, requested_by=None, reason="asked")
+    else:
+        request = scope_delete_file(scope=scope, requested_by=None, reason="retired")
+    erasure_request_process(erasure_request=request)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["subject", "memory", "scope"])
+def test_it_stores_no_chunk_of_a_memory_erased_while_its_chunk_compiles(scope_a, fake_engine, monkeypatch, kind):
+    from cartridges.models import ScopeBlockSecret
+
+    scope_settings_update(scope=scope_a, layout="routed")
+    secret = _fill(scope_a, secret_subject="dana" if kind == "subject" else None)
+    backend = engine.backend_for(CONFIG)
+    compile_chunk = backend.compile_chunk
+    erased = []
+
+    def compile_then_erase(text):
+        chunk = compile_chunk(text)
+        if MARKER in text and not erased:  # the keys were read; the erasure commits and destroys no row yet
+            erased.append(_erase(kind, scope_a, secret))
+        return chunk
+
+    monkeypatch.setattr(backend, "compile_chunk", compile_then_erase)
+    routed_chunks_compile(scope=scope_a, config=CONFIG)
+    assert erased
+    assert not RoutedChunk.objects.filter(memory=secret).exists()
+    if kind == "scope":  # nothing of a deleted scope is stored after its erasure, its block secret included
+        assert not RoutedChunk.objects.filter(scope=scope_a).exists()
+        monkeypatch.setattr(backend, "compile_chunk", compile_chunk)
+        from cartridges.tasks import routed_chunks_compile_task
+
+        assert routed_chunks_compile_task.run(scope_a.pk)["made"] == 0
+        assert not ScopeBlockSecret.objects.filter(scope_id=scope_a.pk).exists()
+    else:
+        assert RoutedChunk.objects.filter(scope=scope_a).count() == 10

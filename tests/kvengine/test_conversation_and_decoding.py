@@ -92,3 +92,12 @@ def test_a_stop_watcher_holds_back_a_possible_stop_and_cuts_at_it():
     assert watcher.hit and watcher.text == "abc "
     other = StopWatcher(("END",))
     assert other.feed("x E") == "x " and other.feed("gg") == "Egg" and other.flush() == "" and not other.hit
+
+
+@pytest.mark.parametrize("schema", [{"nullable": 5}, {"x-enum-varnames": 5}, {"discriminator": 5}, {"type": 5}])
+def test_a_schema_the_json_constraint_cannot_take_is_an_engine_refusal(schema):
+    from kvengine.errors import ConfigError
+    from kvengine.sampling import JsonConstraint
+
+    with pytest.raises(ConfigError, match="json_schema"):  # an engine refusal (400), never an unmapped error (500)
+        JsonConstraint(object(), json.dumps(schema), set())

@@ -129,6 +129,10 @@ def test_it_invites_a_user_by_api_for_staff_with_the_permissions(operator, alice
     assert r.status_code == 403 and r.json()["extra"]["permission"] == "auth.add_user"
     operator.user_permissions.add(Permission.objects.get(codename="add_user"),
                                   Permission.objects.get(codename="add_scopegrant"))
+    r = _client(op_key).post("/api/v1/users/", body, format="json")  # the answer's token would read scope-a
+    assert r.status_code == 403 and r.json()["extra"]["permission"] == "memories.grant_scope_to_self"
+    operator.user_permissions.add(Permission.objects.get(codename="grant_scope_to_self"))
+    operator = type(operator).objects.get(pk=operator.pk)  # a fresh permission cache
     r = _client(op_key).post("/api/v1/users/", body, format="json")
     assert r.status_code == 201, r.json()
     assert _client(r.json()["token"]["token"]).get("/api/v1/scopes/scope-a/head/").status_code == 200

@@ -67,11 +67,11 @@ UNSCOPED_API = {
     # a user's own tokens (tests/memories/test_self_service.py): another user's token id is a 404
     "api/tokens/": "lists and creates only the caller's own tokens, limited to scopes the caller is granted",
     "api/tokens/<str:token_id>/": "revokes only the caller's own token (another user's id: 404 like unknown)",
-    "api/users/": "inviting a user needs staff with auth.add_user (and memories.add_scopegrant to grant scopes)",
+    "api/users/": "staff with auth.add_user, unlimited token (scopes: + add_scopegrant, grant_scope_to_self)",
     # the same views under /api/v1/ (mnesio_site.urls: /api/ is the deprecated alias of /api/v1/)
     "api/v1/tokens/": "lists and creates only the caller's own tokens, limited to scopes the caller is granted",
     "api/v1/tokens/<str:token_id>/": "revokes only the caller's own token (another user's id: 404 like unknown)",
-    "api/v1/users/": "inviting a user needs staff with auth.add_user (and memories.add_scopegrant to grant scopes)",
+    "api/v1/users/": "staff with auth.add_user, unlimited token (scopes: + add_scopegrant, grant_scope_to_self)",
     "api/v1/scopes/": "lists only the caller's granted scopes; creating one needs staff with memories.add_scope",
     "api/v1/kv/configuration/": "reads the global configuration (no scope data); writes need staff",
     "api/v1/^kv/metrics/?$": "clients see only their own scopes",

@@ -181,3 +181,97 @@ def test_a_real_worker_compile_in_flight_does_not_store_an_erased_subject(
     assert "lost a race with an erasure" in worker.output()
     assert SECRET not in worker.output()
     record_figures(scenario="compile in flight on a real worker, erasure meanwhile", **figures)
+
+
+def test_a_subject_erasure_and_an_append_for_it_take_their_locks_in_one_order(scope_a, fake_engine, monkeypatch):
+    """The shred locks the subject row and the log counter; an append for the subject takes the counter, then the
+    subject. Forced: the shred holds what it locks first until the append waits for its second lock."""
+    from django.db import OperationalError
+
+    from core.errors import MnesioError
+    from memories.selectors import memory_open
+    from memories.services import appends, erasure, erasure_request_shred
+
+    _log(scope_a)
+    request = erasure_request_file(subject="bob", scope=scope_a, requested_by=None, reason="asked")
+    both = threading.Barrier(2)
+
+    def meet() -> None:
+        try:
+            both.wait(timeout=3)  # fixed, the append waits for the shred's first lock and never meets it
+        except threading.BrokenBarrierError:
+            pass
+
+    def unindex_after_meeting(**kwargs):
+        meet()
+        time.sleep(0.5)  # the append, holding its first lock, now waits for its second
+        return search_index_erase(**kwargs)
+
+    def subjects_after_meeting(*args, **kwargs):
+        meet()
+        return subjects_resolve(*args, **kwargs)
+
+    search_index_erase, subjects_resolve = erasure.search_index_erase, appends._subjects_resolve
+    monkeypatch.setattr(erasure, "search_index_erase", unindex_after_meeting)
+    monkeypatch.setattr(appends, "_subjects_resolve", subjects_after_meeting)
+    shred, shredded = _in_thread(lambda: erasure_request_shred(erasure_request=request))
+    append, appended = _in_thread(lambda: memory_append(scope=scope_a, subject="bob", content="Bob moved desks."))
+    shred.join(WAIT_S)
+    append.join(WAIT_S)
+    assert not shred.is_alive() and not append.is_alive()
+    errors = [out.get("error") for out in (shredded, appended)]
+    assert not any(isinstance(e, OperationalError) for e in errors), errors  # "deadlock detected" before
+    assert shredded.get("error") is None
+    if "error" in appended:  # after the shred: its subject is erased, so it is refused (409)
+        assert isinstance(appended["error"], MnesioError) and appended["error"].extra["field"] == "subject"
+    else:  # before it: the shred erased it too
+        assert memory_open(memory=Memory.objects.get(seq=appended["value"].seq)).erased
+
+
+def test_a_scope_shred_and_a_routed_chunk_store_take_their_locks_in_one_order(scope_a, fake_engine, monkeypatch):
+    """A routed chunk's store locks its memory's subject, then its own key (as a compile's store does); the scope's
+    shred updates both. Forced: each holds its first lock until the other waits for it."""
+    from django.db import OperationalError
+
+    from cartridges.services import routed_chunks
+    from core.models import AppendOnlyQuerySet
+    from memories.models import MemoryKey
+    from memories.services.forget import scope_keys_shred
+
+    _log(scope_a)
+    memory_append(scope=scope_a, subject="bob", content="Bob's desk is by the window.")
+    both, met = threading.Barrier(2), []
+
+    def meet() -> None:
+        try:
+            both.wait(timeout=3)  # fixed, one of the two waits for the other's first lock and never meets it
+        except threading.BrokenBarrierError:
+            pass
+        time.sleep(0.5)  # the other, holding its first lock, now waits for its second
+
+    def keys_lock_after_meeting(seqs):
+        if not met:
+            met.append("store")
+            meet()
+        return keys_lock(seqs)
+
+    def update_then_meet(self, **kwargs):
+        num = privileged_update(self, **kwargs)
+        if self.model is MemoryKey and "shred" not in met:
+            met.append("shred")
+            meet()
+        return num
+
+    keys_lock, privileged_update = routed_chunks.manifest_memory_keys_lock, AppendOnlyQuerySet._privileged_update
+    monkeypatch.setattr(routed_chunks, "manifest_memory_keys_lock", keys_lock_after_meeting)
+    monkeypatch.setattr(AppendOnlyQuerySet, "_privileged_update", update_then_meet)
+    bob_first = Memory.objects.filter(scope=scope_a, subject__external_id="bob").order_by("seq").first()
+    store, stored = _in_thread(lambda: routed_chunks.routed_chunks_compile(
+        scope=scope_a, config=fake_engine, seqs=[bob_first.seq]))
+    shred, shredded = _in_thread(lambda: scope_keys_shred(scope=scope_a))
+    store.join(WAIT_S)
+    shred.join(WAIT_S)
+    assert not store.is_alive() and not shred.is_alive()
+    errors = [out.get("error") for out in (stored, shredded)]
+    assert not any(isinstance(e, OperationalError) for e in errors), errors  # "deadlock detected" before
+    assert errors == [None, None], errors

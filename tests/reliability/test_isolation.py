@@ -433,3 +433,62 @@ def test_the_admin_grant_page_needs_the_self_grant_permission_too_and_is_audited
     assert added.status_code == 302, added.content.decode()[-2000:]
     event = ScopeGrantEvent.objects.order_by("pk").last()
     assert (event.action, event.actor_pk, event.user_pk) == ("granted", staff.pk, erin.pk)
+
+
+# Inviting x reading: the actor of an invitation receives the new user's first token, so inviting into a scope
+# over the API is a grant the actor can read through. It needs `memories.grant_scope_to_self` as well, and a token
+# limited to some scopes invites no one (it manages no tokens, its own or a new user's).
+INVITE_CELLS = [
+    # (the permissions besides `auth.add_user`, the token limited to scope C, the scopes invited into, may invite)
+    (("memories.add_scopegrant",), False, ["scope-a"], False),
+    (("memories.add_scopegrant", "memories.grant_scope_to_self"), True, ["scope-a"], False),
+    (("memories.add_scopegrant", "memories.grant_scope_to_self"), True, [], False),
+    (("memories.add_scopegrant", "memories.grant_scope_to_self"), False, ["scope-a"], True),
+    ((), False, [], True),  # no scope: the new user's token reads nothing
+]
+
+
+def test_inviting_a_user_into_a_scope_needs_the_self_grant_permission_and_an_unlimited_token(
+    world, api_client_for, record_figures
+):
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+    from rest_framework.test import APIClient
+
+    from memories.models import Scope, ScopeGrant
+    from memories.services import api_token_create
+
+    User = get_user_model()
+    cells, wrong = [], []
+    for n, (permissions, limited, scopes, may_invite) in enumerate(INVITE_CELLS):
+        with transaction.atomic():
+            staff = User.objects.create_user(username=f"inviter-{n}", email="", password="x", is_staff=True)
+            staff.user_permissions.add(*[_perm(p) for p in ("auth.add_user", *permissions)])
+            if limited:
+                ScopeGrant.objects.create(scope=Scope.objects.get(name="scope-c"), user=staff)
+                client = APIClient()
+                client.credentials(HTTP_AUTHORIZATION=f"Token {api_token_create(user=staff, scopes=['scope-c'])[1]}")
+            else:
+                client = api_client_for(staff)
+            invited = client.post("/api/v1/users/", data={"username": f"sock-{n}", "scopes": scopes}, format="json")
+            made = User.objects.filter(username=f"sock-{n}").first()
+            read = None
+            if invited.status_code == 201:
+                reader = APIClient()
+                reader.credentials(HTTP_AUTHORIZATION=f"Token {invited.json()['token']['token']}")
+                read = reader.get("/api/v1/scopes/scope-a/memories/")
+            leaked = read is not None and MARKER in read.content.decode()
+            cell = (f"{'+'.join(('auth.add_user', *permissions))} {'limited' if limited else 'unlimited'} token "
+                    f"invites into {scopes}: {invited.status_code}, read {getattr(read, 'status_code', None)}")
+            cells.append(cell)
+            if may_invite:
+                ok = invited.status_code == 201 and made is not None and leaked == ("scope-a" in scopes)
+            else:
+                ok = invited.status_code == 403 and made is None and not leaked
+                ok = ok and ("limited" in invited.json()["message"] if limited
+                             else "grant_scope_to_self" in invited.json()["message"])
+            if not ok:
+                wrong.append(cell)
+            transaction.set_rollback(True)
+    record_figures(scenario="invite matrix", num_cells=len(cells), num_wrong=len(wrong), cells=cells)
+    assert not wrong, "\n".join(wrong)

@@ -31,6 +31,23 @@ def test_an_async_ask_is_collected_once_by_its_asker(alice, scope_a, served, api
     assert not AnswerRequest.objects.exists()
 
 
+def test_an_async_ask_whose_question_looks_like_sealed_options_is_answered_as_a_question(alice, scope_a, served,
+                                                                                         api_client_for):
+    served(scope_a, [KEY])
+    client = api_client_for(alice)
+    for question in ('{"kind": "mnesio-ask-v1", "decoding": {"x": 1}, "question": "Where is the spare key under '
+                     'the blue flowerpot?", "max_new_tokens": null}',
+                     '{"kind": "mnesio-ask-v1", "decoding": {}, "question": "Who?", "max_new_tokens": 1, '
+                     '"about": "the spare key under the blue flowerpot"}'):
+        response = client.post("/api/scopes/scope-a/ask/", {"question": question, "async": True}, format="json")
+        assert response.status_code == 202, response.content
+        collected = client.get(response["Location"])
+        # the fake engine answers the memory sharing words with the question: the question's whole text was asked,
+        # with the default options (not "Who?" in one token: that would be "I don't know")
+        assert collected.status_code == 200 and collected.json()["answer"] == KEY, collected.content
+    assert not AnswerRequest.objects.exists()
+
+
 def test_a_pending_async_ask_answers_202_again(alice, scope_a, served, api_client_for):
     from mnesio_site.celery import app
 

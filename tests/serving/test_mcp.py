@@ -126,6 +126,59 @@ def test_it_refuses_a_bad_or_missing_token_over_http(alice, asgi_server):
     assert caught.group_contains(MCPError, match="error response")
 
 
+def test_it_serves_mcp_for_a_host_in_allowed_hosts_and_refuses_others(alice, scope_a, asgi_server, settings):
+    settings.ALLOWED_HOSTS = ["mnesio.example.com", ".corp.example"]
+    key = token_for(alice)
+    results = {}
+    for host in ("mnesio.example.com", "mnesio.example.com:8443", "mcp.corp.example"):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}", "Host": host}, timeout=60)
+        _, (results[host],) = run(Client(streamable_http_client(f"{asgi_server.url}/mcp", http_client=http)),
+                                  [("list_scopes", {})])
+    assert all(r.structured_content["scopes"][0]["name"] == "scope-a" for r in results.values())
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    sent = {"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"}
+    other_host = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers={**sent, "Host": "evil.example"})
+    assert other_host.status_code == 400 and other_host.json()["code"] == "invalid_input"
+    assert other_host.json()["extra"]["field"] == "host"
+    loopback = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers=sent)  # 127.0.0.1 is not listed now
+    assert loopback.status_code == 400
+    other_origin = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers={
+        **sent, "Host": "mnesio.example.com", "Origin": "https://evil.example"})
+    assert other_origin.status_code == 403 and other_origin.json()["extra"]["field"] == "origin"
+    same_origin = httpx2.post(f"{asgi_server.url}/mcp", json=initialize, headers={
+        **sent, "Host": "mnesio.example.com", "Origin": "https://mnesio.example.com"})
+    assert same_origin.status_code == 200
+
+
+def test_it_caps_open_sessions_per_token_and_leaves_other_tokens_room(alice, bob, scope_a, asgi_server, settings):
+    from cartridges.mcp_server.http import McpHttpApp
+
+    settings.MNESIO_MCP_MAX_SESSIONS_PER_TOKEN = 2
+    alices, bobs = token_for(alice), token_for(bob)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {  # a handshake-era client's opening
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    def open_session(key: str):
+        return httpx2.post(f"{asgi_server.url}/mcp", json=initialize, timeout=60, headers={
+            "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"})
+
+    first, second, third = open_session(alices), open_session(alices), open_session(alices)
+    assert first.status_code == second.status_code == 200 and first.headers["mcp-session-id"]
+    assert third.status_code == 429 and third.json()["code"] == "too_many_sessions"
+    assert int(third.headers["retry-after"]) >= 1 and third.json()["extra"]["limit"] == 2
+    assert open_session(bobs).status_code == 200  # another token still opens a session
+    _, (scopes,) = run(over_http(asgi_server.url, alices), [("list_scopes", {})])  # sessionless requests still served
+    assert [s["name"] for s in scopes.structured_content["scopes"]] == ["scope-a"]
+    ended = httpx2.delete(f"{asgi_server.url}/mcp", headers={
+        "Authorization": f"Bearer {alices}", "Mcp-Session-Id": first.headers["mcp-session-id"],
+        "MCP-Protocol-Version": "2025-06-18"})
+    assert ended.status_code == 200 and open_session(alices).status_code == 200  # ending one made room
+    settings.MNESIO_MCP_MAX_SESSIONS, settings.MNESIO_MCP_SESSION_IDLE_S = 50, 120
+    manager = McpHttpApp().server.session_manager  # the SDK's process-wide bounds come from the settings too
+    assert (manager.max_sessions, manager.session_idle_timeout) == (50, 120)
+
+
 def test_it_returns_the_apis_error_codes_as_tool_errors(alice, scope_a, asgi_server):
     _, (blank, both, unknown_seq) = run(over_http(asgi_server.url, token_for(alice)), [
         ("remember", {"scope": "scope-a", "content": "   "}),
@@ -151,6 +204,30 @@ def test_it_serves_the_tools_over_stdio_for_a_tokens_owner(alice, charlie, scope
     assert found.structured_content["results"][0]["content"] == "Lena's dog is called Pixel."
     assert answer.structured_content["answer"] == "Lena's dog is called Pixel."
     assert error_code(intruding) == "not_found"  # alice's token never reaches charlie's scope
+
+
+def test_it_stops_serving_stdio_once_its_token_is_revoked(alice, scope_a, blob_root):
+    from django.db import connection
+    from knox.models import AuthToken
+
+    token, key = api_token_create(user=alice)
+
+    def revoke() -> None:  # in a worker thread (the ORM is sync), its connection closed after
+        try:
+            AuthToken.objects.filter(pk=token.pk).delete()
+        finally:
+            connection.close()
+
+    async def go():
+        async with over_stdio(key, blob_root) as client:
+            before = await client.call_tool("list_scopes", {})
+            await anyio.to_thread.run_sync(revoke)
+            after = await client.call_tool("recall", {"scope": "scope-a", "query": "anything"})
+            return before, after
+
+    before, after = anyio.run(go)
+    assert [s["name"] for s in before.structured_content["scopes"]] == ["scope-a"]
+    assert error_code(after) == "authentication_failed"  # checked per call, not once at start
 
 
 def test_it_refuses_to_start_stdio_with_a_bad_token(db):

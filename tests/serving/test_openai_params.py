@@ -170,3 +170,43 @@ def test_it_answers_with_no_tools_offered_and_refuses_offered_tools_as_unsupport
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="scope-a", messages=messages, **kwargs)
         assert caught.value.body["param"] == param and caught.value.body["code"] == "unsupported", kwargs
+
+
+HOSTILE_SCHEMAS = [
+    {"type": 5}, {"properties": 5}, {"type": "object", "properties": {"a": {"type": "nope"}}}, {"anyOf": 5},
+    {"enum": 5}, {"required": "a"}, {"$ref": "#/nope"}, {"$ref": "https://example.com/s.json"},
+    {"$defs": {"a": {"type": 7}}, "$ref": "#/$defs/a"}, {"type": "object", "properties": {"a": {"$ref": "#/$defs/b"}}},
+]
+
+
+def test_it_refuses_a_response_format_schema_that_is_no_json_schema(alice, scope_a, served, live_server):
+    served(scope_a, FACTS[:2])
+    token = token_for(alice)
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    for schema in HOSTILE_SCHEMAS:
+        for stream in (False, True):
+            body = {"model": "scope-a", "messages": messages, "stream": stream,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+            status, kind, answer = raw(live_server.url, "POST", "/v1/chat/completions", body, token)
+            assert status == 400 and kind.startswith("application/json"), (schema, stream, status, answer)
+            assert answer["error"]["param"] == "response_format" and answer["error"]["code"] == "invalid_value", answer
+
+
+def test_every_schema_it_accepts_builds_the_json_constraints_parser(db):
+    from lmformatenforcer import JsonSchemaParser
+
+    from cartridges.api.openai_params import InvalidRequest, parse
+
+    good = [{"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": ["integer", "null"]}},
+             "required": ["city"]},
+            {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "number"}}}}, "type": "object",
+             "properties": {"p": {"$ref": "#/$defs/p"}}}, {}]
+    for schema in good + HOSTILE_SCHEMAS:
+        body = {"model": "m", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        try:
+            parsed = parse(body, chat=True)
+        except InvalidRequest as exc:
+            assert schema in HOSTILE_SCHEMAS and exc.extra["field"] == "response_format", schema
+            continue
+        assert schema in good, schema
+        JsonSchemaParser(json.loads(parsed.options.decoding.json_schema) or None)  # what kvengine/sampling.py builds
