@@ -116,7 +116,7 @@ def user_invite(*, username: str, email: str = "", scopes: list[str] | None = No
     ``actor`` None is the operator's command (trusted: any scope). An actor over the API (the caller checked
     `auth.add_user`) needs a credential that reaches all their scopes (a limited token invites no one: 403), each
     scope as a staff grant (`memories.add_scopegrant`), and, since the actor receives the new user's secret and so
-    reads what it is granted, `memories.grant_scope_to_self` to invite into any scope (403 naming it).
+    reads whatever that user is granted, now or later, `memories.grant_scope_to_self` for any invite (403 naming it).
     """
     username = username.strip() if isinstance(username, str) else username
     User = get_user_model()
@@ -131,12 +131,14 @@ def user_invite(*, username: str, email: str = "", scopes: list[str] | None = No
     rows = []
     for i, name in enumerate(scopes or []):
         rows.append(_invited_scope(actor=actor, name=name, field=f"scopes[{i}]"))
-    if rows and actor is not None and not actor.has_perm(SELF_GRANT_PERMISSION):
+    if actor is not None and not actor.has_perm(SELF_GRANT_PERMISSION):
+        # with or without `scopes`: the answer holds the new user's token, so whatever that user is granted now or
+        # later (a grant to "another" user is allowed) the caller reads; inviting is granting to oneself
         raise PermissionDenied(
-            f"inviting a user into scopes needs the permission `{SELF_GRANT_PERMISSION}`: the answer holds the new "
-            "user's token, which reads those scopes (invite without `scopes` and grant them, or have the operator "
-            "run `manage.py user_invite`); nothing was created",
-            extra={"field": "scopes", "permission": SELF_GRANT_PERMISSION},
+            f"inviting a user over the API needs the permission `{SELF_GRANT_PERMISSION}`: the answer holds the new "
+            "user's token, which reads every scope that user is granted (or have the operator run "
+            "`manage.py user_invite`); nothing was created",
+            extra={"field": "scopes" if rows else "username", "permission": SELF_GRANT_PERMISSION},
         )
     taken = Conflict(f"`username` {username!r} is taken", extra={"field": "username"})
     if User.objects.filter(username=username).exists():

@@ -453,6 +453,7 @@ def test_a_scope_never_finds_or_links_another_scopes_identical_block(scope_a, ap
     assert CartridgeBlob.objects.filter(scope=theirs).count() == 3  # b0, b1 and its tail: nothing borrowed
 
 
+@pytest.mark.postgres  # its raw SQL is PostgreSQL's
 @pytest.mark.django_db
 def test_a_link_to_another_scopes_block_inserted_by_sql_is_refused_at_read(scope_a, append, fake_engine):
     """The link tables are append-only, so INSERT is the one write raw SQL can still make: a link from tenant B's

@@ -444,7 +444,9 @@ INVITE_CELLS = [
     (("memories.add_scopegrant", "memories.grant_scope_to_self"), True, ["scope-a"], False),
     (("memories.add_scopegrant", "memories.grant_scope_to_self"), True, [], False),
     (("memories.add_scopegrant", "memories.grant_scope_to_self"), False, ["scope-a"], True),
-    ((), False, [], True),  # no scope: the new user's token reads nothing
+    # no scope: the caller still holds the new user's token, and a grant to "another" user would then read through it
+    (("memories.add_scopegrant",), False, [], False),
+    (("memories.grant_scope_to_self",), False, [], True),  # no scope: the new user's token reads nothing yet
 ]
 
 

@@ -190,6 +190,7 @@ def test_it_returns_the_apis_error_codes_as_tool_errors(alice, scope_a, asgi_ser
     assert error_code(unknown_seq) == "not_found" and unknown_seq.structured_content["extra"]["field"] == "seq"
 
 
+@pytest.mark.postgres  # `manage.py mcp` is another process: it cannot open the test run's SQLite database
 def test_it_serves_the_tools_over_stdio_for_a_tokens_owner(alice, charlie, scope_a, scope_c, blob_root):
     tools, (scopes, remembered, found, answer, intruding) = run(over_stdio(token_for(alice), blob_root), [
         ("list_scopes", {}),
@@ -206,6 +207,7 @@ def test_it_serves_the_tools_over_stdio_for_a_tokens_owner(alice, charlie, scope
     assert error_code(intruding) == "not_found"  # alice's token never reaches charlie's scope
 
 
+@pytest.mark.postgres  # `manage.py mcp` is another process: it cannot open the test run's SQLite database
 def test_it_stops_serving_stdio_once_its_token_is_revoked(alice, scope_a, blob_root):
     from django.db import connection
     from knox.models import AuthToken
@@ -230,6 +232,7 @@ def test_it_stops_serving_stdio_once_its_token_is_revoked(alice, scope_a, blob_r
     assert error_code(after) == "authentication_failed"  # checked per call, not once at start
 
 
+@pytest.mark.postgres  # `manage.py mcp` is another process: it cannot open the test run's SQLite database
 def test_it_refuses_to_start_stdio_with_a_bad_token(db):
     import subprocess
 
