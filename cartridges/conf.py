@@ -189,6 +189,12 @@ def routed_chunk_cache_size() -> int:
     return _int("MNESIO_ROUTED_CHUNK_CACHE_SIZE", minimum=0, default=512)
 
 
+def fresh_max_concurrent() -> int:
+    """Fresh compiles (services/answer.py) running at once in one process; an ask that finds them all busy is
+    answered by its version alone and says so (each holds a private KV copy for its whole answer)."""
+    return _int("MNESIO_FRESH_MAX_CONCURRENT", minimum=1)
+
+
 def fresh_max_memories() -> int:
     """Most memories appended after the serving version that an ask compiles on top of it in memory (services/answer.py,
     "Fresh answers"); past it the version answers alone and says how many it did not read. 0: never."""

@@ -402,6 +402,8 @@ MNESIO_ANSWER_REQUEST_TTL_S = envint("MNESIO_ANSWER_REQUEST_TTL_S", 3600, minimu
 # Most memories appended after the serving version that an ask compiles on top of it in memory (a fresh answer); past
 # it the version answers alone and says so. Each ask pays that incremental compile until the refresh catches up.
 MNESIO_FRESH_MAX_MEMORIES = envint("MNESIO_FRESH_MAX_MEMORIES", 32, minimum=0)
+# fresh compiles at once per process (each holds a private copy of the KV); an ask past it is answered stale
+MNESIO_FRESH_MAX_CONCURRENT = envint("MNESIO_FRESH_MAX_CONCURRENT", 1, minimum=1)
 # a new scope refreshes on append (after 2 s) unless the deployment makes refreshing a manual step
 MNESIO_DEFAULT_AUTO_REFRESH = envchoice("MNESIO_DEFAULT_AUTO_REFRESH", "on_append", ["on_append", "manual"])
 # Age after which an unclaimed blob is certainly dead; None: CELERY_TASK_TIME_LIMIT + 60 (cartridges.conf), since

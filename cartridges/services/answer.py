@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -172,15 +173,40 @@ def cartridge_serving(*, scope, config) -> Serving:
     if not num_fresh:  # every memory after the version was erased since: the version holds the surviving ones
         cartridge, backend = engine.cartridge_load(version=version, config=config)
         return Serving(version=version, cartridge=cartridge, backend=backend)
+    if not _fresh_slot_take():
+        return _serving_stale(version=version, config=config, num_unread=num_fresh,
+                              reason=f"MNESIO_FRESH_MAX_CONCURRENT={conf.fresh_max_concurrent()} fresh compiles are running")
     try:
         cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=scope_blocks_live(scope=scope)),
                                       block_secret=scope_block_secret(scope=scope))
     except ContextTooLong:
         return _serving_stale(version=version, config=config, num_unread=num_fresh,
                               reason="the scope at its head is over the model's context window")
+    finally:
+        _fresh_slot_give()
     log.info("fresh answer scope=%s version=%s num_memories_after_version=%d blocks_reused=%s computed_tokens=%s",
              scope.pk, version.pk, num_fresh, cartridge.stats.get("blocks_reused"), cartridge.stats.get("computed_tokens"))
     return Serving(version=version, cartridge=cartridge, backend=backend, num_memories_after_version=num_fresh)
+
+
+_fresh_lock = threading.Lock()
+_fresh_running = 0  # fresh compiles in this process now (bounded by MNESIO_FRESH_MAX_CONCURRENT)
+
+
+def _fresh_slot_take() -> bool:
+    """Claim one of the process's fresh-compile slots without waiting; False when all are taken."""
+    global _fresh_running
+    with _fresh_lock:
+        if _fresh_running >= conf.fresh_max_concurrent():
+            return False
+        _fresh_running += 1
+        return True
+
+
+def _fresh_slot_give() -> None:
+    global _fresh_running
+    with _fresh_lock:
+        _fresh_running -= 1
 
 
 def _serving_stale(*, version, config, num_unread: int, reason: str) -> Serving:

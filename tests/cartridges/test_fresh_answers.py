@@ -91,3 +91,22 @@ def test_a_question_answered_by_a_worker_carries_the_count_through_its_sealed_an
     request = answer_request_answer(answer_request=answer_request_file(scope=scope_a, question="Where is the car parked?"))
     result = answer_request_collect(answer_request=request)
     assert result.answer == CAR and result.num_memories_after_version == 1
+
+
+def test_an_ask_that_finds_every_fresh_compile_slot_taken_is_answered_by_its_version_alone(scope_a, fake_engine, append):
+    # each fresh compile holds a private KV copy for its whole answer: a burst of asks on a stale scope must not
+    # make one copy each (MNESIO_FRESH_MAX_CONCURRENT, 1 by default)
+    from cartridges.services import answer
+
+    version = _served(scope_a, [KEY, TEA])
+    append(scope_a, CAR)
+    assert answer._fresh_slot_take()  # another ask's fresh compile is running
+    try:
+        result = cartridge_answer(scope=scope_a, question="Where is the car parked?")
+    finally:
+        answer._fresh_slot_give()
+    assert result.version_id == version.pk and result.answer != CAR
+    assert (result.num_memories_after_version, result.num_memories_unread) == (0, 1)
+    assert "MNESIO_FRESH_MAX_CONCURRENT" in result.note
+    again = cartridge_answer(scope=scope_a, question="Where is the car parked?")  # the slot is free again
+    assert again.answer == CAR and again.num_memories_after_version == 1
