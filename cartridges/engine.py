@@ -162,8 +162,8 @@ def _load_refusal_record(*, version: CartridgeVersion, config_key: str, exc: Exc
 
 
 def cartridges_purge_destroyed() -> list[int]:
-    """Drop every cached cartridge, decrypted block part and opened routed chunk that was destroyed; return the
-    versions' ids.
+    """Drop every cached cartridge, decrypted block part and opened routed chunk that was destroyed, and the search
+    embeddings of scopes erased from (memories.search_dense); return the versions' ids.
 
     Runs at the start of every request and every task of this process (CartridgesConfig.ready connects
     it), so a version, block or routed chunk destroyed by another process (an erasure processed by a worker, a
@@ -173,11 +173,16 @@ def cartridges_purge_destroyed() -> list[int]:
     holds anything (services/routed_chunks.py). (Whether a cached version may still serve is decided per answer
     by active_version, manifest included.)
     """
+    from memories.search_dense import dense_purge_stale
+
     from .services.routed_chunks import routed_chunks_purge_destroyed  # the services import this module
 
     chunks = routed_chunks_purge_destroyed()
     if chunks:
         log.info("dropped %d destroyed routed chunk(s) from this process's chunk cache", chunks)
+    embedded = dense_purge_stale()
+    if embedded:
+        log.info("dropped the search embeddings of %d erased-from scope(s) from this process", embedded)
     with _lock:
         versions = {key[0]: _names[key[0]] for key in _cartridges if key[0] in _names}
     blocks = block_cache_names()

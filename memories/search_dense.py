@@ -2,7 +2,9 @@
 memories, computed in this process and held only in its memory.
 
 Nothing is stored: a forgotten memory leaves no embedding behind in the database, and the ones a process holds
-are dropped with the scope's index generation (an erasure moves it). Only the candidates the search index names
+are dropped with the scope's index generation (an erasure moves it): at this process's next search of the scope,
+and at the start of its next request or task (``dense_purge_stale``, which cartridges.engine runs), whichever
+comes first, so a deleted scope's embeddings do not wait for a search that never comes. Only the candidates the search index names
 are ranked (memories.search_index.rank: indexed, so never erased, and kept by the filters); an embedding is
 computed the first time a memory is a candidate in this process, from its opened text.
 """
@@ -12,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from memories.models import Scope
+from memories.models import Scope, SearchIndex
 
 _MAX_CACHED_SCOPES = 8  # a process searching more scopes embeds the least recently searched one again
 OPEN_BATCH = 1000  # memories opened and embedded at a time
@@ -70,3 +72,17 @@ def dense_ranking(*, scope: Scope, query: str, seqs: Sequence[int], generation: 
         similarity = matrix @ encoder().encode([query])[0]  # (num_present,)
     order = np.lexsort((np.array(present), -similarity))
     return [present[i] for i in order]
+
+
+def dense_purge_stale() -> int:
+    """Drop the embeddings held for scopes whose index generation moved (an erasure) or whose key is shredded (a
+    deleted scope); return how many scopes' went. One query while anything is held, none otherwise."""
+    held = _held.copy()  # no lock: an embedding in progress must not hold up the start of a request
+    if not held:
+        return 0
+    live = dict(SearchIndex.objects.filter(scope_id__in={key[0] for key in held}, shredded_at__isnull=True)
+                .values_list("scope_id", "generation"))
+    stale = [key for key, entry in held.items() if live.get(key[0]) != entry.generation]
+    for key in stale:
+        _held.pop(key, None)
+    return len(stale)

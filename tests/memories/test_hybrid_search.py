@@ -92,6 +92,25 @@ def test_a_forgotten_memory_is_never_a_hybrid_hit_and_its_embedding_is_dropped(a
     assert not any("Luna" in text for text in hybrid.texts[len(pets):])  # the forgotten text was not embedded again
 
 
+def test_a_process_drops_a_deleted_scopes_embeddings_at_its_next_request_without_searching_it(
+    operator, hybrid, scope_a, pets
+):
+    # the erasure may be another process's: this one never searches the deleted scope again (it is a 404)
+    from django.contrib.auth.models import Permission
+
+    from cartridges.engine import cartridges_purge_destroyed
+    from memories.services import erasure_request_process, scope_delete_file
+
+    operator.user_permissions.add(Permission.objects.get(codename="delete_scope"))
+    memory_search(scope=scope_a, query="feline", k=1, retriever="hybrid")
+    assert (scope_a.pk, scope_a.created_at) in search_dense._held
+    cartridges_purge_destroyed()  # nothing erased yet: kept
+    assert (scope_a.pk, scope_a.created_at) in search_dense._held
+    erasure_request_process(erasure_request=scope_delete_file(scope=scope_a, requested_by=operator))
+    cartridges_purge_destroyed()  # what every request and task of the process runs first
+    assert (scope_a.pk, scope_a.created_at) not in search_dense._held
+
+
 def test_another_scopes_memories_are_never_hybrid_candidates(hybrid, scope_a, scope_c, pets, append):
     mine = append(scope_c, "My kitten is asleep.")
     assert [h.seq for h in memories_search(scope=scope_c, query="feline").hits] == [mine.seq]
