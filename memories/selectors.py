@@ -229,6 +229,7 @@ def memory_open(*, memory: Memory) -> OpenedMemory:
 
 
 FILTER_OPEN_BATCH = 1000  # rows opened at a time while a metadata filter scans a scope
+MAX_METADATA_FILTER_SCAN = 20_000  # memories a metadata filter may open in one request (a page opens them all again)
 
 
 def time_range_validate(*, since: dt.datetime | None, until: dt.datetime | None) -> None:
@@ -267,6 +268,12 @@ def scope_memories_filtered(
         rows = rows.filter(created_at__lt=until)
     if not metadata:
         return rows
+    if rows.count() > MAX_METADATA_FILTER_SCAN:  # each kept row is opened on every page: bound what one request opens
+        raise MnesioError(
+            f"`metadata` filters by opening every memory the other filters keep, at most {MAX_METADATA_FILTER_SCAN} "
+            "per request; narrow them first with `subject`, `since`, `until` or `as_of`",
+            extra={"field": "metadata", "limit": MAX_METADATA_FILTER_SCAN},
+        )
     kept: list[Memory] = []
     after = 0
     while batch := list(rows.filter(seq__gt=after)[:FILTER_OPEN_BATCH]):

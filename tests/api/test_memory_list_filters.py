@@ -108,3 +108,18 @@ def test_another_tenants_scope_is_a_404_with_a_filter(charlie, notes, api_client
 ])
 def test_a_bad_filter_is_a_400_naming_the_field(alice, notes, api_client_for, params, field):
     assert_error(api_client_for(alice).get(URL, params), 400, field)
+
+
+def test_a_metadata_filter_over_more_memories_than_it_may_open_asks_to_narrow_the_others(
+    alice, notes, api_client_for, monkeypatch
+):
+    # every page of a metadata listing opens each memory the other filters keep: a bound on what one request opens
+    from memories import selectors
+
+    monkeypatch.setattr(selectors, "MAX_METADATA_FILTER_SCAN", 3)
+    client = api_client_for(alice)
+    refused = _list(client, metadata={"kind": "note"})
+    assert refused.status_code == 400 and refused.json()["extra"]["field"] == "metadata"
+    assert "narrow" in refused.json()["message"]
+    narrowed = _list(client, metadata={"kind": "note"}, subject="dana")  # dana's memories: within the bound
+    assert narrowed.status_code == 200 and narrowed.json()["count"] == 2
