@@ -12,7 +12,7 @@ so a uniform plan's codes are laid out as format 7's. A plan may still give a wh
 Format 7 (issue 16, "q4 that holds"): q4's bits differ by layer, spent where the divergence is, the total kept.
 On format 6's q4, quantizing one of SmolLM2's 30 layers alone (keys at 4 bits or values at 3, the rest exact) gave
 a mean KL per position from 1.5e-6 to 7.1e-4: layers 18 and 23 carried ~60% of the keys' divergence and ~40% of
-the values' (bench/results/kveval-q4/calibrate_q4.py, sensitivity_k.json / sensitivity_v.json; articles 21-24).
+the values' (bench/tuning/calibrate_q4.py, sensitivity_k.json / sensitivity_v.json; articles 21-24).
 A plan moves bits between layers, keys and values by those measurements, at the same total bits, so the same
 size (calibrate_q4.py's allocate: a bit quarters a layer's divergence; greedy moves while they lower the sum):
 SmolLM2's keys get 3-7 bits, its values 3-6. On held-out articles (25-28 and 29-32) that lowered the fake-quantized
@@ -24,7 +24,7 @@ at 4 and 5 bits) and concatenated in layer order.
 
 Format 6 (issue 16, "q4 that holds"): q4 spends its bits where the error is. Measured with the teacher-forced
 divergence on 4 budget-1024 SQuAD scopes of articles 21-24 (never those of the 200-question kveval run), 48
-questions, 802 positions, fake-quantizing one tensor at a time (bench/results/kveval-q4/tune_q4.py, tune_q4.json):
+questions, 802 positions, fake-quantizing one tensor at a time (bench/tuning/tune_q4.py, tune_q4.json):
 format 5's q4 (4-bit keys and values, 32-value groups, rotated) had mean KL 2.07e-3; with exact values it was
 1.38e-3, with exact keys 3.3e-4: the keys carry 80% of it. So q4's keys get 5 bits in 64-token groups and its
 values 4 bits in 64-value groups (a whole SmolLM2 head per token). Mean KL per position / bits per value:
@@ -54,7 +54,7 @@ smaller error moves fewer of them. Chosen by the teacher-forced divergence (kven
 block cartridges (each 256-token block prefilled over the previous blocks' dequantized KV) on 4 budget-1024
 scopes of articles 21-24 of SQuAD dev (Black_Death, Geology, Newcastle_upon_Tyne, Victoria_and_Albert_Museum;
 never those of the 200-question kveval run), 48 questions, 16-token f32 answers, 802 positions
-(bench/results/kveval-q8-blocks/tune_q8.py, tune_q8.json). Mean KL / p95 / first-token KL / top-1 per position
+(bench/tuning/tune_q8.py, tune_q8.json). Mean KL / p95 / first-token KL / top-1 per position
 / size vs f32:
 
     k64 v64 rotated (format 4)  1.02e-5  2.99e-5  7.3e-6  99.88%  0.269
@@ -143,7 +143,7 @@ PLAN_BITS = range(2, 9)  # the bits a plan may give a KV head's keys or values
 def bit_plan(quant: str, num_layers: int, num_heads: int, weights_fingerprint: str = "") -> dict[str, tuple[tuple[int, ...], ...]]:
     """Per layer and KV head, the bits of each stored kind ("k": keys, "v": values) of a ``quant`` cartridge.
 
-    q4 (format 8): the plan calibrated for these exact weights in q4_plans.json (bench/results/kveval-q4/
+    q4 (format 8): the plan calibrated for these exact weights in q4_plans.json (bench/tuning/
     calibrate_q4.py: each head's measured divergence decides its bits, the total kept; a plan may also give a
     whole layer one number), else every head at AXIS_BITS (keys 5, values 4). q8: 8 everywhere. ValueError if a
     plan does not fit the model.
