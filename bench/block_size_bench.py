@@ -1,4 +1,4 @@
-"""Block size (issue 13): what an append's freshness cycle and a full compile cost at each block size, side by side.
+"""Block size: what an append's freshness cycle and a full compile cost at each block size, side by side.
 
 Engine level, the real model (SmolLM2-135M, CPU f32), one process: a ~7.4k-token scope of generated memories
 (blocks_bench.memory) is compiled from scratch once per block size, then ``--appends`` memories are appended one by

@@ -1,4 +1,4 @@
-"""Block cartridges (issue 13, must-show 2-5): what an append and an erasure cost, and what 50 appends store.
+"""Block cartridges: what an append and an erasure cost, and what 50 appends store.
 
 Engine level, the real model (SmolLM2-135M, CPU f32 by default), in one process and one run, so the ratios are
 side by side:

@@ -1,4 +1,4 @@
-"""How a burst of questions is split into prefill passes (issue 14): N threads released by one barrier ask at once.
+"""How a burst of questions is split into prefill passes: N threads released by one barrier ask at once.
 
 A spy on the batcher's ``_prefill`` records each pass's size; a burst whose late questions land in a second pass
 waits for the first pass (and, before prefill-first scheduling, a decoding step) before its first tokens. A small

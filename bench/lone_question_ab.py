@@ -5,7 +5,7 @@ The batcher answers a lone question with the one-at-a-time passes on its cartrid
 lone question"); ``--cascade`` arm forces the cascade path instead (Batcher._solo_begin patched to refuse), which is
 what a lone question ran before. The three arms alternate question by question, so drift in the machine's speed
 (this 2-core VM's single runs varied 0.87x-1.10x) hits them alike; medians and per-round ratios are reported.
-Issue 14, must-show 2: "one question alone is no slower than today (<= 1.05x)".
+Target: one question alone through the batcher is no slower than the one-at-a-time path (<= 1.05x).
 
 Example: OMP_NUM_THREADS=2 .venv/bin/python bench/lone_question_ab.py --rounds 9 --out bench/results/lone_question_ab.json
 """

@@ -1,4 +1,4 @@
-"""Where a compile's time goes per precision and block size (issues 16 and 13): torch.profiler's op table.
+"""Where a compile's time goes per precision and block size: torch.profiler's op table.
 
 A scope of generated memories (blocks_bench.memory) is compiled once per (dtype, block size) under torch.profiler;
 the table shows each aten op's self CPU time, e.g. the linear layers' ``aten::mm`` against the attention kernel

@@ -5,8 +5,8 @@ plus the divergence of every precision and quantization from f32 (kvengine.diver
 
 Per context: one scope of kv_speed's synthetic facts (bench/kv_speed.py memories_for); compile per dtype
 (prefill tok/s); ``--reps`` answers of ``--answer-tokens`` tokens each from the cartridge (TTFT, end-to-end,
-ms per decoded token); "bf16 (enable_gqa decode)" repeats bf16 with single-token decoding routed the way it
-was before issue 16 (transformers' sdpa with enable_gqa), to show what the packed decode changed. Then
+ms per decoded token); "bf16 (enable_gqa decode)" repeats bf16 with single-token decoding routed
+through transformers' sdpa with enable_gqa instead of the packed kernel, to show what the packed decode gains. Then
 ``--probes`` questions answered by f32 and teacher-forced through q8, q4, bf16, bf16r and bf16r with its matmul
 outputs rounded to bf16 as before format 6 (precision.EXACT_OUTPUTS emptied): mean / p95 KL,
 top-1 per position, identical answers. Results: bench/results/precision_speed.json and .md.
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          **timed_answers(backend, carts[name], qs[: args.reps], args.answer_tokens)}
             print(target, name, row[name], flush=True)
         old_packs = attention.packs
-        # the decode before issue 16: one token went to transformers' sdpa (enable_gqa), not the packed kernel
+        # single-token decode through transformers' sdpa (enable_gqa), not the packed kernel
         attention.packs = lambda module, query, mask, dropout, kwargs, old=old_packs: query.shape[2] > 1 and old(module, query, mask, dropout, kwargs)
         try:
             row["bf16 (enable_gqa decode)"] = timed_answers(backends["bf16"], carts["bf16"], qs[: args.reps], args.answer_tokens)

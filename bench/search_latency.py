@@ -9,7 +9,7 @@ search index (memories.search_index: one statement, BM25 scored as bm25s scores)
 network time is not in the figure. The selector alone (memories.selectors.memories_search) is timed too, to
 show where the time goes. Queries mix plain, subject-filtered and time-filtered searches; the first requests
 warm the process (imports, the query terms' postings) and are not counted. Writes JSON to --out and prints it.
-Target (issue 15): p95 <= 50 ms on a scope of 200 memories.
+Target: p95 <= 50 ms on a scope of 200 memories.
 """
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def web_loads_model() -> bool:
     return _bool("MNESIO_WEB_LOADS_MODEL")
 
 
-# -- issue 13: the incremental gate and auto-refresh (mnesio_site/settings.py reads each from the environment).
+# -- The incremental gate and auto-refresh (mnesio_site/settings.py reads each from the environment).
 
 
 def gate_full_every() -> int:

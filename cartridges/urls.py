@@ -25,6 +25,6 @@ urlpatterns = [
     path("scopes/<str:scope>/answers/<int:pk>/", views.AnswerRequestView.as_view(), name="answer-request"),
     path("scopes/<str:scope>/evaluation-cases/", views.EvaluationCaseListView.as_view(), name="evaluation-cases"),
     path("kv/configuration/", views.KvConfigurationView.as_view(), name="kv-configuration"),
-    # Both spellings: the issue names /api/kv/metrics, DRF habit adds the slash.
+    # Both spellings: /api/kv/metrics without the slash, and with it as DRF's other routes are.
     re_path(r"^kv/metrics/?$", views.KvMetricsView.as_view(), name="kv-metrics"),
 ]

@@ -10,7 +10,7 @@ both models are asked for the same positions, and per position we take
 and whether the two argmaxes agree (top-1 agreement per position). The positions are those predicting
 each answer token and the one after the last (where the reference stopped, or would have gone on).
 Summaries are the mean and the nearest-rank p95 over all positions of all questions, the first position's
-mean (the "first-token KL" of issue 13), top-1 agreement per position, and the share of whole greedy
+mean (the "first-token KL"), top-1 agreement per position, and the share of whole greedy
 answers identical (the variant decodes freely for that one).
 
 kveval, bench/kv_speed.py and the gate (cartridges/services/gate.py) all use this one. Torch is imported only

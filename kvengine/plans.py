@@ -2,7 +2,7 @@
 read from q4_plans.json.
 
 Torch-free, so blocks.key_digest (which the model-free web process imports) can key blocks by the plan they were
-quantized under. quant.bit_plan turns a plan into each head's bits; bench/results/kveval-q4/calibrate_q4.py writes
+quantized under. quant.bit_plan turns a plan into each head's bits; bench/tuning/calibrate_q4.py writes
 the file (quant.py's docstring says how a plan is chosen).
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ the upcast alone cost 11.5 ms per layer at 8k tokens (more than the whole f32 at
 
 Exact matmul outputs (format 6). A bf16 matmul accumulates in f32 and rounds its output to bf16; that
 rounding was half of what the bf16 matmuls cost (f32 models with one rounding added at a time, 2 SQuAD scopes
-of articles 21-22 at 1k tokens, 24 answers, 404 positions, bench/results/kveval-bf16r/tune_bf16r.py: bf16
+of articles 21-22 at 1k tokens, 24 answers, 404 positions, bench/tuning/tune_bf16r.py: bf16
 weights 2.4e-5; + bf16 matmul inputs 8.1e-5; + bf16 matmul outputs 1.6e-4). So q/k/o/gate/up/down_proj now
 return their f32 accumulator (bf16_linear_f32_out: torch.mm's out_dtype on CUDA, a compensated pair of oneDNN
 matmuls on the CPU); v_proj's output is the bf16 KV, one rounding either way. bf16r's mean KL on those scopes:

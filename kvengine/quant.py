@@ -1,6 +1,6 @@
 """KV quantization for stored cartridges: q8 (8-bit) and q4 (4-bit values, 5-bit keys on average, bit-packed).
 
-Format 8 (issue 16, "q4 that holds"): a plan gives each KV head of a layer its own bits. Within one of SmolLM2's
+Format 8: a plan gives each KV head of a layer its own bits. Within one of SmolLM2's
 layers the three KV heads' sensitivities differ up to 470x (layer 18's keys: 2.1e-6, 1.5e-6 and 7.0e-4; one head
 carries the layer), measured as format 7's were but one head at a time (heads_q4.py, sensitivity_heads_{k,v}.json).
 The same allocation over the 180 (kind, layer, head) units, the same total bits (so the same size), lowered the
@@ -9,10 +9,10 @@ to 4.69e-4 (29-32): validate_heads_skip{24,28}.json (the additive model had pred
 not add up exactly). Parts store "bits" as uint8 [layers, heads] and the codes head by head in (layer, head) order,
 so a uniform plan's codes are laid out as format 7's. A plan may still give a whole layer one number.
 
-Format 7 (issue 16, "q4 that holds"): q4's bits differ by layer, spent where the divergence is, the total kept.
+Format 7: q4's bits differ by layer, spent where the divergence is, the total kept.
 On format 6's q4, quantizing one of SmolLM2's 30 layers alone (keys at 4 bits or values at 3, the rest exact) gave
 a mean KL per position from 1.5e-6 to 7.1e-4: layers 18 and 23 carried ~60% of the keys' divergence and ~40% of
-the values' (bench/results/kveval-q4/calibrate_q4.py, sensitivity_k.json / sensitivity_v.json; articles 21-24).
+the values' (bench/tuning/calibrate_q4.py, sensitivity_k.json / sensitivity_v.json; articles 21-24).
 A plan moves bits between layers, keys and values by those measurements, at the same total bits, so the same
 size (calibrate_q4.py's allocate: a bit quarters a layer's divergence; greedy moves while they lower the sum):
 SmolLM2's keys get 3-7 bits, its values 3-6. On held-out articles (25-28 and 29-32) that lowered the fake-quantized
@@ -22,9 +22,9 @@ other model format 6's uniform 5 and 4 bits, and a plan is part of a block's key
 without the plan; its codes are packed per layer (pack(): bits * head_dim / 8 bytes a row, format 6's layout
 at 4 and 5 bits) and concatenated in layer order.
 
-Format 6 (issue 16, "q4 that holds"): q4 spends its bits where the error is. Measured with the teacher-forced
+Format 6: q4 spends its bits where the error is. Measured with the teacher-forced
 divergence on 4 budget-1024 SQuAD scopes of articles 21-24 (never those of the 200-question kveval run), 48
-questions, 802 positions, fake-quantizing one tensor at a time (bench/results/kveval-q4/tune_q4.py, tune_q4.json):
+questions, 802 positions, fake-quantizing one tensor at a time (bench/tuning/tune_q4.py, tune_q4.json):
 format 5's q4 (4-bit keys and values, 32-value groups, rotated) had mean KL 2.07e-3; with exact values it was
 1.38e-3, with exact keys 3.3e-4: the keys carry 80% of it. So q4's keys get 5 bits in 64-token groups and its
 values 4 bits in 64-value groups (a whole SmolLM2 head per token). Mean KL per position / bits per value:
@@ -46,15 +46,15 @@ the measure's noise on 802 positions (two encodings of the same grid gave 9.1e-4
 two 4-bit codes a byte along head_dim (the low nibble is the even channel, as in format 5); 5-bit codes keep
 their low 4 bits so and add their fifth bits as one bit plane (pack()).
 
-Format 5 (issue 13, "q8 that holds on data it was not tuned on"): q8's groups are 16 values long on both axes
+Format 5: q8's groups are 16 values long on both axes
 (keys: 16 consecutive tokens per channel; values: 16 consecutive head_dim values per token), 64 before;
 q4 is unchanged (32). Why: on SQuAD scopes packed from many articles q8 answers had matched f32 on 97% of 200
-questions, short of issue 13's 98%, although its mean KL was ~1e-5: the misses are near-ties, and only a
+questions, short of the 98% target (kveval.runner), although its mean KL was ~1e-5: the misses are near-ties, and only a
 smaller error moves fewer of them. Chosen by the teacher-forced divergence (kvengine.divergence) of format-4
 block cartridges (each 256-token block prefilled over the previous blocks' dequantized KV) on 4 budget-1024
 scopes of articles 21-24 of SQuAD dev (Black_Death, Geology, Newcastle_upon_Tyne, Victoria_and_Albert_Museum;
 never those of the 200-question kveval run), 48 questions, 16-token f32 answers, 802 positions
-(bench/results/kveval-q8-blocks/tune_q8.py, tune_q8.json). Mean KL / p95 / first-token KL / top-1 per position
+(bench/tuning/tune_q8.py, tune_q8.json). Mean KL / p95 / first-token KL / top-1 per position
 / size vs f32:
 
     k64 v64 rotated (format 4)  1.02e-5  2.99e-5  7.3e-6  99.88%  0.269
@@ -71,14 +71,14 @@ straddle a block boundary (blocks.py); block 0's quantized part starts after the
 positions, so its last key group is 12 tokens (padded as any short group is). The 200-question measurement
 on other articles is in BENCHMARKS.md (section "q8 in 16-value groups").
 
-Format 3 (issue 16): before grouping, keys and values are rotated along head_dim by the orthonormal
+Format 3: before grouping, keys and values are rotated along head_dim by the orthonormal
 Hadamard matrix H (as QuaRot and llama.cpp's rotated q4 do); dequantization multiplies by H^T. A rotation
 spreads a few outlier channels over all of them, so a group's range is set by typical values. q4 groups
 are 32 values long (q8 stays at 64). Chosen by the teacher-forced divergence to f32 (kvengine.divergence)
 on SQuAD scopes of 3-4 articles at 1k tokens, 27-36 answers (~300-900 positions), mean KL per position:
 q4 64 no rotation 0.0078 (p95 0.030); q4 32 no rotation 0.0047; q4 32 values rotated 0.0046; q4 32 keys
 rotated 0.0019; q4 32 both rotated 0.0015 (p95 0.0069); q4 64 both rotated 0.0030. q8 64 (1e-5) and
-q8 64 rotated (1e-5, top-1 per position 100% against 99.7%) are both far below issue 13's 1e-3; q8 kept
+q8 64 rotated (1e-5, top-1 per position 100% against 99.7%) are both far below the 1e-3 target; q8 kept
 64-value groups and its 0.266x size, with the rotation (until format 5, above). Format 2 (64-value groups, no rotation) is below.
 
 Both are asymmetric (a float16 zero point at the group minimum and a float16 step; q4's values since format 6:
@@ -143,7 +143,7 @@ PLAN_BITS = range(2, 9)  # the bits a plan may give a KV head's keys or values
 def bit_plan(quant: str, num_layers: int, num_heads: int, weights_fingerprint: str = "") -> dict[str, tuple[tuple[int, ...], ...]]:
     """Per layer and KV head, the bits of each stored kind ("k": keys, "v": values) of a ``quant`` cartridge.
 
-    q4 (format 8): the plan calibrated for these exact weights in q4_plans.json (bench/results/kveval-q4/
+    q4 (format 8): the plan calibrated for these exact weights in q4_plans.json (bench/tuning/
     calibrate_q4.py: each head's measured divergence decides its bits, the total kept; a plan may also give a
     whole layer one number), else every head at AXIS_BITS (keys 5, values 4). q8: 8 everywhere. ValueError if a
     plan does not fit the model.

@@ -1,6 +1,6 @@
 """URL layout: /api/v1/ (DRF, versioned), /api/ (its deprecated alias), /api/schema/ (OpenAPI), /v1/ (OpenAI-compatible), /admin/, the app pages.
 
-Versioning (issue 15): the API lives under ``/api/v1/``. The unversioned ``/api/...`` paths serve the very
+Versioning: the API lives under ``/api/v1/``. The unversioned ``/api/...`` paths serve the very
 same views (one include of the same URL modules, so a route added to memories.urls or cartridges.urls
 appears under both) and stay as a documented, deprecated alias: the OpenAPI schema documents only
 ``/api/v1/`` (mnesio_site.versioning.v1_endpoints_only) and every alias response carries ``Deprecation:

@@ -354,7 +354,8 @@ class GateResultMetricsSerializer(serializers.Serializer):
     fidelity = serializers.FloatField(allow_null=True)
     accuracy_cartridge = serializers.FloatField(allow_null=True)
     accuracy_text = serializers.FloatField(allow_null=True)
-    gate = serializers.CharField(allow_null=True, help_text="Which gate ran: full or incremental (null before issue 13).")
+    gate = serializers.CharField(
+        allow_null=True, help_text="Which gate ran: full or incremental (null if the evaluation did not record it).")
     gate_seconds = serializers.FloatField(allow_null=True, help_text="What the gate cost, in seconds.")
     created_at = serializers.DateTimeField()
 

@@ -1,4 +1,4 @@
-"""Drop the plaintext question and answers of evaluation cases (sealed by 0005); then the rest of issue 11's
+"""Drop the plaintext question and answers of evaluation cases (sealed by 0005); then the rest of the
 schema: answer requests keep their error's status and kind, operator permissions, and TRUNCATE refused on
 every append-only table (separate update and delete triggers, as the log's)."""
 import pgtrigger.compiler

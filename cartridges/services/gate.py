@@ -17,7 +17,7 @@ because they need a loadable cartridge and the version's texts):
    required too when ``MNESIO_GATE_REQUIRE_RETRIEVAL`` is on. With no cases the accuracy check has
    nothing to compare and passes (recorded as ``num_cases: 0``). Cases erased with a subject they concern
    are skipped and counted (``num_cases_erased``).
-7. divergence (issue 16), for a quantized or non-f32 configuration: the same probes are answered from an f32
+7. divergence, for a quantized or non-f32 configuration: the same probes are answered from an f32
    cartridge of the same memories (the reference), and their answers teacher-forced through the version's
    cartridge; the mean KL(f32 || variant) of the next-token distributions over every answer position must be
    at most ``MNESIO_GATE_MAX_MEAN_KL`` and the top-1 agreement per position at least
@@ -26,7 +26,7 @@ because they need a loadable cartridge and the version's texts):
    own re-reading agree with each other (checks 5-6 compare a variant with itself).
 Figures hold numbers only, never memory or question text.
 
-Two gates (issue 13): ``figures["gate"]`` says which ran, ``figures["gate_cost"]`` what it cost (seconds of model
+Two gates: ``figures["gate"]`` says which ran, ``figures["gate_cost"]`` what it cost (seconds of model
 checks and tokens re-read as text).
 
 - **full**: checks 1-7 above. The probes compare with ONE re-reading of every memory as text, in one pass

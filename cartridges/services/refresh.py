@@ -1,4 +1,4 @@
-"""Auto-refresh (issue 13): a scope whose settings say ``on_append`` follows its log without anyone asking.
+"""Auto-refresh: a scope whose settings say ``on_append`` follows its log without anyone asking.
 
 Decisions:
 - **Trigger.** memories runs its append hooks (memories.registry) after an append that wrote rows commits, single

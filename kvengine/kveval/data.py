@@ -167,8 +167,8 @@ def build_packed_scopes(articles: Sequence[Article], budget: int, count_tokens: 
 
     Articles are taken in file order, each used by one scope at most: a scope takes the next article's
     paragraphs in order while they fit, then (if it is not yet ``min_fill`` full) the next article's, and
-    so on. So every budget really is filled and a run's scopes span many articles (issue 13: q8 measured on
-    one article's scopes had looked better than it is). A question's ``paragraph_index`` is renumbered to
+    so on. So every budget really is filled and a run's scopes span many articles (a variant measured on
+    one article's scopes can look better than it is). A question's ``paragraph_index`` is renumbered to
     the scope's paragraph list; the scope's ``article`` names its articles joined by " + ".
     """
     scopes: list[Scope] = []

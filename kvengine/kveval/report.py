@@ -139,7 +139,7 @@ def variants_table(results: dict[str, Any]) -> str:
 
 
 def checks_section(results: dict[str, Any]) -> str:
-    """The issue's "Must show" items in words, from the figures."""
+    """The "Must show" checks in words, from the figures."""
     c = results["checks"]
     lines = []
     if c.get("parity_all_identical") is not None:
@@ -158,7 +158,7 @@ def checks_section(results: dict[str, Any]) -> str:
     for row in c.get("articles_per_budget", []):
         verdict = "yes" if row["enough"] else "NO"
         lines.append(f"- {row['budget']} tokens: scopes drawn from {row['num_articles']} articles "
-                     f"(issue 13: >= {c['min_articles_per_budget']}): **{verdict}**.")
+                     f"(target: >= {c['min_articles_per_budget']}): **{verdict}**.")
     for label, rows in sorted(c.get("differing", {}).items()):
         if rows:
             cells = ", ".join(f"{r['qid']} ({r['budget']} tok, first token {'same' if r['first_token'] else 'differs'}, "

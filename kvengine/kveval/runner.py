@@ -26,12 +26,12 @@ from .retrieval import DenseEncoder, DenseIndex
 
 # closed_book: the question with no memories at all (the floor both for accuracy and for latency)
 MODES = ("cartridge", "text", "bm25", "dense", "closed_book")
-# q8's agreement floor with the f32 cartridge, set by the kvengine issue (#3): >= 98% identical answers.
+# q8's agreement floor with the f32 cartridge: >= 98% identical answers.
 Q8_MIN_AGREEMENT = 0.98
-# Issue 13: each budget's scopes are drawn from at least this many articles, so that a variant's agreement is
+# Each budget's scopes are drawn from at least this many articles, so that a variant's agreement is
 # not one article's (q8 had looked better on a single article than it is); checked per budget in the report.
 MIN_ARTICLES_PER_BUDGET = 10
-# Issue 16 / issue 13 targets on the divergence measure (kvengine.divergence), checked in the report:
+# Targets on the divergence measure (kvengine.divergence), checked in the report:
 # label -> (max mean KL over all positions, max mean first-token KL, min identical answers, min top-1 per position)
 DIVERGENCE_TARGETS: dict[str, dict[str, float]] = {
     "q8": {"max_first_token_mean_kl": 1e-3, "min_identical": 0.98},
@@ -68,7 +68,7 @@ class EvalConfig:
     question_template: str = DEFAULT_QUESTION_TEMPLATE
     modes: tuple[str, ...] = MODES
     # pack several articles into a scope when one is too short, each article used once per budget, so a
-    # budget's scopes span as many articles as scopes (issue 13); False: one article per scope, short ones skipped
+    # budget's scopes span as many articles as scopes; False: one article per scope, short ones skipped
     pack_articles: bool = True
 
     def __post_init__(self) -> None:
@@ -489,7 +489,7 @@ def summarize_budget(config: EvalConfig, budget: int, scope_rows: list[dict[str,
 
 
 def checks(budgets: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's "Must show" items, computed from the figures (never asserted here; the report shows them)."""
+    """The "Must show" checks, computed from the figures (never asserted here; the report shows them)."""
     out: dict[str, Any] = {"parity_all_identical": None, "q8_min_agreement": Q8_MIN_AGREEMENT,
                            "q8_within_tolerance": None, "cartridge_f1_vs_retrieval": []}
     out["min_articles_per_budget"] = MIN_ARTICLES_PER_BUDGET

@@ -1,5 +1,4 @@
-"""Admin add forms answer input over the services' limits with a form error naming the field, not a 500
-(issue 11, item 11)."""
+"""Admin add forms answer input over the services' limits with a form error naming the field, not a 500."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Operator permissions beyond is_staff (issue 11, item 8): filing an erasure in every scope needs its own
+"""Operator permissions beyond is_staff: filing an erasure in every scope needs its own
 permission, and the fake engine (whole memory texts as answers) is refused unless explicitly allowed. The
 full matrix of admin actions x permission levels is tests/reliability/test_isolation.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One status per error kind on every path (issue 12, item 7): over the context window is a 422 whether the
+"""One status per error kind on every path: over the context window is a 422 whether the
 compile or the question hits it, asked synchronously or through a sealed answer request collected later."""
 from __future__ import annotations
 

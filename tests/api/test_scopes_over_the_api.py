@@ -1,4 +1,4 @@
-"""Scopes over the API (issue 15, item 5): staff with Django permissions create scopes and grant or revoke a
+"""Scopes over the API: staff with Django permissions create scopes and grant or revoke a
 client's use of them; per-scope cartridge settings are readable by the scope's clients and changed only by staff
 holding `cartridges.change_scope_settings`. Clients and view-only staff get a 403; no one learns of scopes
 they are not granted."""

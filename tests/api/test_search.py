@@ -1,4 +1,4 @@
-"""Search over the API (issue 15, item 3): POST /api/v1/scopes/<scope>/search/ ranks a scope's memories by BM25
+"""Search over the API: POST /api/v1/scopes/<scope>/search/ ranks a scope's memories by BM25
 (kvengine.retrieval, bm25s), bounded by top_k and filtered by subject, time, as_of and metadata; erased memories
 and other scopes' memories are never returned; bad input is a 400 naming the field."""
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_it_filters_by_metadata_sent_with_the_memories(alice, api_client_for):
     from memories.api.serializers import MemoryAppendSerializer
 
     if "metadata" not in MemoryAppendSerializer().fields:
-        pytest.skip("memory metadata on append is another branch's (issue 15 item 6); the matching is tested above")
+        pytest.skip("memory metadata on append is not in this build; the matching is tested above")
     client = api_client_for(alice)
     for text, meta in [("Tea with oat milk, no sugar.", {"kind": "preference"}),
                        ("Tea at 4 pm with the team.", {"kind": "event"}), ("Tea is in the top cupboard.", {})]:
@@ -156,7 +156,7 @@ def test_a_forgotten_memory_is_never_returned(alice, scope_a, append, api_client
     gone = append(scope_a, "The tea tin hides the spare key.", "dana")
     url = f"/api/v1/scopes/scope-a/memories/{gone.seq}/"
     if not hasattr(resolve(url).func.view_class, "delete"):
-        pytest.skip("forgetting one memory (DELETE .../memories/<seq>/) is another branch's (issue 15 item 4)")
+        pytest.skip("forgetting one memory (DELETE .../memories/<seq>/) is not in this build")
     client = api_client_for(alice)
     assert len(_search(client, query="tea").json()["results"]) == 2
     with django_capture_on_commit_callbacks(execute=True):

@@ -1,5 +1,5 @@
 """API tokens are stored hashed (django-rest-knox), legacy plaintext tokens are converted by a migration and
-keep working, tokens do not expire silently, and the OpenAPI schema and docs need a login (issue 11, item 12)."""
+keep working, tokens do not expire silently, and the OpenAPI schema and docs need a login."""
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,4 @@
-"""The API under /api/v1/ (issue 15, item 1): the unversioned /api/ paths are a deprecated alias of the same
+"""The API under /api/v1/: the unversioned /api/ paths are a deprecated alias of the same
 views (they answer the same and say so in headers), every route is under both, plain URL names reverse to
 v1, and the schema documents v1 only, keeping the operationIds clients were generated with."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Block cartridges (issue 13) under attack: SQL tampering, a prune racing a compile, and another scope's blocks.
+"""Block cartridges under attack: SQL tampering, a prune racing a compile, and another scope's blocks.
 
 - An operator or attacker with SQL access cannot rewrite what erasure and loading rely on: a version's
   ``entry_positions`` (which blocks an erased memory reaches) and ``block_size``, a version's block links,

@@ -1,4 +1,4 @@
-"""Block storage (issue 13): each block stored once per scope, erasure per block, retention, and what an attacker tries.
+"""Block storage: each block stored once per scope, erasure per block, retention, and what an attacker tries.
 
 The fake backend cuts blocks of 4 memories (kvengine.fake.FAKE_BLOCK_MEMORIES), so a dozen memories make a chain.
 """

@@ -47,7 +47,7 @@ def test_it_serves_an_authenticated_ask_over_real_http(serve, alice, scope_a, ea
 
 
 def test_it_streams_an_answer_as_server_sent_events_as_it_is_decoded(serve, alice, scope_a, eager_tasks):
-    """Issue 14 item 4: the production server (gunicorn + uvicorn workers) streams an answer: a real client reads
+    """The production server (gunicorn + uvicorn workers) streams an answer: a real client reads
     an event per delta, then the final event with version and timings (that deltas are sent while decoding, not
     after, is tests/serving/test_stream.py's check on uvicorn)."""
     import json

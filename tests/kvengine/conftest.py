@@ -72,5 +72,5 @@ def small_blocks(real_backend):
 
 @pytest.fixture(scope="module")
 def long_blocks(real_backend):
-    """The real model in 256-token blocks (the default before issue 13's 64): a ~190-token log is one tail part."""
+    """The real model in 256-token blocks (the default is 64): a ~190-token log is one tail part."""
     return real_backend.variant(block_size=256)

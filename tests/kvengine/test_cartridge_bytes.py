@@ -1,12 +1,12 @@
 """Cartridge bytes are pinned: refactoring the engine must not change a single byte of what it compiles.
 
-The digests below were computed with the engine before the issue-12 split of transformers_backend.py into
+The digests below were computed with the engine before transformers_backend.py was split into
 layout.py, payload.py and the backend (commit d3c3563), on this project's CPU machine; they held with 1 and
 2 torch threads. A change here means stored cartridges stop matching what a recompile produces, which
 erasure relies on (a rebuilt blob is byte-identical to one compiled from a log that never held the subject):
 bump LAYOUT_VERSION or FORMAT_VERSION on purpose instead of updating these values.
 
-FORMAT_VERSION 3 (issue 16: rotated q8/q4, q4 in 32-value groups) changed every header, so every digest:
+FORMAT_VERSION 3 (rotated q8/q4, q4 in 32-value groups) changed every header, so every digest:
 recomputed on 2026-11-30 in a virtualenv installed from requirements.txt; they hold with 1 and 2 torch threads.
 
 The bytes are those of one machine kind: the format-2 pins, computed on the previous session's machine (an AMD
@@ -16,7 +16,7 @@ microarchitecture. So the pins are keyed by the CPU and torch version (``machine
 the tests skip and say how to record them (``MNESIO_PRINT_CARTRIDGE_DIGESTS=1``, at a commit known to be good).
 Within one machine, byte-identity of a rebuild is what erasure relies on, and other tests check it directly.
 
-FORMAT_VERSION 4 (issue 13: blocks computed on top of each other, parts stacked by layer) and 5 (q8 in 16-value
+FORMAT_VERSION 4 (blocks computed on top of each other, parts stacked by layer) and 5 (q8 in 16-value
 groups) changed every digest again: recomputed on 2026-11-30 on this session's machine (family 25 model 1, Zen 3),
 the same with 1 and 2 torch threads; the Zen 4 pins of format 3 were dropped (they can no longer match).
 """
@@ -36,15 +36,15 @@ MEMORIES = [
     "Bob keeps the spare key under the blue flower pot.",
     "The meeting with Carol is on Friday at three.",
 ]
-# FORMAT_VERSION 6 (issue 16: q4 with 5-bit keys in 64-value groups, bf16r with exact matmul outputs) and 7 (q4's bits
+# FORMAT_VERSION 6 (q4 with 5-bit keys in 64-value groups, bf16r with exact matmul outputs) and 7 (q4's bits
 # per layer) were pinned on an Intel Xeon of family 6 model 207 (Sapphire Rapids), 1 and 2 threads: the tiny models
 # and SmolLM2's bf16r alike with both, SmolLM2's f32/q8/q4 per thread count. At format 7, an Intel Xeon of family 6
 # model 106 (Ice Lake) reproduced every f32, q8 and q4 digest of the model-207 pins exactly, with 1 and 2 threads,
 # but not the bf16 ones (qwen2's bf16 none and q8, SmolLM2's bf16r): bf16 takes other kernels there.
-# FORMAT_VERSION 8 (issue 16: q4's bits per layer and KV head; every quantized part stores [layers, heads] bits and
+# FORMAT_VERSION 8 (q4's bits per layer and KV head; every quantized part stores [layers, heads] bits and
 # its codes flattened by head) changed every digest again: recomputed on 2026-11-30 on an Intel Xeon of family 6 model
 # 106 with 1 and 2 threads (the tiny models alike with both, every SmolLM2 digest per thread count).
-# Issue 13's block size of 64 tokens (256 before; not a format change: the header and every block id carry the block
+# The block size of 64 tokens (256 before; not a format change: the header and every block id carry the block
 # size, so 256-token cartridges still load) changed every digest again (the header, and where compile cuts its passes):
 # recomputed on 2026-12-01 on an AMD EPYC of family 25 model 17 (Zen 4) with 1 and 2 threads, every digest alike with
 # both, SmolLM2's included. The model-106 pins were dropped: no such machine was at hand to record the new ones.

@@ -161,8 +161,8 @@ def test_q8_and_q4_cartridges_are_small_and_q8_answers_like_f32(real_backend, ca
     # this ~190-token cartridge pays a fixed cost (the 4 exact sink positions, the headers of its 64-token block parts,
     # their short key groups) on few tokens: q8 0.330 here, still under a third of f32
     assert len(d8) / f32_size < 1 / 3 and len(d4) / f32_size <= 0.19
-    # from 1k tokens on: q8 <= 0.32x (format 5: 16-value groups, issue 13), q4 <= 0.16x of f32 (32-value groups,
-    # issue 16); format 4 quantizes each block on its own (key groups never straddle a block)
+    # from 1k tokens on: q8 <= 0.32x (16-value groups), q4 <= 0.16x of f32 (64-value groups); each block is
+    # quantized on its own (key groups never straddle a block)
     big = real_backend.compile(MEMORIES * 6)
     assert big.header.num_tokens >= 1000
     big_size = len(real_backend.dumps(big))

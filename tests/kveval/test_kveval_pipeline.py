@@ -84,7 +84,7 @@ def test_the_report_names_differing_answers_with_their_first_token_kl():
                           "differing": {"q8": [{"budget": 1024, "qid": "abc", "first_token": False, "first_token_kl": 0.25}]}},
                "budgets": []}
     text = checks_section(results)
-    assert "1024 tokens: scopes drawn from 12 articles (issue 13: >= 10): **yes**" in text
+    assert "1024 tokens: scopes drawn from 12 articles (target: >= 10): **yes**" in text
     assert "q8: whole answers that differ from the main cartridge's (1): abc (1024 tok, first token differs, first-token KL 2.50e-01)" in text
 
 

@@ -103,7 +103,7 @@ def test_it_binds_a_wrapped_key_to_its_owner(scope_a):
 
 
 def test_a_wrapped_key_is_one_type_that_opens_itself_and_sealed_values_are_one_shape():
-    """The envelope capability (issue 12, item 2): wrap -> WrappedKey -> open; seal_box/open_box for every column."""
+    """The envelope capability: wrap -> WrappedKey -> open; seal_box/open_box for every column."""
     from memories import crypto
 
     data_key = crypto.new_data_key()

@@ -1,4 +1,4 @@
-"""One normal form for subject ids (issue 11, item 9): "josé" composed (NFC) and decomposed (NFD) are one person.
+"""One normal form for subject ids: "josé" composed (NFC) and decomposed (NFD) are one person.
 
 Before the fix, erasing "josé" (NFC) left memories filed under the NFD spelling readable.
 """

@@ -1,4 +1,4 @@
-"""A compile in flight during an erasure (issue 11, item 1): no version holding a shredded subject survives.
+"""A compile in flight during an erasure: no version holding a shredded subject survives.
 
 The compile reads the log, runs the model for seconds to minutes, then stores a version. Before the fix an
 erasure processed in that window reported `views_rebuilt`, and the compile then stored a version whose

@@ -1,4 +1,4 @@
-"""Error pages and error logs never show key material or memory plaintext, in debug or not (issue 11, item 5)."""
+"""Error pages and error logs never show key material or memory plaintext, in debug or not."""
 from __future__ import annotations
 
 import base64

@@ -179,7 +179,7 @@ def test_the_admin_and_dashboard_refuse_a_non_staff_client(world, charlie, clien
 
 
 # ---------------------------------------------------------------------------
-# Admin actions and operator writes x permission levels (issue 11, item 8): only a staff user holding the
+# Admin actions and operator writes x permission levels: only a staff user holding the
 # action's own permission, or a superuser, may act; a refusal changes nothing (no task queued, no row).
 # ---------------------------------------------------------------------------
 LEVELS = ["non-staff", "staff view-only", "staff with exactly that permission", "superuser"]

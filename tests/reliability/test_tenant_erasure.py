@@ -1,4 +1,4 @@
-"""One tenant erasing another's data, and what a client can learn about scopes it is not granted (issue 11, item 2).
+"""One tenant erasing another's data, and what a client can learn about scopes it is not granted.
 
 Before the fix subjects were global: charlie, granted only scope C, appended one memory for `bob` in C, filed
 an erasure for `bob` through C, and bob's memories in alice's scope A became erased; the 409 on appending

@@ -1,4 +1,4 @@
-"""The append-only triggers cannot be switched off by a non-superuser SQL client (finding of the issue 11 review).
+"""The append-only triggers cannot be switched off by a non-superuser SQL client.
 
 django-pgtrigger's triggers honour the session setting ``pgtrigger.ignore``, which any role may set: before
 ``core.triggers`` a non-superuser role with plain table privileges deleted a log row and un-shredded a subject.

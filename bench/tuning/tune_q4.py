@@ -5,7 +5,7 @@ served KV is what that format would serve) by patching kvengine.payload's quanti
 block on block as served, and teacher-forces the f32 cartridge's greedy answers through it. Sizes are the
 formats' bits per value (codes + group parameters) over f32's 32, the exact first positions not counted.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/tune_q4.py --squad-file /tmp/squad.json \
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/tune_q4.py --squad-file /tmp/squad.json \
         --out bench/results/kveval-q4/tune_q4.json
 """
 from __future__ import annotations

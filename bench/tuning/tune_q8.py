@@ -5,7 +5,7 @@ script packs its scopes from articles further on (--skip), so the method is chos
 measured on. Each candidate patches kvengine.quant's GROUPS/ROTATE, compiles the q8 cartridge (block on block,
 as served) and teacher-forces the f32 cartridge's greedy answers through it.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q8-blocks/tune_q8.py --squad-file squaddev_v1.1.json \
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/tune_q8.py --squad-file squaddev_v1.1.json \
         --out bench/results/kveval-q8-blocks/tune_q8.json
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Variants are f32 models with one bf16 rounding added at a time (weights, matmul inputs, matmul outputs), beside
 today's bf16 and bf16r, on SQuAD scopes the final kveval run never sees (articles after the first 20).
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-bf16r/tune_bf16r.py --squad-file /tmp/squad.json \
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/tune_bf16r.py --squad-file /tmp/squad.json \
         --out bench/results/kveval-bf16r/tune_bf16r.json
 """
 from __future__ import annotations

@@ -6,20 +6,16 @@ figures (sensitivity_{k,v}.json) within 14%. With the same additive model and to
 allocate, a per-head plan was predicted 1.55x below the per-layer plan; on held-out articles it measured 1.13-1.24x
 (calibrate_q4.py validate, validate_heads_skip{24,28}.json).
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/heads_q4.py --squad-file /tmp/squad.json \\
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/heads_q4.py --squad-file /tmp/squad.json \\
         --kind k --out bench/results/kveval-q4/sensitivity_heads_k.json     # and --kind v
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import calibrate_q4  # noqa: E402  (this directory's fake-quantizing stand-ins and references)
-
-from bench.tuning import divergence  # noqa: E402
+from bench.tuning import calibrate_q4, divergence  # calibrate_q4: the fake-quantizing stand-ins and references
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ Method (as llama.cpp's importance-matrix quantization spends bits by measured se
 
 1. ``measure``: for each layer and kind (keys at ``--key-bits``, values at ``--value-bits``), fake-quantize that layer's
    kind alone (tune_q4.fake: the format's rotation, groups and float16 parameters), every other layer exact, and take
-   the mean KL per position of f32's greedy answers, teacher-forced (bench/tuning.py). That is the layer's
+   the mean KL per position of f32's greedy answers, teacher-forced (bench/tuning/__init__.py). That is the layer's
    sensitivity s at those bits. heads_q4.py does the same per (layer, KV head).
 2. ``allocate``: model each unit's (a layer's keys or values, or one head's) divergence as ``s * 4**(bits_measured -
    bits)`` (a bit halves the step: a quarter of the squared error), start from format 6's uniform bits and move
@@ -22,14 +22,14 @@ Method (as llama.cpp's importance-matrix quantization spends bits by measured se
 The plan is written to kvengine/q4_plans.json under the model's weights fingerprint: a plan is for those weights
 only (bit_plan gives any other model format 6's uniform bits). Format 8's is the per-head one.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/calibrate_q4.py --squad-file /tmp/squad.json \
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/calibrate_q4.py --squad-file /tmp/squad.json \
         measure --kind k --out bench/results/kveval-q4/sensitivity_k.json      # and --kind v (two processes)
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/results/kveval-q4/calibrate_q4.py --squad-file /tmp/squad.json \
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/calibrate_q4.py --squad-file /tmp/squad.json \
         --skip 24 validate --out bench/results/kveval-q4/validate_heads_skip24.json \
         --plan "per layer (format 7)=3:bench/results/kveval-q4/sensitivity_k.json,bench/results/kveval-q4/sensitivity_v.json" \
         --plan "per head=3:bench/results/kveval-q4/sensitivity_heads_k.json,bench/results/kveval-q4/sensitivity_heads_v.json"
         # and --skip 28 (validate_skip{24,28}.json are format 7's: uniform against the per-layer plan)
-    PYTHONPATH=. .venv/bin/python bench/results/kveval-q4/calibrate_q4.py allocate \
+    PYTHONPATH=. .venv/bin/python bench/tuning/calibrate_q4.py allocate \
         --sensitivities bench/results/kveval-q4/sensitivity_heads_k.json bench/results/kveval-q4/sensitivity_heads_v.json
 """
 from __future__ import annotations
@@ -37,18 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tune_q4  # noqa: E402  (this directory's fake quantizer)
-
-import kvengine.payload as payload  # noqa: E402
-import kvengine.quant as quant  # noqa: E402
-from bench.tuning import divergence, f32_references  # noqa: E402
+import kvengine.payload as payload
+import kvengine.quant as quant
+from bench.tuning import divergence, f32_references, tune_q4  # tune_q4: the fake quantizer
 
 # (kind, layer, head or None: all its heads) -> tune_q4.fake kwargs; what is not named stays exact (heads_q4.py names heads)
 SPEC: dict[tuple[str, int, int | None], dict] = {}
@@ -182,7 +178,7 @@ def allocate_command(a: argparse.Namespace) -> None:
     fingerprint = make_backend("transformers", dtype="f32", device="cpu").describe().weights_fingerprint
     plans = json.loads(quant.PLANS_FILE.read_text()) if quant.PLANS_FILE.exists() else {"plans": {}}
     plans["plans"][fingerprint] = {"model": a.model_name, "k": plan["k"], "v": plan["v"], "calibrated_on": json.loads(Path(a.sensitivities[0]).read_text())["scopes"],
-                                   "lowest_bits": a.lowest, "command": "bench/results/kveval-q4/calibrate_q4.py"}
+                                   "lowest_bits": a.lowest, "command": "bench/tuning/calibrate_q4.py"}
     text = json.dumps(plans, indent=1)  # innermost lists on one line
     quant.PLANS_FILE.write_text(re.sub(r"\[\s+([^\[\]]*?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text) + "\n")
 

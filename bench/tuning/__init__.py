@@ -1,4 +1,4 @@
-"""Shared by the method-selection scripts (bench/results/kveval-*/tune_*.py): f32 reference answers on SQuAD scopes
+"""Shared by the method-selection scripts (bench/tuning/*.py): f32 reference answers on SQuAD scopes
 that the final kveval runs never see, and the teacher-forced divergence of a variant backend from them.
 
 The final kveval runs draw their scopes from the first articles of SQuAD dev in file order; these scripts skip
