@@ -128,7 +128,7 @@ ask_retry_after_s = _int_setting("MNESIO_ASK_RETRY_AFTER_S", minimum=1, doc="The
 max_pending_async_asks = _int_setting("MNESIO_MAX_PENDING_ASYNC_ASKS", minimum=1, doc="How many unanswered async asks one process files before answering 429.")
 max_pending_async_asks_per_user = _int_setting("MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER", minimum=1, doc="How many unanswered async asks one user may have before 429.")
 mcp_max_sessions = _int_setting("MNESIO_MCP_MAX_SESSIONS", minimum=1, doc="How many MCP sessions one process keeps open (the SDK answers 503 past it).")
-mcp_max_sessions_per_token = _int_setting("MNESIO_MCP_MAX_SESSIONS_PER_TOKEN", minimum=1, doc="How many MCP sessions one token may hold open in one process before 429.")
+mcp_max_sessions_per_user = _int_setting("MNESIO_MCP_MAX_SESSIONS_PER_USER", minimum=1, doc="How many MCP sessions one user (all their tokens) may hold open in one process before 429.")
 mcp_session_idle_s = _int_setting("MNESIO_MCP_SESSION_IDLE_S", minimum=1, doc="Seconds without a request after which an MCP session is closed.")
 remote_answer_timeout_s = _int_setting("MNESIO_REMOTE_ANSWER_TIMEOUT_S", minimum=1, doc="How long a model-free web process waits for a gpu worker's answer (then 504).")
 

@@ -423,10 +423,10 @@ MNESIO_ASK_RETRY_AFTER_S = envint("MNESIO_ASK_RETRY_AFTER_S", 2, minimum=1)
 MNESIO_MAX_PENDING_ASYNC_ASKS = envint("MNESIO_MAX_PENDING_ASYNC_ASKS", 64, minimum=1)
 MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER = envint("MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER", 16, minimum=1)
 # The MCP server over HTTP (cartridges/mcp_server/http.py): open sessions per process (the SDK's own bound; past it a
-# 503) and per token (past it a 429, so one token cannot take every tenant's sessions), and the idle time after
+# 503) and per user, over all their tokens (past it a 429, so one tenant cannot take every tenant's sessions), and the idle time after
 # which a session is closed.
 MNESIO_MCP_MAX_SESSIONS = envint("MNESIO_MCP_MAX_SESSIONS", 1000, minimum=1)
-MNESIO_MCP_MAX_SESSIONS_PER_TOKEN = envint("MNESIO_MCP_MAX_SESSIONS_PER_TOKEN", 8, minimum=1)
+MNESIO_MCP_MAX_SESSIONS_PER_USER = envint("MNESIO_MCP_MAX_SESSIONS_PER_USER", 8, minimum=1)
 MNESIO_MCP_SESSION_IDLE_S = envint("MNESIO_MCP_SESSION_IDLE_S", 600, minimum=1)
 # false: this (web) process never loads the model (never imports torch); asks go to gpu workers as AnswerRequests.
 MNESIO_WEB_LOADS_MODEL = envbool("MNESIO_WEB_LOADS_MODEL", True)

@@ -14,7 +14,7 @@ SDK's own DNS-rebinding check is turned off in its favour: by default it allows 
 refused every request behind a real hostname, and its patterns cannot say "a domain and its subdomains".
 
 Sessions are bounded: the SDK's process-wide limit (MNESIO_MCP_MAX_SESSIONS, then its 503) and idle timeout
-(MNESIO_MCP_SESSION_IDLE_S), and here, per token, MNESIO_MCP_MAX_SESSIONS_PER_TOKEN open sessions (a 429
+(MNESIO_MCP_SESSION_IDLE_S), and here, per user (all their tokens together), MNESIO_MCP_MAX_SESSIONS_PER_USER open sessions (a 429
 ``too_many_sessions``): without it one token could open every session the process allows and lock out every tenant.
 """
 from __future__ import annotations
@@ -117,7 +117,8 @@ class McpHttpApp:
         self.server.streamable_http_app(
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             max_sessions=conf.mcp_max_sessions(), session_idle_timeout=conf.mcp_session_idle_s())
-        self._opening: Counter[str] = Counter()  # requests without a session id in flight, per client id
+        self._opening: Counter[int] = Counter()  # requests without a session id in flight, per user pk
+        self._user_of: dict[str, int] = {}  # client id (a token's digest, which owns its sessions) -> its user's pk
         self._started: anyio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -135,13 +136,14 @@ class McpHttpApp:
             self._task = asyncio.get_running_loop().create_task(run_manager())  # referenced: never collected
         await self._started.wait()
 
-    def num_sessions(self, client_id: str) -> int:
-        """Open sessions of ``client_id`` (a token's digest), counting the opening requests still in flight."""
+    def num_sessions(self, user_pk: int) -> int:
+        """Open sessions of the user ``user_pk`` over all their tokens, counting the opening requests in flight
+        (a cap per token alone is passed by minting tokens)."""
         # the SDK's record of who opened each open session (mcp 2.3 has no public accessor); a session leaves it
         # however it ends (DELETE, idle timeout, crash, a refused opening request). A session whose opening request
         # is still in flight is counted twice, until that request ends: concurrent openings are refused early, never late
         owners = self.server.session_manager._session_owners.values()
-        return sum(owner["client_id"] == client_id for owner in owners) + self._opening[client_id]
+        return sum(self._user_of.get(owner["client_id"]) == user_pk for owner in owners) + self._opening[user_pk]
 
     async def __call__(self, scope: dict, receive, send) -> None:
         headers = dict(scope.get("headers") or [])
@@ -160,6 +162,7 @@ class McpHttpApp:
             await _refuse(send, "authentication_failed", "the token is unknown, expired or revoked")
             return
         principal = AccessToken(token="", client_id=auth_token.digest[:32], scopes=[])
+        self._user_of[principal.client_id] = user.pk  # a few bytes per token ever seen by this process
         scope = {**scope, "user": AuthenticatedUser(principal), USER_KEY: user}
         await self._ensure_started()
         version = headers.get(b"mcp-protocol-version", b"").decode("latin-1") or None
@@ -169,22 +172,22 @@ class McpHttpApp:
             await self.server.session_manager.handle_request(scope, receive, send)
             return
         # a request that may open a session: counted and checked with no await in between (one event loop), so
-        # concurrent openings by one token cannot pass the cap together
-        client_id, cap = principal.client_id, conf.mcp_max_sessions_per_token()
-        if self.num_sessions(client_id) >= cap:
+        # concurrent openings by one user cannot pass the cap together
+        cap = conf.mcp_max_sessions_per_user()
+        if self.num_sessions(user.pk) >= cap:
             idle_s = conf.mcp_session_idle_s()
-            await _refuse(send, "too_many_sessions", f"this token holds {cap} open MCP sessions, the most it may "
-                          f"(MNESIO_MCP_MAX_SESSIONS_PER_TOKEN): end one (DELETE with its Mcp-Session-Id) or retry "
+            await _refuse(send, "too_many_sessions", f"this user holds {cap} open MCP sessions, the most they may "
+                          f"(MNESIO_MCP_MAX_SESSIONS_PER_USER, over all their tokens): end one (DELETE with its Mcp-Session-Id) or retry "
                           f"once one has been idle {idle_s} s", field="mcp-session-id", extra={"limit": cap},
                           retry_after_s=min(idle_s, 60))
             return
-        self._opening[client_id] += 1
+        self._opening[user.pk] += 1
         try:
             await self.server.session_manager.handle_request(scope, receive, send)
         finally:
-            self._opening[client_id] -= 1
-            if not self._opening[client_id]:
-                del self._opening[client_id]
+            self._opening[user.pk] -= 1
+            if not self._opening[user.pk]:
+                del self._opening[user.pk]
 
 
 # One application (one session manager, whose task group lives on one event loop) per event loop: a process

@@ -151,10 +151,12 @@ def test_it_serves_mcp_for_a_host_in_allowed_hosts_and_refuses_others(alice, sco
     assert same_origin.status_code == 200
 
 
-def test_it_caps_open_sessions_per_token_and_leaves_other_tokens_room(alice, bob, scope_a, asgi_server, settings):
+def test_it_caps_open_sessions_per_user_over_all_their_tokens_and_leaves_other_users_room(
+    alice, bob, scope_a, asgi_server, settings
+):
     from cartridges.mcp_server.http import McpHttpApp
 
-    settings.MNESIO_MCP_MAX_SESSIONS_PER_TOKEN = 2
+    settings.MNESIO_MCP_MAX_SESSIONS_PER_USER = 2
     alices, bobs = token_for(alice), token_for(bob)
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {  # a handshake-era client's opening
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
@@ -167,7 +169,8 @@ def test_it_caps_open_sessions_per_token_and_leaves_other_tokens_room(alice, bob
     assert first.status_code == second.status_code == 200 and first.headers["mcp-session-id"]
     assert third.status_code == 429 and third.json()["code"] == "too_many_sessions"
     assert int(third.headers["retry-after"]) >= 1 and third.json()["extra"]["limit"] == 2
-    assert open_session(bobs).status_code == 200  # another token still opens a session
+    assert open_session(token_for(alice)).status_code == 429  # a freshly minted token of hers does not pass the cap
+    assert open_session(bobs).status_code == 200  # another user still opens a session
     _, (scopes,) = run(over_http(asgi_server.url, alices), [("list_scopes", {})])  # sessionless requests still served
     assert [s["name"] for s in scopes.structured_content["scopes"]] == ["scope-a"]
     ended = httpx2.delete(f"{asgi_server.url}/mcp", headers={
