@@ -53,6 +53,8 @@ def _six_appends_refreshed_in_process(scope, append):
     return active_version(scope=scope)
 
 
+@pytest.mark.postgres  # a refresh thread writes while the test writes: SQLite's in-memory test database (shared cache)
+# fails the second writer at once ("table is locked"); the embedded default's file database waits out its busy timeout
 @pytest.mark.django_db(transaction=True)
 def test_in_process_debounce_zero_refreshes_right_after_the_append_in_a_thread(scope_a, append, fake_engine, eager_tasks):
     served = _six_appends_refreshed_in_process(scope_a, append)
@@ -142,6 +144,8 @@ def _served_after_full_gate_due(scope, append, settings):
     append(scope, "Crate 5 holds the spare key.")
 
 
+@pytest.mark.postgres  # a refresh thread writes while the test writes: SQLite's in-memory test database (shared cache)
+# fails the second writer at once ("table is locked"); the embedded default's file database waits out its busy timeout
 @pytest.mark.django_db(transaction=True)
 def test_in_process_a_scheduled_full_gate_runs_after_the_activation_not_before_it(scope_a, append, fake_engine, eager_tasks, settings):
     from cartridges.models import CartridgeActivation
