@@ -413,8 +413,11 @@ def test_a_lone_row_moves_into_its_slot_when_another_question_joins_and_gives_th
             assert torch.equal(kb[slot, :, : row.length], k) and torch.equal(vb[slot, :, : row.length], v)
 
     batcher._solo_end = solo_end_spy
-    go, _ = _hold_after_solo_pass(batcher, 3)
+    go, held = _hold_after_solo_pass(batcher, 3)
     events = lone.submit(QUESTIONS[0], 16).events()
+    # the first question runs alone before the second arrives: submitted before the worker took the first (a loaded
+    # machine), both would start together and neither would run the one-at-a-time passes
+    _wait_until(lambda: len(held) == 3)
     second = lone.submit(QUESTIONS[1], 4)  # waits while the lone row is held after its prompt and two decoding steps
     _wait_until(lambda: batcher.waiting() == 1)
     go.set()
