@@ -168,20 +168,21 @@ def cartridge_serving(*, scope, config) -> Serving:
         reason = "the version was cut into blocks of another size: its blocks cannot be reused"
     if reason:
         return _serving_stale(version=version, config=config, num_unread=num_after, reason=reason)
-    data = compile_input(scope=scope, head=head)  # leaves out every memory whose key is shredded, as a compile does
-    num_fresh = sum(1 for seq in data.seqs if seq > version.log_head)
-    if not num_fresh:  # every memory after the version was erased since: the version holds the surviving ones
-        cartridge, backend = engine.cartridge_load(version=version, config=config)
-        return Serving(version=version, cartridge=cartridge, backend=backend)
-    if not _fresh_slot_take():
-        return _serving_stale(version=version, config=config, num_unread=num_fresh,
+    if not _fresh_slot_take():  # before opening the scope: a refused ask must not decrypt it for nothing
+        return _serving_stale(version=version, config=config, num_unread=num_after,
                               reason=f"MNESIO_FRESH_MAX_CONCURRENT={conf.fresh_max_concurrent()} fresh compiles are running")
     try:
-        cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=scope_blocks_live(scope=scope)),
-                                      block_secret=scope_block_secret(scope=scope))
-    except ContextTooLong:
-        return _serving_stale(version=version, config=config, num_unread=num_fresh,
-                              reason="the scope at its head is over the model's context window")
+        data = compile_input(scope=scope, head=head)  # leaves out every memory whose key is shredded, as a compile does
+        num_fresh = sum(1 for seq in data.seqs if seq > version.log_head)
+        if not num_fresh:  # every memory after the version was erased since: the version holds the surviving ones
+            cartridge, backend = engine.cartridge_load(version=version, config=config)
+            return Serving(version=version, cartridge=cartridge, backend=backend)
+        try:
+            cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=scope_blocks_live(scope=scope)),
+                                          block_secret=scope_block_secret(scope=scope))
+        except ContextTooLong:
+            return _serving_stale(version=version, config=config, num_unread=num_fresh,
+                                  reason="the scope at its head is over the model's context window")
     finally:
         _fresh_slot_give()
     log.info("fresh answer scope=%s version=%s num_memories_after_version=%d blocks_reused=%s computed_tokens=%s",
