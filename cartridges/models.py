@@ -327,7 +327,7 @@ class EvaluationCase(models.Model):
     (registered in memories.keyring for rotation and verification), the associated data naming the row.
     ``subjects`` are the people it concerns: those given explicitly, plus, at creation time, every subject
     of the scope whose memory text contains one of the accepted answers (normalized as the gate's
-    ``normalize``). ``memories`` are the memories it quotes, found the same way (plus any whose whole text the
+    answers are, kvengine.text.normalize_answer). ``memories`` are the memories it quotes, found the same way (plus any whose whole text the
     question quotes). A memory appended later is not matched. Erasing any of those subjects, forgetting any of
     those memories, or deleting the scope destroys the case's key and sealed bytes
     (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``, and the gate

@@ -1,4 +1,4 @@
-"""The gate: is_committable() and the evaluations it records.
+"""The gate: cartridge_is_committable() and the evaluations it records.
 
 Checks, in order (every failing one is a reason; the model checks run only when the cheap ones pass,
 because they need a loadable cartridge and the version's texts):
@@ -97,7 +97,6 @@ from kvengine.divergence import AnswerDivergence, DivergenceSummary
 from kvengine.format import BlockRef, header_blocks, read_header, read_tail_part
 from kvengine.retrieval import bm25_top_k  # one BM25 and one answer normalization, shared with kveval
 from kvengine.text import answer_correct
-from kvengine.text import normalize_answer as normalize  # noqa: F401 - still importable as gate.normalize
 from memories.selectors import scope_memories_open
 
 from .. import conf, engine
@@ -117,7 +116,7 @@ from .compile import key_digest
 
 @dataclass
 class GateResult:
-    """The outcome of is_committable(): passed, every reason, and the figures measured."""
+    """The outcome of cartridge_is_committable(): passed, every reason, and the figures measured."""
 
     passed: bool = True
     reasons: list[str] = field(default_factory=list)
@@ -504,7 +503,3 @@ def evaluation_record(*, version: CartridgeVersion, result: GateResult, actor=No
         config_key=active_configuration().key(),
         created_by=actor,
     )
-
-
-# The contract's name for the gate.
-is_committable = cartridge_is_committable
