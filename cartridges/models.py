@@ -3,7 +3,7 @@
 A version row is never edited: evaluations, activations and destructions are new rows, and a version's
 state is derived from them (cartridges.selectors.version_state). On PostgreSQL triggers reject UPDATE and
 DELETE of these rows (also through raw SQL); on SQLite the ORM refuses them (ImmutableRowError).
-The only mutable-by-deletion table is CartridgeBlob: the wrapped blob key, deleted when a version is
+The only mutable-by-deletion table is BlobKey: the wrapped blob key, deleted when a version is
 destroyed so that no copy of the ciphertext can ever be opened again.
 """
 from __future__ import annotations
@@ -146,7 +146,7 @@ class CartridgeBlock(AppendOnlyModel):
     """One stored block of a scope's cartridges (kvengine/blocks.py): content-addressed by its chain id.
 
     Its bytes are a blob like a version's (sealed under a key of its own, wrapped by the master key: the
-    CartridgeBlob row of the same storage_name); the block is live while that key row exists. Versions that
+    BlobKey row of the same storage_name); the block is live while that key row exists. Versions that
     share a block reference this one row (CartridgeVersionBlock), so each block is stored once per scope.
     Blocks are per scope, never shared across scopes: a tenant cannot learn another scope's content by reuse.
     """
@@ -215,7 +215,7 @@ class CartridgePrune(AppendOnlyModel):
         triggers = append_only_triggers("cartridgeprune_")
 
 
-class CartridgeBlob(models.Model):
+class BlobKey(models.Model):
     """The blob key of one stored blob (wrapped by the master key); deleting the row destroys the key.
 
     A row is written (committed) before its blob, so every blob in storage is accounted for: a row
@@ -233,10 +233,10 @@ class CartridgeBlob(models.Model):
         # The only changes a blob key allows: deletion (destruction), and a re-wrap by a new master key.
         triggers = [
             rewrap_only_trigger(
-                "cartridgeblob_protect_update", rewrapped="wrapped_by", kept=["id", "storage_name", "scope_id", "created_at"]
+                "blobkey_protect_update", rewrapped="wrapped_by", kept=["id", "storage_name", "scope_id", "created_at"]
             ),
             # rows go one by one (blob_destroy); a TRUNCATE would drop every key without a record
-            reject_truncate("cartridgeblob_protect_truncate"),
+            reject_truncate("blobkey_protect_truncate"),
         ]
 
 
