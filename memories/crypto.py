@@ -41,10 +41,10 @@ class WrappedKey(NamedTuple):
     """
 
     wrapped: bytes  # nonce + AES-GCM(master key, data key, aad)
-    master_key_id: str
+    wrapped_by: str  # the id of the master key that wrapped it (crypto.master_key_id)
 
     def open(self, *, aad: bytes) -> bytes:
-        return unwrap(self.wrapped, wrapped_by=self.master_key_id, aad=aad)
+        return unwrap(self.wrapped, wrapped_by=self.wrapped_by, aad=aad)
 
 
 
@@ -134,7 +134,7 @@ def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
 
 @sensitive_variables()
 def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> WrappedKey:
-    """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``.
+    """Wrap a data key with the current master key; return ``(nonce + ciphertext, wrapped_by)``.
 
     The first wrap of a process (per set of configured keys) verifies that the master key opens the keys
     already stored (memories.keyring): a process started with the wrong key refuses to write rather than
