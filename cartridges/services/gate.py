@@ -145,8 +145,8 @@ GATES = ("full", "auto")  # what a caller asks for; "auto" runs the incremental 
 MAX_PARENT_CANDIDATES = 20
 
 
-def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, gate: str = "full", defer_full: bool = False) -> GateResult:
-    """Run the gate over ``version``; ``full=False`` runs only the cheap checks (1-4), no model work.
+def cartridge_is_committable(*, version: CartridgeVersion, model_checks: bool = True, gate: str = "full", defer_full: bool = False) -> GateResult:
+    """Run the gate over ``version``; ``model_checks=False`` runs only the cheap checks (1-4), no model work.
 
     ``gate="auto"`` runs the incremental gate when the module docstring's conditions hold, else the full one.
     ``defer_full=True`` (an auto-refresh): a full gate that is only due by the schedule does not run here; the
@@ -180,7 +180,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
         tail, blocks = version_parts_read(version=version)
     except (BlobUnavailable, BlobTampered) as exc:
         result.fail(exc.message)
-        return _finish(result, full)
+        return _finish(result, model_checks)
     try:
         if not version.block_size and not blocks:
             header = read_header(tail)  # a version stored whole (before format 4)
@@ -191,12 +191,12 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
             raise CorruptCartridgeError("its header names blocks the version does not link")
     except CorruptCartridgeError as exc:
         result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
-        return _finish(result, full)
+        return _finish(result, model_checks)
     if key_digest(header.compat_key()) != version.key_digest or header.log_head != version.log_head or header.num_tokens != version.num_tokens:
         result.fail(f"the cartridge header of version {version.pk} disagrees with its version row (key, head or token count)")
     result.figures["blob"] = {"size_bytes": version.size_bytes, "intact": True}
-    if not full or not result.passed:
-        return _finish(result, full)
+    if not model_checks or not result.passed:
+        return _finish(result, model_checks)
     plan = _incremental_plan(version=version, config=config, refs=refs, defer_full=defer_full) if gate == "auto" else _Plan(reason="asked for the full gate")
     started = time.perf_counter()
     if plan.parent is None:
@@ -357,8 +357,8 @@ def _incremental_checks(*, version: CartridgeVersion, backend, config, plan: _Pl
     _accuracy_record(version=version, cases=cases, num_cases_erased=num_cases_erased, correct=correct, ttft=ttft, result=result)
 
 
-def _finish(result: GateResult, full: bool) -> GateResult:
-    if full and not result.passed:
+def _finish(result: GateResult, model_checks: bool) -> GateResult:
+    if model_checks and not result.passed:
         result.figures["model_checks"] = "skipped: the checks above failed"
     return result
 
