@@ -58,10 +58,10 @@ def backend_for(config: Any) -> KvBackend:
                     _backends[config] = backend
                     return backend
         options: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "quant": config.quant}
-        options["device"] = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
+        options["device"] = str(settings.MNESIO_KV_DEVICE)
         if config.backend == "transformers":
-            options["cache_dir"] = str(getattr(settings, "MNESIO_MODEL_CACHE_DIR", ""))
-            options["block_size"] = int(getattr(settings, "MNESIO_KV_BLOCK_SIZE", 64))
+            options["cache_dir"] = str(settings.MNESIO_MODEL_CACHE_DIR)
+            options["block_size"] = int(settings.MNESIO_KV_BLOCK_SIZE)
         log.info("loading kv backend %s", config.key)
         backend = make_backend(config.backend, **options)
         _backends[config] = backend

@@ -414,18 +414,17 @@ class AutoRefresh(models.TextChoices):
     ON_APPEND = "on_append"  # recompile after appends, at most once per debounce window (the default)
 
 
-# A new scope's refresh: on append, after a short wait. Asks read the memories after the serving version in the
-# meantime (services/answer.py, "Fresh answers"), so the debounce bounds how long each ask pays that extra compile,
-# and 2 s still folds an agent's burst of appends into one compile + gate.
-DEFAULT_AUTO_REFRESH = AutoRefresh.ON_APPEND
+# A new scope's refresh: on append by default (MNESIO_DEFAULT_AUTO_REFRESH), after a short wait. Asks read the
+# memories after the serving version in the meantime (services/answer.py, "Fresh answers"), so the debounce bounds
+# how long each ask pays that extra compile, and 2 s still folds an agent's burst of appends into one compile + gate.
 DEFAULT_DEBOUNCE_S = 2
 
 
 def default_auto_refresh() -> str:
-    """A new scope's refresh: MNESIO_DEFAULT_AUTO_REFRESH (DEFAULT_AUTO_REFRESH unless the deployment says manual)."""
+    """A new scope's refresh: MNESIO_DEFAULT_AUTO_REFRESH (on_append unless the deployment says manual)."""
     from django.conf import settings
 
-    return getattr(settings, "MNESIO_DEFAULT_AUTO_REFRESH", DEFAULT_AUTO_REFRESH)
+    return settings.MNESIO_DEFAULT_AUTO_REFRESH
 
 
 # Bounds of the scope settings, checked by the service (a 400 naming the field) and by the database.

@@ -178,7 +178,7 @@ _block_cache_bytes = [0]
 def _block_cache_limit() -> int:
     from django.conf import settings
 
-    return int(getattr(settings, "MNESIO_BLOCK_CACHE_BYTES", 1 << 30))
+    return int(settings.MNESIO_BLOCK_CACHE_BYTES)
 
 
 def block_read(*, block: CartridgeBlock, key_row: BlobKey) -> bytes:

@@ -73,7 +73,7 @@ def _dev_master_key(path: Path) -> bytes:
 @sensitive_variables()
 def master_key() -> bytes:
     """Return the current master key (MNESIO_MASTER_KEY, or the dev file when debugging)."""
-    key = getattr(settings, "MNESIO_MASTER_KEY", None)
+    key = settings.MNESIO_MASTER_KEY
     if key:
         return key
     # settings.py already refused to start without a key unless MNESIO_DEBUG was on (settings.DEBUG itself
@@ -91,7 +91,7 @@ def master_key_id(key: bytes) -> str:
 def known_master_keys() -> dict[str, bytes]:
     """Return the configured master keys by id: the current one and MNESIO_MASTER_KEY_OLD if set."""
     keys = {}
-    old = getattr(settings, "MNESIO_MASTER_KEY_OLD", None)
+    old = settings.MNESIO_MASTER_KEY_OLD
     if old:
         keys[master_key_id(old)] = old
     current = master_key()

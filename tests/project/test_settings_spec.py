@@ -55,6 +55,12 @@ def test_the_engine_choices_are_kvengines_own_lists():
     assert SETTINGS["MNESIO_KV_QUANT"].choices == QUANTS and SETTINGS["MNESIO_ROUTED_CHUNK_QUANT"].choices == CHUNK_QUANTS
 
 
+def test_the_auto_refresh_choices_are_the_scope_settings_own():
+    from cartridges.models import AutoRefresh
+
+    assert set(SETTINGS["MNESIO_DEFAULT_AUTO_REFRESH"].choices) == set(AutoRefresh.values)
+
+
 def test_reading_the_declaration_imports_neither_torch_nor_django_settings():
     code = "import sys, core.settings_spec; print('torch' in sys.modules, 'django.conf' in sys.modules and " \
            "sys.modules['django.conf'].settings.configured)"
