@@ -205,7 +205,7 @@ DECLARED: tuple[Setting, ...] = (
          default_doc="31536000 (0 with MNESIO_DEBUG)"),
     _bool("MNESIO_BEHIND_PROXY", False, "Trust X-Forwarded-Proto from the reverse proxy in front (https detection).",
           DJANGO),
-    _choice("MNESIO_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"), "Level of the project's loggers.", DJANGO),
+    _choice("MNESIO_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"), "Level of the project's loggers (no memory text is ever logged).", DJANGO),
     _choice("MNESIO_LOG_FORMAT", "json", ("json", "plain"), "json: one object per line with the request id; plain: for "
             "a terminal.", DJANGO),
     _bool("MNESIO_READYZ_MODEL", True, "Whether /readyz waits for the active model to be loaded in this process; false "
@@ -237,20 +237,22 @@ DECLARED: tuple[Setting, ...] = (
     Setting("MNESIO_MASTER_KEY", "secret", "", "Base64 of 32 random bytes: wraps every subject and scope data key "
             "(AES-256-GCM); required when MNESIO_DEBUG is false.", KEYS,
             default_doc="required (generated once in $MNESIO_DATA_DIR with MNESIO_DEBUG)"),
-    Setting("MNESIO_MASTER_KEY_OLD", "secret", "", "The previous master key during a rotation: keys wrapped by it are "
-            "still opened and re-wrapped.", KEYS),
+    Setting("MNESIO_MASTER_KEY_OLD", "secret", "", "The previous master key during `manage.py rotate_master_key`: keys "
+            "wrapped by it are still opened and re-wrapped.", KEYS),
     _int("MNESIO_MAX_MEMORY_BYTES", 8192, "Largest memory content the API accepts, UTF-8 bytes.", KEYS, minimum=1),
-    _int("MNESIO_MAX_METADATA_BYTES", 4096, "Largest metadata of one memory, as canonical JSON bytes.", KEYS, minimum=2),
+    _int("MNESIO_MAX_METADATA_BYTES", 4096, "Largest metadata object of one memory (JSON, nested at most 4 levels), "
+         "canonical JSON bytes.", KEYS, minimum=2),
     _int("MNESIO_MAX_QUESTION_CHARS", 2000, "Largest question the API accepts, characters.", KEYS, minimum=1),
     # -- KV engine
     _choice("MNESIO_KV_BACKEND", "transformers", BACKENDS, "The engine: transformers runs a causal LM; fake answers "
             "with whole memory texts (tests only).", ENGINE),
     _bool("MNESIO_ALLOW_FAKE_BACKEND", False, "Allow MNESIO_KV_BACKEND=fake (the test suite sets it).", ENGINE),
-    _text("MNESIO_KV_MODEL", "smollm2-135m-instruct", "The default model id (or a local model directory).", ENGINE),
+    _text("MNESIO_KV_MODEL", "smollm2-135m-instruct", "The default model: a GGUF model id, a local directory, or a hub id (GPT-2, Qwen2, Llama "
+          "family).", ENGINE),
     _choice("MNESIO_KV_DTYPE", "f32", DTYPES, "Precision of weights and KV (bf16r: bf16 with an f32 residual stream).",
             ENGINE),
-    _choice("MNESIO_KV_QUANT", "none", QUANTS, "How a stored cartridge's KV state is quantized.", ENGINE),
-    _text("MNESIO_KV_DEVICE", "auto", "The torch device (auto: cuda if present, else cpu).", ENGINE),
+    _choice("MNESIO_KV_QUANT", "none", QUANTS, "How a stored cartridge's KV state is quantized (q8: 0.31x the bytes of f32; q4: 0.16x).", ENGINE),
+    _text("MNESIO_KV_DEVICE", "auto", "The torch device: auto (cuda when present), cpu or cuda.", ENGINE),
     _int("MNESIO_KV_BLOCK_SIZE", 64, "Tokens per KV block: smaller blocks append faster, larger compile faster; "
          "changing it makes new block ids.", ENGINE, minimum=64, maximum=8192, multiple_of=64, unit="tokens"),
     Setting("MNESIO_MODEL_CACHE_DIR", "path", None, "Converted model weights and other engine caches.", ENGINE,
@@ -259,8 +261,8 @@ DECLARED: tuple[Setting, ...] = (
             "switch to (comma-separated; MNESIO_KV_MODEL is always allowed).", ENGINE),
     _int("MNESIO_CARTRIDGE_CACHE_SIZE", 8, "How many loaded cartridges one process keeps (LRU); 0 disables the cache.",
          ENGINE, minimum=0),
-    _int("MNESIO_BLOCK_CACHE_BYTES", 1 << 30, "Bytes of opened KV blocks one process keeps (LRU); 0 disables the "
-         "cache.", ENGINE, minimum=0),
+    _int("MNESIO_BLOCK_CACHE_BYTES", 1 << 30, "Bytes of decrypted, verified KV blocks one process keeps (LRU; a block's "
+         "key is still checked in the database on every read); 0 disables the cache.", ENGINE, minimum=0),
     _bool("MNESIO_WEB_LOADS_MODEL", True, "false: this web process never loads the model (never imports torch); asks "
           "go to gpu workers.", ENGINE),
     _bool("MNESIO_WORKER_WARMUP", True, "Whether each process of a gpu-queue worker loads the model as it starts.",
@@ -287,10 +289,11 @@ DECLARED: tuple[Setting, ...] = (
     _float("MNESIO_GATE_MAX_KV_ABS_DIFF", 1e-3, "Most max |KV difference| between a cartridge's new part and its "
            "one-pass re-reading.", GATE),
     _choice("MNESIO_DEFAULT_AUTO_REFRESH", "on_append", ("on_append", "manual"), "A new scope's refresh: on append "
-            "(after 2 s), or a manual step.", GATE),
+            "(after 2 s), or a manual step; a scope's own setting wins.", GATE),
     _int("MNESIO_AUTO_REFRESH_MARKER_GRACE_S", 600, "How long past its debounce a scope's refresh-pending marker lives, "
          "seconds.", GATE, minimum=1),
-    _int("MNESIO_ORPHAN_BLOB_GRACE_S", None, "Age after which an unclaimed blob is certainly dead, seconds.", GATE,
+    _int("MNESIO_ORPHAN_BLOB_GRACE_S", None, "Age after which `manage.py cartridge_sweep` removes a blob whose "
+         "compile died, seconds.", GATE,
          minimum=0, default_doc="CELERY_TASK_TIME_LIMIT + 60"),
     _float("MNESIO_CARTRIDGE_COMPILE_PAUSE_S", 0.0, "Fault injection for tests: a pause between opening the log and "
            "compiling, seconds.", GATE, maximum=600.0),
@@ -298,8 +301,8 @@ DECLARED: tuple[Setting, ...] = (
            "blobs and recording its version, seconds.", GATE, maximum=600.0),
     # -- Serving and answering
     _int("MNESIO_ANSWER_MAX_NEW_TOKENS", 32, "Greedy answer length of an ask.", SERVING, minimum=1),
-    _int("MNESIO_ANSWER_REQUEST_TTL_S", 3600, "How long an async answer waits to be collected before it expires, "
-         "seconds.", SERVING, minimum=1),
+    _int("MNESIO_ANSWER_REQUEST_TTL_S", 3600, "How long an async answer waits to be collected before it expires and "
+         "is swept (celery beat, `manage.py answer_requests_sweep`), seconds.", SERVING, minimum=1),
     _int("MNESIO_FRESH_MAX_MEMORIES", 32, "Most memories appended after the serving version that an ask compiles on "
          "top of it in memory (0: never).", SERVING, minimum=0),
     _int("MNESIO_FRESH_MAX_CONCURRENT", 1, "Fresh compiles at once per process; an ask past it is answered by its "
