@@ -196,8 +196,8 @@ class Bench:
         bar.update()
 
         bar.set_description(f"{target}: sizes and cold start")
-        # format 4: q8/q4 are compiled by their variant backends (shared weights), block on block over their
-        # own dequantized KV; they are no byte conversion of the f32 cartridge any more
+        # q8/q4 are compiled by their variant backends (shared weights), block on block over their own
+        # dequantized KV: a quantized cartridge is not a byte conversion of the f32 one
         carts = {"f32": (f32, cart), "q8": (self.q8, self.q8.compile(texts)), "q4": (self.q4, self.q4.compile(texts))}
         if self.bf16 is not None:
             start = time.perf_counter()
