@@ -111,7 +111,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
         return _finish(result, full)
     try:
         if not version.block_size and not blocks:
-            header = read_header(tail)  # a version stored whole (before format 4)
+            header = read_header(tail)  # a version stored whole: one file, no block parts
         else:
             header, _, _ = read_tail_part(tail)
         refs = header_blocks(header)
