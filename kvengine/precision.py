@@ -17,8 +17,8 @@ import torch
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "bf16r": torch.bfloat16, "f16": torch.float16}
 RESIDUAL_F32_DTYPES = frozenset({"bf16r"})  # dtypes whose hidden stream stays float32 (module docstring)
-# outputs cast up to f32 (rope, the SwiGLU product) when they are not in EXACT_OUTPUTS: format 5's bf16r, which
-# bench/precision_speed.py and tune_bf16r.py still build (EXACT_OUTPUTS emptied) to compare against
+# outputs cast up to f32 (rope, the SwiGLU product) when they are not in EXACT_OUTPUTS: the bf16r with rounded
+# outputs that bench/precision_speed.py and tune_bf16r.py build (EXACT_OUTPUTS emptied) to compare against
 F32_OUTPUTS = ("q_proj", "k_proj", "gate_proj", "up_proj")
 # linear layers whose f32 output is the matmul's own f32 accumulator, not its bf16 rounding (module docstring);
 # v_proj is left out: its output is the bf16 KV, one rounding either way
