@@ -7,7 +7,7 @@ threads, every answer --answer-tokens long (decoded past end-of-turn, so all met
 
 - batched: ``backend.answer()``, which decodes the questions in flight together (one forward pass per step,
   the cartridge prefix attended once per step for all rows, never copied);
-- one at a time: ``backend.answer_unbatched()``, the path before batching (questions take turns behind the
+- one at a time: ``backend.answer_unbatched()``, the unbatched path (questions take turns behind the
   cartridge's lock);
 - generate: transformers' batched ``model.generate`` over a DynamicCache holding one expanded (copied) cartridge
   per question (the copy is timed: it is part of serving a batch that way).

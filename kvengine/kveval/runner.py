@@ -213,7 +213,7 @@ def run_eval(config: EvalConfig, articles: Sequence[Article], *, pool: BackendPo
                 scopes = build_packed_scopes(articles, min(budget, room), main.count_tokens,
                                              num_scopes=config.articles_for(budget_index))
             except ValueError:
-                scopes = None  # paragraphs too long to pack for this budget: one article per scope, as before
+                scopes = None  # paragraphs too long to pack for this budget: one article per scope
         if scopes is None:
             scopes = build_scopes(articles, min(budget, room), main.count_tokens,
                                   num_articles=config.articles_for(budget_index))
