@@ -8,12 +8,11 @@ works as a nurse."), on the default model (SmolLM2-135M-Instruct), it measures:
 - end to end for a fixed-length answer (default 16 tokens): cartridge vs re-reading vs transformers'
   documented prompt-reuse pattern (copy.deepcopy of a prefilled DynamicCache, then generate());
 - cold start: cartridge file on disk -> ready to answer, against just reading the file;
-- stored size of f32, bf16, q8 and q4 cartridges; answer agreement of q8, q4 and bf16 with f32 on probe
-  questions (greedy, whole answer token-for-token);
+- stored size of f32, bf16, q8 and q4 cartridges; their answers' agreement with f32 on probe questions;
 - bf16 against f32: prefill (compile) speed and cartridge TTFT / end to end.
 
-It writes JSON, a markdown table and a PNG chart under --out, and with --write-md regenerates the kvengine
-section of BENCHMARKS.md. Timings are medians of --reps runs (--text-reps for the slow re-reading runs).
+It writes JSON, a markdown table and a PNG chart under --out (kv_speed_report.py), and with --write-md the
+kvengine section of BENCHMARKS.md. Timings are medians of --reps runs (--text-reps for re-reading).
 Example: .venv/bin/python bench/kv_speed.py --write-md BENCHMARKS.md
 """
 from __future__ import annotations
