@@ -48,7 +48,7 @@ def packed_gqa_sdpa(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, with GQA queries packed instead of repeat_kv or enable_gqa (module docstring).
+    """transformers' sdpa attention, with GQA queries packed instead of repeat_kv or enable_gqa (docs/design/attention.md).
 
     A pass run by kvengine.batching carries ``mnesio_cascade``: its attention is the batcher's cascade attention.
     """

@@ -50,7 +50,7 @@ def key_digest(compat_key: dict[str, str]) -> str:
 
 
 def block_id(*, parent: str, key: str, block_size: int, first_position: int, token_ids: Sequence[int], secret: bytes = b"") -> str:
-    """The chain id of a block: HMAC-SHA256 under ``secret``, a plain sha256 without one (module docstring, "Chain ids")."""
+    """The chain id of a block: HMAC-SHA256 under ``secret``, a plain sha256 without one (docs/design/blocks.md, "Chain ids")."""
     if not isinstance(secret, bytes):
         raise TypeError(f"`secret` has to be bytes but got {type(secret).__name__}")
     h = hmac.new(secret, digestmod=hashlib.sha256) if secret else hashlib.sha256()

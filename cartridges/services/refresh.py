@@ -97,7 +97,7 @@ def refresh_marker_clear(scope_id: int, marker=refresh_marker) -> None:
 
 
 def scope_refresh(*, scope: Scope) -> RefreshOutcome:
-    """Compile ``scope`` at its head, gate it (``auto``) and activate it when it passes (module docstring)."""
+    """Compile ``scope`` at its head, gate it (``auto``) and activate it when it passes (docs/design/refresh.md)."""
     if scope_settings_get(scope=scope).auto_refresh != AutoRefresh.ON_APPEND:
         return RefreshOutcome("skipped", detail="auto_refresh is not on_append")
     try:
@@ -122,7 +122,7 @@ def scope_refresh(*, scope: Scope) -> RefreshOutcome:
 
 
 def scope_full_gate(*, scope: Scope) -> RefreshOutcome:
-    """The scheduled full gate of the version serving ``scope`` (module docstring); a rollback when it fails.
+    """The scheduled full gate of the version serving ``scope`` (docs/design/refresh.md); a rollback when it fails.
 
     ``status``: skipped (nothing serves), unchanged (a passing full gate under the active configuration is already
     its newest evaluation), passed, or rolled_back / gate_failed (failed; rolled back, or nothing to roll back to).
@@ -153,7 +153,7 @@ def scope_full_gate(*, scope: Scope) -> RefreshOutcome:
 
 
 def refresh_timer_start(*, scope_id: int, debounce_s: int) -> None:
-    """In-process debounce: one pending timer per scope (module docstring)."""
+    """In-process debounce: one pending timer per scope (docs/design/refresh.md)."""
     with _timers_lock:
         if scope_id in _timers:
             return
