@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .bitpack import pack, unpack  # noqa: F401 - quant.pack/unpack: the layout quantize() writes
+from .bitpack import pack, unpack
 from .plans import PLANS_FILE, calibrated_plan
 
 EXACT_PREFIX_TOKENS = 4  # leading positions kept in the cartridge's own dtype: attention sinks (docs/design/quantization.md)

@@ -29,7 +29,7 @@ def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
     bits, int_zero = quant_module.AXIS_BITS[(quant, axis)], quant_module.INT_ZERO[(quant, axis)]
     assert back.shape == original.shape and parts["q"].dtype == torch.uint8
     d = original.shape[-1]
-    assert parts["q"].shape[-1] == bits * d // 8  # packed (quant.pack)
+    assert parts["q"].shape[-1] == bits * d // 8  # packed (bitpack.pack)
     rot = hadamard(original.shape[-1]) if quant_module.ROTATE[(quant, axis)] else None
     # the grid bounds hold in the rotated space; H is orthonormal, so the L2 error carries over
     x = original @ rot if rot is not None else original
@@ -93,7 +93,7 @@ def test_it_keeps_zeros_exact_and_constant_groups_exact_or_within_half_a_step(mo
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("head_dim", [64, 16, 8])
 def test_packing_round_trips_in_bits_times_head_dim_over_8_bytes_and_keeps_format_5s_nibbles(bits, head_dim):
-    from kvengine.quant import pack, unpack
+    from kvengine.bitpack import pack, unpack
 
     q = torch.randint(0, 2**bits, (2, 3, 7, head_dim), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
     packed = pack(q, bits)
