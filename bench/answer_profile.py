@@ -1,20 +1,15 @@
 #!/usr/bin/env python
 """Where an answer's time goes: torch.profiler on the first token from an ~8k cartridge and on single decoding steps.
 
-The default model (SmolLM2-135M-Instruct, f32 weights and KV, CPU) compiles a cartridge of about ``--tokens``
-tokens of synthetic facts (bench/kv_speed.py's memories_for). A short question is then answered from it exactly
-as a lone question is served (batching.Batcher's solo path and TransformersKvBackend._greedy_tokens: the model's
-forward over a CartridgeCache on the cartridge's scratch tail, logits_to_keep=1 for the question's pass):
+The default model (SmolLM2-135M-Instruct, f32, CPU) compiles a cartridge of about ``--tokens`` tokens of
+synthetic facts (bench/kv_speed.py's memories_for), then answers a short question exactly as a lone question is
+served (the batcher's solo path, TransformersKvBackend._greedy_tokens): (1) the first token, the question's
+prefill over the cached state; (2) ``--steps`` single decoding steps after it.
 
-1. the first token: the question's prefill over the cached state, its logits and argmax;
-2. ``--steps`` single decoding steps after it (one token in, one token out each).
-
-Each is profiled with torch.profiler (CPU activity, record_shapes=True) with a record_function range around every
-decoder layer, the final norm, the LM head, the embedding and the rotary embedding (forward pre-hooks and hooks),
-giving a per-op table (self CPU time) and a per-layer table; the "Python overhead" is the profiled wall time
-minus the summed self time of the real ops (everything not a range of ours). The same passes are also timed
-without the profiler and without hooks (median of ``--repeats``), with the product's batched answer() beside
-them, so the profiler's own cost is visible. The machine's load average is recorded (shared machines).
+Each is profiled (CPU activity, record_shapes=True) with a range around every decoder layer, the final norm, the
+LM head, the embedding and the rotary embedding: a per-op table (self CPU time), a per-layer table, and the
+"Python overhead" (profiled wall time minus the ops' self time). The same passes are also timed without the
+profiler (median of ``--repeats``), beside the batched answer(), and the load average is recorded.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/answer_profile.py --tokens 8000 --out-dir bench/results
 

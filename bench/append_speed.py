@@ -10,8 +10,7 @@ and a typical client do); latency p50/p95 per call. Batch: ``memories_append_bat
 warm-up (connection, master-key check, first subject keys), in a fresh scope, on a migrated database.
 ``--profile`` prints where a single append's time goes (cProfile, top functions by own time).
 
-Side by side with the code before this change (same machine, same moment; a separate database migrated by
-that checkout; PYTHONDONTWRITEBYTECODE keeps the other checkout clean):
+Side by side with another checkout (``--code``; a separate database migrated by that checkout):
 
     PYTHONDONTWRITEBYTECODE=1 DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench_old \
       .venv/bin/python bench/append_speed.py --code /path/to/older/checkout --batches 0 --out /tmp/old.json

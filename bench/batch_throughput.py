@@ -1,22 +1,18 @@
 #!/usr/bin/env python
 """Throughput of batched cartridge answers (kvengine.batching) against one question at a time.
 
-One cartridge of about --tokens memory tokens (default 8k, the synthetic facts of bench/kv_speed.py) on the
-default model (SmolLM2-135M-Instruct). For 1, 2, 4, 8 and 16 questions asked at the same moment from as many
-threads, every answer --answer-tokens long (decoded past end-of-turn, so all methods generate the same count):
+One cartridge of about --tokens memory tokens (default 8k, bench/kv_speed.py's synthetic facts) on the default
+model. For 1, 2, 4, 8 and 16 questions asked at once from as many threads, every answer --answer-tokens long
+(decoded past end-of-turn, so every method generates the same count), of the same prompt length:
 
-- batched: ``backend.answer()``, which decodes the questions in flight together (one forward pass per step,
-  the cartridge prefix attended once per step for all rows, never copied);
-- one at a time: ``backend.answer_unbatched()``, the path before batching (questions take turns behind the
-  cartridge's lock);
-- generate: transformers' batched ``model.generate`` over a DynamicCache holding one expanded (copied) cartridge
-  per question (the copy is timed: it is part of serving a batch that way).
+- batched: ``backend.answer()``, the questions in flight decoded together, the cartridge prefix shared;
+- one at a time: ``backend.answer_unbatched()`` (questions take turns behind the cartridge's lock);
+- generate: transformers' batched ``model.generate`` over a DynamicCache holding one copied cartridge per
+  question (the copy is timed: it is part of serving a batch that way).
 
-It reports the aggregate generated tokens/s (all answers' tokens / wall time from the common start to the last
-answer), the p50 and p95 time to first token (from each call's start), and checks the targets. All
-questions have the same prompt length (picked so), so the generate baseline needs no padding.
-It writes JSON, a markdown table and a PNG chart under --out, and with --write-md replaces its section of
-BENCHMARKS.md. Example: .venv/bin/python bench/batch_throughput.py --write-md BENCHMARKS.md
+It reports aggregate generated tokens/s, p50 and p95 time to first token, and checks the targets; it writes
+JSON, a markdown table and a PNG chart under --out, and with --write-md replaces its section of BENCHMARKS.md.
+Example: .venv/bin/python bench/batch_throughput.py --write-md BENCHMARKS.md
 Smoke run: .venv/bin/python bench/batch_throughput.py --quick
 """
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Block cartridges: what an append and an erasure cost, and what 50 appends store.
 
-Engine level, the real model (SmolLM2-135M, CPU f32 by default), in one process and one run, so the ratios are
-side by side:
-- append: a ~8k-token scope compiled from scratch vs. the same scope plus one ~60-token memory compiled reusing
-  the stored blocks (model time = the prefill; also the whole compile call);
-- erase: a memory in the last eighth of the scope removed; the compile reusing the blocks before it vs. from scratch;
-- storage: a scope grown by 50 appends from ~4k to ~7k tokens, every version stored by parts with each block once
-  (as cartridges.storage does per scope), against the largest single version and against whole blobs per version;
-- byte identity: every incremental version's digest equals a from-scratch compile's (checked on the append,
-  the erasure, and every 10th storage step);
-- the freshness cycle at engine level (no database, no queue): incremental compile and parts, the incremental
-  gate's check (``verify_extension``: the new part re-read once, the gate's probes), and an answer about the new
-  memory (bench/freshness_bench.py measures the same cycle through the services).
+Engine level, the real model (SmolLM2-135M, CPU f32 by default), in one process and one run:
+- append: a ~8k-token scope compiled from scratch vs. plus one ~60-token memory reusing the stored blocks;
+- erase: a memory in the last eighth of the scope removed, reusing the blocks before it vs. from scratch;
+- storage: a scope grown by 50 appends from ~4k to ~7k tokens, stored by parts with each block once, against
+  the largest single version and against whole blobs per version;
+- byte identity: every incremental version's digest equals a from-scratch compile's;
+- the freshness cycle at engine level: incremental compile and parts, the incremental gate's check
+  (``verify_extension``), and an answer about the new memory (bench/freshness_bench.py: through the services).
 
     .venv/bin/python bench/blocks_bench.py --out bench/results/blocks.json
 

@@ -3,13 +3,11 @@
 Through the real services, the real model (SmolLM2-135M, CPU f32):
 - ``--mode embedded``: the embedded default (SQLite, in-process tasks; the scope's auto-refresh timer thread);
 - ``--mode worker``: PostgreSQL + Redis (``DATABASE_URL``, ``REDIS_URL``) and a real Celery worker on the gpu queue.
-A scope of ~``--tokens`` tokens is compiled and activated through the FULL gate first (those times are reported
-beside the cycle), its settings are switched to auto-refresh on append (debounce ``--debounce-s``), then
-``--appends`` memories are appended one at a time, each holding a fact only it states. For each one: the question
-about it is asked right after the append (a fresh answer: the memories after the serving version are read on top of
-its blocks, services/answer.py) and the answer checked for the fact (``append_to_fresh_answer_s``); then the time
-until an activation serves a version whose head includes it, and the question answered from that active cartridge
-(``append_to_answer_s``).
+A scope of ~``--tokens`` tokens is compiled and activated through the full gate first (times reported beside
+the cycle) and switched to auto-refresh on append (``--debounce-s``); then ``--appends`` memories, each stating
+a fact only it holds, are appended one at a time. For each: the question about it asked right after the append
+(a fresh answer, services/answer.py) and checked for the fact (``append_to_fresh_answer_s``); then the time until
+an active version holds it, asked again (``append_to_answer_s``).
 
     .venv/bin/python bench/freshness_bench.py --mode embedded --out bench/results/freshness-embedded.json
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench REDIS_URL=redis://127.0.0.1:6379/5 \\

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """One question alone on an 8k-token cartridge: the one-at-a-time path vs the batcher, side by side in one process.
 
-The batcher answers a lone question with the one-at-a-time passes on its cartridge's tail (kvengine/batching.py, "A
-lone question"); ``--cascade`` arm forces the cascade path instead (Batcher._solo_begin patched to refuse), which is
-what a lone question ran before. The three arms alternate question by question, so drift in the machine's speed
+The batcher answers a lone question with the one-at-a-time passes on its cartridge's tail (docs/design/batching.md,
+"A lone question"); the ``batcher_cascade`` arm forces the cascade path instead (Batcher._solo_begin patched to
+refuse), the path a lone question takes when another call holds the tail. The three arms alternate question by question, so drift in the machine's speed
 (this 2-core VM's single runs varied 0.87x-1.10x) hits them alike; medians and per-round ratios are reported.
 Target: one question alone through the batcher is no slower than the one-at-a-time path (<= 1.05x).
 

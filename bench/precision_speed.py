@@ -1,4 +1,4 @@
-"""Precision side by side in one run: f32, bf16, bf16r (and bf16 decoding the old way), prefill and decode speed,
+"""Precision side by side in one run: f32, bf16, bf16r (and bf16 decoding through enable_gqa), prefill and decode speed,
 plus the divergence of every precision and quantization from f32 (kvengine.divergence) on the same scope.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/precision_speed.py --contexts 1000,8000 --threads 1
@@ -8,7 +8,7 @@ Per context: one scope of kv_speed's synthetic facts (bench/kv_speed.py memories
 ms per decoded token); "bf16 (enable_gqa decode)" repeats bf16 with single-token decoding routed
 through transformers' sdpa with enable_gqa instead of the packed kernel, to show what the packed decode gains. Then
 ``--probes`` questions answered by f32 and teacher-forced through q8, q4, bf16, bf16r and bf16r with its matmul
-outputs rounded to bf16 as before format 6 (precision.EXACT_OUTPUTS emptied): mean / p95 KL,
+outputs rounded to bf16 (precision.EXACT_OUTPUTS emptied): mean / p95 KL,
 top-1 per position, identical answers. Results: bench/results/precision_speed.json and .md.
 """
 from __future__ import annotations
@@ -49,10 +49,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     f32 = make_backend("transformers", model=args.model, dtype="f32", device="cpu")
     backends = {"f32": f32, "bf16": f32.variant(dtype="bf16"), "bf16r": f32.variant(dtype="bf16r")}
-    exact = precision.EXACT_OUTPUTS  # format 6's exact matmul outputs, beside bf16r as it was before them
+    exact = precision.EXACT_OUTPUTS  # bf16r's exact matmul outputs, beside a bf16r whose outputs are rounded
     precision.EXACT_OUTPUTS = ()
     try:
-        backends["bf16r (rounded outputs, format 5)"] = f32.variant(dtype="bf16r")
+        backends["bf16r (rounded outputs)"] = f32.variant(dtype="bf16r")
     finally:
         precision.EXACT_OUTPUTS = exact
     quants = {"q8": f32.variant(quant="q8"), "q4": f32.variant(quant="q4")}
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             attention.packs = old_packs
         print(target, "bf16 (enable_gqa decode)", row["bf16 (enable_gqa decode)"], flush=True)
         for name, backend in quants.items():
-            # format 4: a quantized cartridge is compiled block on block over its own dequantized KV, so it is
-            # no byte conversion of the f32 one; the variant backend shares the f32 weights (no second load)
+            # a quantized cartridge is compiled block on block over its own dequantized KV, so it is no byte
+            # conversion of the f32 one; the variant backend shares the f32 weights (no second load)
             start = time.perf_counter()
             carts[name] = backend.compile(texts)
             row[name] = {"compile_s": time.perf_counter() - start}
@@ -105,7 +105,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "| context (tokens) | precision | prefill (tok/s) | TTFT (s) | answer of N tokens (s) | decode (ms/token) |",
              "|---:|---|---:|---:|---:|---:|"]
     for row in result["rows"]:
-        for name in ("f32", "bf16", "bf16r", "bf16r (rounded outputs, format 5)", "bf16 (enable_gqa decode)"):
+        for name in ("f32", "bf16", "bf16r", "bf16r (rounded outputs)", "bf16 (enable_gqa decode)"):
             if name not in row:
                 continue
             r = row[name]

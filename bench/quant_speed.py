@@ -1,8 +1,9 @@
 """Time storing and loading one quantized 256-token block part of SmolLM2's shape (30 layers, 3 KV heads, head_dim 64).
 
 quantize_layers is what compile pays per block, dequantize_layers what a load pays (kvengine/payload.py). Random
-normal KV (keys scaled 2x); q4 uses SmolLM2's calibrated plan when this commit has one (per layer in format 7, per head in 8), else uniform bits.
-Runs at any commit since format 4, so two commits can be compared side by side in one run:
+normal KV (keys scaled 2x); q4 uses SmolLM2's calibrated plan when this commit has one (per layer, or per KV head), else uniform bits.
+It runs at any commit with block parts (kvengine/payload.py's stacked layers), so two commits can be compared
+side by side in one run:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/quant_speed.py
     (cd ../a-worktree-at-another-commit && OMP_NUM_THREADS=1 PYTHONPATH=. ../main/.venv/bin/python ../main/bench/quant_speed.py)
@@ -33,7 +34,7 @@ def main() -> None:
     keys = [torch.randn(1, 3, a.tokens, 64) * 2 for _ in range(30)]
     values = [torch.randn(1, 3, a.tokens, 64) for _ in range(30)]
     has_plan = "plan" in inspect.signature(payload.quantize_layers).parameters
-    heads = [3] if has_plan and "num_heads" in inspect.signature(quant.bit_plan).parameters else []  # format 8: per head
+    heads = [3] if has_plan and "num_heads" in inspect.signature(quant.bit_plan).parameters else []  # a bit_plan per KV head
     out = {"format_version": __import__("kvengine.format", fromlist=["FORMAT_VERSION"]).FORMAT_VERSION, "tokens": a.tokens}
     for q in ("q8", "q4"):
         kw = {"plan": quant.bit_plan(q, 30, *heads, SMOLLM2_WEIGHTS)} if has_plan else {}

@@ -7,12 +7,10 @@ into a chunk (kvengine.routed, not timed). The reference re-reads P + those chun
 prefill (answer_reread). Per rung (none, first-4/8/16, deviation-5/15%, full; and "@q8": the same over chunks
 stored in q8 and read back) it reports: first token same as the reference, mean first-token and all-position KL
 (teacher-forced along the reference's answer), whole answers identical to the reference (free greedy decoding),
-token F1 against the gold answer (kvengine.kveval.metrics; where the teacher-forced check says greedy decoding
-gives the reference's answer, only the first token is decoded and the answer is the reference's), TTFT p50/p95 (routed: assembly + repair + question
-prefill, chunks already in memory), and tokens recomputed. A rung "holds" at identical >= 90% and mean
+token F1 against the gold answer (kvengine.kveval.metrics), TTFT p50/p95 (assembly + repair + question prefill,
+chunks in memory), and tokens recomputed. A rung "holds" at identical >= 90% and mean
 first-token KL <= 0.02. Results are rewritten after every question, so a stopped run keeps what it measured.
-LoCoMo is evaluation data (CC BY-NC): read from --data, never copied into the repository; the results name each
-question by its conversation and index in the file and hold numbers only (no question, answer or memory text).
+LoCoMo (CC BY-NC) is read from --data, never copied into the repository; results hold numbers only.
 
 Example: OMP_NUM_THREADS=1 .venv/bin/python bench/routed_ladder.py --questions 150 --out bench/results/routed_ladder.json
 """

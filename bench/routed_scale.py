@@ -4,11 +4,10 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_routed_bench MNESIO_DEBUG=1 OMP_NUM_THREADS=2 \\
       .venv/bin/python bench/routed_scale.py --tokens 200000 --out bench/results/routed_scale.json
 
-The embedded default (tasks in-process, the real SmolLM2-135M in f32) on PostgreSQL. One scope with layout
-``routed`` is filled through the real batch append (``memories_append_batch``): each batch's commit runs the
-append hook, which compiles only the new memories' chunks (sealed, q8 by default), so the fill time is append +
-compile. Memories are synthetic conversation turns (names, places, plans, numbers drawn from fixed lists with a
-seed: no dataset text); a few planted facts with unique values are the questions asked and the gate's cases.
+The embedded default (tasks in-process, the real SmolLM2-135M in f32) on PostgreSQL. One ``routed`` scope is
+filled through the real batch append, whose hook compiles the new memories' chunks (sealed, q8 by default).
+Memories are synthetic conversation turns (seeded, no dataset text); a few planted facts with unique values are
+the questions asked and the gate's cases.
 Measured: fill (append + chunk compile), storage (the sealed chunks' bytes against the table's size on disk),
 the routed gate on the planted cases, asks through ``/api/v1/scopes/<s>/ask/`` (whole request and the answer's
 ``ttft_s``), freshness (one new memory appended, then asked about), and forgetting one planted memory

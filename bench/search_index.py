@@ -1,20 +1,16 @@
 """Search over the search index at scale: /api/v1/scopes/<scope>/search/ on a scope of 100,000 memories.
 
     createdb -h 127.0.0.1 -U postgres mnesio_search_bench
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_search_bench MNESIO_DEBUG=1 OMP_NUM_THREADS=1 \\
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_search_bench MNESIO_DEBUG=1 OMP_NUM_THREADS=1 \
       .venv/bin/python bench/search_index.py --memories 100000 --queries 300
 
-Fills one scope through the real append path (memories_append_batch, 1,000 per batch: sealed, and indexed in
-the same transaction), then times searches end to end through Django's test client (token authentication, the
-scope, the ranking statement, opening the top rows, JSON; no socket). Text is synthetic: words drawn from a
-Zipf distribution (s = 1) over 30,000 words whose most frequent ones are English function words ("the" is in
-~90% of memories), 8-40 words per memory, like conversation turns. Queries are questions of the same words: two
-to three frequent words plus two to four words of one memory, so most queries carry a term that matches most of
-the scope (the costly case: no stop words are removed, as bm25s's tokenization removes none). A third of the
-queries filter by subject or time. Also measured: what indexing adds to an append (single appends and 1,000-item
-batches, with the index write switched off and on in alternation in this process), forgetting one memory and
-searching again, EXPLAIN ANALYZE of the ranking statement, and (--old-path) one search the way it was done
-before the index (decrypt the scope, index it with bm25s). Writes JSON to --out and prints it.
+Fills one scope through the real append path (1,000 per batch, indexed in the same transaction), then times
+searches end to end through Django's test client. Text is synthetic: Zipf-distributed words (s = 1) over
+30,000 words led by English function words ("the" in ~90% of memories), 8-40 words per memory; queries mix
+frequent words with words of one memory, so most carry a term that matches most of the scope (the costly
+case), a third filtered by subject or time. Also measured: what indexing adds to an append, forgetting one
+memory and searching again, EXPLAIN ANALYZE of the ranking statement, and (--old-path) one search without the
+index (decrypt the scope, index it with bm25s). Writes JSON to --out and prints it.
 Target: p95 <= 50 ms at 100,000 memories on this 2-core machine.
 """
 from __future__ import annotations

@@ -2,23 +2,13 @@
 streamed, or later.
 
 Like ``cartridges.jobs`` this module may send tasks (services never do). Every ask first takes one of this
-process's answer slots (services/admission.py: 429 + Retry-After past MNESIO_MAX_WAITING_ASKS), held until
-the answer is out (for a stream: until it ends or the client goes away).
+process's answer slots (services/admission.py), held until the answer is out. With
+``MNESIO_WEB_LOADS_MODEL`` on, this process's engine answers; off (a model-free web tier), the question is
+sealed as an AnswerRequest that a gpu worker answers over the request's Redis channel, within
+``MNESIO_REMOTE_ANSWER_TIMEOUT_S``. ``"async": true`` files the request and returns it at once (202) for the
+asker to collect once.
 
-Where an answer is computed:
-- MNESIO_WEB_LOADS_MODEL=true (default): with this process's engine (services.cartridge_answer /
-  cartridge_answer_stream).
-- MNESIO_WEB_LOADS_MODEL=false (a model-free web tier; this process never imports torch): the question is
-  sealed as an AnswerRequest and ``cartridge_answer_task`` runs on a gpu worker, which publishes the sealed
-  deltas and "done" on the request's Redis channel (cartridges/channels.py); this process collects the row
-  (which deletes it with its key). Nobody answering within MNESIO_REMOTE_ANSWER_TIMEOUT_S is a 504, and
-  the request is deleted: never a hung request. A stream whose client goes away deletes its request and
-  unsubscribes, so the worker's next publish reaches nobody and it stops decoding. Without Redis (the
-  embedded default, tasks in-process) the task has already run when it is sent.
-
-``"async": true`` files the AnswerRequest and returns it at once (202), within its own bounds per process and
-per user (services/admission.py); the asker collects it once (``answer_request_collect_for``), only with the
-same user and scope as asked.
+Design: docs/design/asking.md.
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ def cartridge_load(*, version: CartridgeVersion, config: Any, record_refusal: bo
         try:
             tail, blocks = version_parts_read(version=version)
             if not version.block_size and not blocks:
-                cartridge = backend.loads(tail)  # a version stored whole (before format 4)
+                cartridge = backend.loads(tail)  # a version stored whole: one file, no block parts
             else:
                 cartridge = backend.load_parts(tail, blocks.get)
         except (BlobUnavailable, BlobTampered, CorruptCartridgeError, IncompatibleCartridgeError) as exc:

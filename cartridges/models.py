@@ -78,8 +78,8 @@ class CartridgeVersion(AppendOnlyModel):
     log_head = models.PositiveBigIntegerField()
     num_tokens = models.PositiveIntegerField()
     num_memories = models.PositiveIntegerField()
-    # the version digest (format 4: sha256 of its tail part, which commits to every block; before: of the whole
-    # file; deterministic: the replay identity) and the sha256 of the stored ciphertext of its own blob.
+    # the version digest (the sha256 of its tail part, which commits to every block; of the whole file for a
+    # version stored whole; deterministic: the replay identity) and the sha256 of the stored ciphertext of its own blob.
     sha256 = models.CharField(max_length=64)
     payload_sha256 = models.CharField(max_length=64)
     size_bytes = models.PositiveBigIntegerField()
@@ -90,7 +90,7 @@ class CartridgeVersion(AppendOnlyModel):
     manifest = models.JSONField()
     manifest_digest = models.CharField(max_length=64)
     supersedes = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="superseded_by")
-    # Format 4 (kvengine/blocks.py): tokens per block, and per manifest entry the first token position its memory
+    # Blocks (kvengine/blocks.py): tokens per block, and per manifest entry the first token position its memory
     # can influence (erasure keeps the blocks before the first position an erased memory reaches).
     block_size = models.PositiveIntegerField(default=0)
     entry_positions = models.JSONField(default=list)

@@ -1,19 +1,16 @@
 """Prometheus exposition through prometheus_client: the ``kv_metrics()`` figures, plus answer-latency histograms.
 
 The figures of ``cartridges.metrics.kv_metrics()`` come from the database, so any process can report them: a
-collector turns one such dict into metric families on a per-request registry. Answer latency is also kept as
-process-level histograms, observed where an answer is recorded (``services.answer.cartridge_answer``): unlike
-the window percentiles, histograms sum across processes. With ``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn or
-Celery prefork: many processes, one scrape), each process writes its samples there and the scrape reads them
-all back (prometheus_client's multiprocess mode); otherwise the scrape reports this process's own.
-No memory text, question or answer ever appears here: only counts, ids, sizes and timings.
+collector turns one such dict into metric families on a per-request registry. Answer latency is kept as
+process-level histograms, observed where an answer is recorded, which sum across processes: with
+``PROMETHEUS_MULTIPROC_DIR`` set (gunicorn or Celery prefork) each process writes its samples there and the
+scrape reads them all back; otherwise the scrape reports this process's own.
 
-Operators' scrapes also get the request-latency histogram per route (``mnesio_http_request_duration_seconds``,
-observed by core.observability's middleware) and the depth of the Celery queues, ``mnesio_queue_depth{queue}``:
-the number of messages waiting in the broker for ``gpu`` (model work: compiles, evaluations, erasure rebuilds,
-queued answers) and ``default``, read at scrape time (Redis: the length of the queue's lists); 0 on the embedded
-default, where tasks run in-process and nothing ever waits. A broker that does not answer leaves the family
-without samples (and a warning in the log) rather than failing the scrape.
+Scrapes also get the request-latency histogram per route (``mnesio_http_request_duration_seconds``,
+core.observability) and ``mnesio_queue_depth{queue}``: the messages waiting in the broker for ``gpu`` and
+``default``, read at scrape time (0 on the embedded default, where tasks run in-process). A broker that does
+not answer leaves that family without samples (and a warning in the log) rather than failing the scrape.
+No memory text, question or answer ever appears here: only counts, ids, sizes and timings.
 """
 from __future__ import annotations
 

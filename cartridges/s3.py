@@ -1,20 +1,17 @@
 """Cartridge blobs in an S3 bucket (``MNESIO_BLOB_STORAGE=s3``): django-storages' S3Storage, holding the
 guarantees the local store gives (cartridges/storage.py relies on them).
 
-- **Atomic write.** A PUT (or a multipart upload, above boto3's 8 MB threshold) makes the object visible only
-  once complete; an upload that dies leaves no object. Incomplete multipart parts stay invisible and hold only
-  ciphertext whose key row is dropped with the failed compile; a bucket lifecycle rule
-  (AbortIncompleteMultipartUpload) removes them (README). S3 also checks each upload against a SHA-256 the
-  client computes (``ChecksumAlgorithm``), so bytes damaged on the way are refused at write time.
-- **Never written over.** ``file_overwrite=False`` (settings): a name that exists gets another name, which
-  ``blob_write`` refuses; names are fresh uuid4s anyway.
-- **Content hash on read.** ``blob_read`` checks the SHA-256 of the bytes as stored, then the GCM tag, then
-  the file's SHA-256, whatever the backend. Reading here is one GET into memory (``blob_read`` holds the whole
-  blob anyway) rather than django-storages' lazy ``S3File``, so a failure surfaces in ``open()``.
-- **Destruction really deletes.** In a versioned bucket a plain DELETE only adds a delete marker and keeps the
-  bytes, so ``delete`` removes every version and marker of the key and then checks that none is left.
-- **Errors.** botocore's exceptions become ``OSError`` (``FileNotFoundError`` for a missing key): the error
-  type cartridges.storage already maps to ``BlobUnavailable`` / ``BlobStorageUnavailable`` for local files.
+- **Atomic write.** A PUT (or a multipart upload) makes the object visible only once complete; incomplete parts
+  hold only ciphertext whose key row is dropped with the failed compile, and a bucket lifecycle rule
+  (AbortIncompleteMultipartUpload) removes them. Each upload carries a client SHA-256 (``ChecksumAlgorithm``).
+- **Never written over.** ``file_overwrite=False``: a name that exists gets another name, which ``blob_write``
+  refuses; names are fresh uuid4s anyway.
+- **Content hash on read.** ``blob_read`` checks the stored bytes' SHA-256, the GCM tag and the file's SHA-256,
+  whatever the backend; a read is one GET into memory, so a failure surfaces in ``open()``.
+- **Destruction really deletes.** In a versioned bucket ``delete`` removes every version and delete marker of
+  the key, then checks that none is left.
+- **Errors.** botocore's exceptions become ``OSError`` (``FileNotFoundError`` for a missing key), which
+  cartridges.storage maps to ``BlobUnavailable`` / ``BlobStorageUnavailable`` as for local files.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Cartridge blobs at rest: through Django's storage API (STORAGES["cartridges"]), each one encrypted
 with a blob key of its own (AES-256-GCM), the blob key wrapped by the master key (memories.crypto).
 
-Format 4 (kvengine/blocks.py) stores a version by parts: the version's own blob is its tail part (the header,
+A version is stored by parts (kvengine/blocks.py): the version's own blob is its tail part (the header,
 which lists every block with its digest, and the tail's tensors); each block is a blob of its own, stored once per
 scope (CartridgeBlock) and referenced by every version that uses it (CartridgeVersionBlock). A version is
 readable while its tail key and every one of its blocks' keys exist. Decrypted, verified block parts are kept in
@@ -39,7 +39,7 @@ from .models import BlobKey, CartridgeBlock, CartridgePrune, CartridgeVersion, C
 
 log = logging.getLogger("cartridges")
 
-MAGIC = b"MNKB1\n"  # "mnesio key-wrapped blob", format 1
+MAGIC = b"MNKB1\n"  # "mnesio key-wrapped blob", layout version 1
 
 
 class BlobUnavailable(Conflict):
@@ -125,10 +125,10 @@ def blob_write(*, blob: BlobKey, key: bytes, data: bytes) -> StoredBlob:
 
 @sensitive_variables()
 def blob_read(*, version: CartridgeVersion) -> bytes:
-    """Return the whole cartridge file of ``version`` (format 4: assembled from its parts), every digest checked."""
+    """Return the whole cartridge file of ``version`` (assembled from its parts), every digest checked."""
     tail, blocks = version_parts_read(version=version)
     if not version.block_size and not blocks:
-        return tail  # a version stored whole (before format 4)
+        return tail  # a version stored whole: one file, no block parts
     try:
         header, refs, tail_tensors = read_tail_part(tail)
         compat = header.compat_key()

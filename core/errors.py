@@ -1,23 +1,12 @@
 """One application error type, rendered by one DRF exception handler as ``{"code", "message", "extra"}``.
 
-``code`` is the stable, machine-readable key a client switches on; every value is listed in ``ERROR_CODES``
-(and in the OpenAPI schema's ``Error`` component, core/schema.py, and the README). Before it existed the key
-moved between ``extra.kind``, ``extra.code`` and ``extra.field``; those stay, for compatibility, but a client
-should read ``code``. The code of an error is found, most specific first (``error_code``):
+``code`` is the stable, machine-readable key a client switches on; every value is listed in ``ERROR_CODES``.
+``error_code`` finds it, most specific first: a ``code=`` given when raising, ``extra["kind"]`` when it
+names a registered code, DRF's own code or the snake_case name of the error's class (or a base, CLASS_CODES),
+else the generic code of its HTTP status. So every error class of every app gets a code without importing
+anything here (core must not import the apps).
 
-1. a ``code=`` given when raising;
-2. ``extra["kind"]``, when it names a registered code (as is, or as the snake_case of an error class name:
-   a task's refusal carries its class name, ``ContextTooLong`` -> ``context_too_long``);
-3. DRF's own code of a DRF error (``not_authenticated``, ``method_not_allowed``, ...), else the snake_case name
-   of the error's class or one of its bases, without a trailing ``Error`` (``GateFailed`` -> ``gate_failed``,
-   ``NotFound`` -> ``not_found``; an engine ``KvError`` -> ``engine_refused``, see CLASS_CODES);
-4. the generic code of its HTTP status (400 ``invalid_input``, 409 ``conflict``, ...), else ``error``.
-
-The code is added to the body by ``exception_handler`` once, whatever branch rendered it. So every error class of
-every app gets a code without importing anything here (core must not import the
-apps), and a new error class is covered by its status until it is given a code of its own. Why not
-drf-standardized-errors: it replaces the whole body (``{"type", "errors": [...]}``), which every client and
-test of this API reads as ``{"message", "extra"}``; adding one key keeps them working.
+Design: docs/design/errors.md.
 """
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
 """Logs an operator can correlate and request latency a scraper can aggregate: JSON log lines (structlog), a request
 id that follows a request into the Celery tasks it queues, and a request-latency histogram per route.
 
-- **JSON logs.** Every record of the project's loggers (and Django's, Celery's, the root's) goes through
-  ``JsonFormatter``: structlog's ``ProcessorFormatter`` renders the stdlib record (the code keeps its plain
-  ``logging.getLogger(...)`` calls) as one JSON object per line, with ``timestamp``, ``level``, ``logger``,
-  ``event`` (the message) and whatever is bound in the context: ``request_id``, and in a task ``task_id`` and
-  ``task``. ``MNESIO_LOG_FORMAT=plain`` keeps the human format for a terminal.
-- **Request id.** ``RequestIdMiddleware`` takes the client's ``X-Request-ID`` when it is well formed (1-128
-  characters of letters, digits and ``-._:``: no spaces, quotes or newlines to forge log lines with), else makes a
-  uuid4; binds it for every log line of the request (a streamed body's too, while it is produced) and returns it
-  as ``X-Request-ID``.
-- **Into Celery.** ``before_task_publish`` copies the bound id into the message's headers (``mnesio_request_id``);
-  in the worker ``task_prerun`` binds it with the task id, ``task_postrun`` unbinds them. In-process (eager) tasks
-  run inside the request's context already, so they keep its id. Task arguments stay primary keys: the id is a
-  header, not an argument.
-- **Latency.** ``mnesio_http_request_duration_seconds{route,method,status}``: ``route`` is the URL pattern's name
-  (``scope-ask``), never the path (scope names would make unbounded series), ``status`` the class (``2xx``).
-  A histogram, so it sums across processes (prometheus_client's multiprocess mode, cartridges/prometheus.py).
+``JsonFormatter`` renders every stdlib record as one JSON object per line with what the context binds
+(``MNESIO_LOG_FORMAT=plain`` for a terminal); ``RequestIdMiddleware`` takes a well-formed ``X-Request-ID`` or
+makes one, and Celery's publish and prerun signals carry it into tasks as a header. The latency histogram is
+labelled by route name, method and status class, never by path. No memory text is ever bound or logged here.
 
-No memory text is ever bound or logged here: only ids, routes, methods, statuses and durations.
+Design: docs/design/observability.md.
 """
 from __future__ import annotations
 

@@ -1,34 +1,14 @@
 """The attention kernel kvengine loads models with: transformers' sdpa, with GQA packed for multi-token queries.
 
-transformers' sdpa integration handles grouped-query attention (fewer key/value heads than query heads) in
-three ways: sdpa's own ``enable_gqa`` when there is no mask (a prefill from scratch, and single-token
-decoding on the CPU), packing the query heads onto the key/value heads for a single query token under a
-mask, and otherwise ``repeat_kv``, which copies
-every layer's keys and values ``num_key_value_groups`` times per call. The otherwise case is exactly a
-cartridge question: a few suffix tokens on top of thousands of cached positions, with a causal mask. At
-8k cached tokens on SmolLM2-135M (3 key/value heads for 9 query heads) those copies were a third of the
-question's time to first token.
+``packed_gqa_sdpa`` packs the query heads onto their key/value heads (``[b, kv_heads * groups, q, d]`` ->
+``[b, kv_heads, groups * q, d]``, the mask's rows repeated to match), so sdpa reads each key/value head once
+instead of transformers copying them with ``repeat_kv``: a cartridge question's case (a few tokens over a
+long cache, under a mask), and single-token decoding, whose unpacked bf16 CPU kernel is several times slower.
+Results agree with the repeat_kv path to float rounding. Under bf16r the query and keys are cast to the
+values' dtype. A batched pass (``mnesio_cascade``) goes to kvengine.cascade; everything else to
+transformers' sdpa unchanged.
 
-``packed_gqa_sdpa`` packs the query heads there too: queries ``[b, kv_heads * groups, q, d]`` become
-``[b, kv_heads, groups * q, d]`` (rows ordered group-major) and the mask's rows are repeated to match, so
-sdpa reads each key/value head once. Every output row is computed from the same query row, keys, values and mask row as before, by the same
-kernel; only the kernel's blocking of the rows changes, so results agree with the repeat_kv path to float
-rounding (at most a few 1e-7 on unit-scale inputs; bitwise equal for many shapes, tests/kvengine/
-test_attention.py). The cartridge and re-reading paths never ran bitwise-identical kernels anyway (a
-prefill from scratch takes sdpa's causal path without a mask); their token-for-token parity is what the
-real-model tests and kveval check.
-
-Single-token decoding is packed too (``q_len == 1``, with or without a mask): transformers sends it to sdpa's
-``enable_gqa`` when there is no mask, and on this CPU (torch 2.13) that path's bf16 kernel is 3-7x slower
-than f32 (profiled at 8k cached tokens: ``_scaled_dot_product_flash_attention_for_cpu`` 22.5 ms per layer
-in bf16 against 6.6 ms in f32, 84% of a bf16 decode step), while the same kernel on packed queries
-``[1, kv_heads, groups, d]`` runs bf16 as fast as f32. That made bf16 decoding at 8k 2x slower than f32.
-A prefill from scratch (no mask, many tokens) still goes to transformers: it needs sdpa's causal path.
-
-Mixed dtypes (bf16r, precision.py): queries and keys come out of an f32 rope, values out of a bf16 matmul,
-and the cache may hold bf16 keys; the query and keys are cast to the values' dtype, so attention runs in
-the KV dtype (bf16) and the stored KV stays bf16.
-Everything else is delegated to transformers' sdpa unchanged.
+Design and measurements: docs/design/attention.md.
 """
 from __future__ import annotations
 
@@ -68,7 +48,7 @@ def packed_gqa_sdpa(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, with GQA queries packed instead of repeat_kv or enable_gqa (module docstring).
+    """transformers' sdpa attention, with GQA queries packed instead of repeat_kv or enable_gqa (docs/design/attention.md).
 
     A pass run by kvengine.batching carries ``mnesio_cascade``: its attention is the batcher's cascade attention.
     """

@@ -83,7 +83,7 @@ class CartridgeHeader:
     payload_sha256: str
     # Free-form, caller-provided, non-secret labels (e.g. {"scope": "agent-7"}); never memory text.
     labels: dict[str, str] = field(default_factory=dict)
-    # Blocks (format 4, kvengine/blocks.py): tokens per full block, and the cartridge's full blocks in order as
+    # Blocks (kvengine/blocks.py): tokens per full block, and the cartridge's full blocks in order as
     # canonical JSON ``[[block_id, first_position, num_tokens, part_sha256], ...]``; the tail follows them.
     block_size: int = 0
     blocks: str = "[]"

@@ -1,77 +1,13 @@
-"""Continuous batching of cartridge questions with cascade (shared-prefix) attention.
+"""Continuous batching of cartridge questions: one worker thread per model decodes every question in flight.
 
-Why: decoding is memory-bandwidth bound. One decoding step reads every weight and, for a cartridge question,
-the cartridge's whole KV state (46 KB per token in f32 on SmolLM2-135M: 370 MB at 8k tokens). Questions taking
-turns behind ``KvState.lock`` read all of it once per token per question. Here one forward pass per step
-serves every question in flight, so the weights and each cartridge's prefix are read once per step for all.
+Callers ``submit()`` a question on a cartridge and read its ``Request``'s events (a token at a time). Between
+steps the worker admits waiting questions (a burst gathered into one prefill pass, prefill before the next
+decoding step) and drops finished or cancelled rows; each step is one forward pass over every row, its
+attention computed over each cartridge's shared prefix by kvengine.cascade. A lone question runs the
+one-at-a-time path's very passes on its cartridge's scratch tail; long questions are not batched; past
+``max_waiting`` submit() raises OverloadedError.
 
-Design
-------
-- **One Batcher per loaded model** (TransformersKvBackend makes it lazily). A daemon worker thread owns the
-  model's forward passes for batched questions; callers (any thread) ``submit()`` and then read their
-  ``Request``'s event queue: ``("token", id)`` per decoded token, then ``("end", None)`` or ``("error", exc)``.
-- **Continuous batching.** Between steps the worker admits waiting questions (up to ``max_batch`` rows in
-  flight) and drops rows that finished (EOS / ``max_new_tokens``) or whose caller cancelled (closed its
-  stream). Newly admitted questions are prefilled together in one pass of their own (their prompts padded to
-  the longest; padding positions are masked out and later overwritten), which yields their first tokens; then
-  they join the decode batch, where every step is ONE forward pass over ``[rows, 1]`` tokens.
-- **A burst shares its first pass.** A worker that was idle (nothing in flight, nothing waiting), woken by a
-  question, first waits until no other question has come for ``gather_s`` (5 ms; at most 8 times that in all), as
-  dynamic batchers' queue delay does:
-  questions sent together otherwise split into a pass for the first few and a pass for the rest.
-- **Prefill first.** Questions that arrive while a prefill pass runs are prefilled right after it, before the next
-  decoding step (as vLLM's scheduler does), so a burst's late arrivals wait for one pass, not a pass and a step; at
-  most two prefill passes run in a row (MAX_PREFILLS_IN_A_ROW), so a row already decoding waits at most two passes
-  for its next token.
-- **Cascade attention, no prefix copies.** A cartridge's KV state (KvState's read-only region) is shared by all
-  of its rows and is never copied or expanded per row. Each row has its own scratch (the question's prompt and
-  answer tokens) in per-row slot buffers ``[max_batch, kv_heads, room, head_dim]`` per layer. In every layer,
-  for each cartridge in the batch, the queries of all its rows (every query head, packed onto its key/value
-  head, GQA) attend over the prefix in ONE kernel call that returns the output and its log-sum-exp (LSE); each
-  row's queries attend over its own suffix (masked by its length and causally); the two partial results are
-  merged exactly: ``lse = logaddexp(lse_p, lse_s)``, ``out = out_p * exp(lse_p - lse) + out_s * exp(lse_s - lse)``
-  (FlashInfer's merge_state, Hydragen's prefix/suffix split). This is the same softmax over the concatenated
-  keys, so results agree with one-at-a-time decoding to float rounding (tests/kvengine/test_batching.py).
-  Rows of different cartridges of the same model share the weights' pass: the prefix part runs once per
-  cartridge group, the rest of the step (projections, MLP, suffix attention) once for the whole batch.
-- **How the model is driven.** The base model runs with ``cache=None`` and an extra ``mnesio_cascade``
-  keyword, which transformers passes through to every attention call; kvengine.attention's ``mnesio_sdpa``
-  hands such calls to ``CascadeStep.attend`` (it writes the new keys/values into the row buffers and computes
-  the attention above). Positions are given explicitly per row (cartridge length + the row's suffix position),
-  so rotary embeddings match the one-at-a-time path. The LM head runs only on each row's last real token.
-- **Prefix kernel with LSE.** CPU: aten's fused flash kernel (``_scaled_dot_product_flash_attention_for_cpu``),
-  which returns the LSE and reads strided views (the prefix is a view of the KvState buffers). CUDA: aten's
-  flash kernel (bf16/f16) or memory-efficient kernel. The rows' own parts (a few dozen positions each) go
-  through the CPU flash kernel with an additive per-row mask, elsewhere through plain math. Each kernel is
-  checked once per (device, dtype) against plain math on a small random input; one that is missing or
-  disagrees is replaced by the plain math (scores, logsumexp, softmax @ V), exact but materializing the
-  scores. Kernel calls per layer are kept few (the merge is one sigmoid and one lerp): on a CPU, a small
-  model's decoding step spends on per-call overhead what it does not spend in the weight matmuls.
-- **A lone question runs as the one-at-a-time path does.** With one row in the batch, cascade attention is two
-  kernel calls and a merge per layer where the one-at-a-time path makes one call over the cartridge and its scratch
-  tail together: a lone question took 1.13x the one-at-a-time time at 8k on a 2-core CPU (bench/lone_question_ab.py),
-  against issue 14's "no slower than today". So a
-  question admitted into an empty batch takes its cartridge's scratch tail (``KvState.lock``, tried without waiting:
-  if the one-at-a-time path holds it, the row takes the cascade path) and runs the very passes of
-  ``TransformersKvBackend._greedy_tokens``: the same tokens, bit for bit, at the same cost. When another question
-  joins, the lone row's scratch (its prompt and answer so far, a few dozen positions) is copied into its slot before
-  the next decoding step, the tail is given back, and the row decodes in the batch from then on. A one-at-a-time
-  call on the same cartridge (a fidelity check, a long question) takes the tail through ``KvState.scratch()``, which
-  marks that it waits: the lone row moves into its slot at its next decoding step, so the call waits for the pass in
-  progress (and a prefill pass that runs first), not for a whole answer, and no new lone row takes the tail while it
-  waits. A lone question that would need the cartridge's buffers grown (its prompt and answer past the KvState's
-  spare room) takes the cascade path: the worker never copies a cartridge.
-- **Long questions** (prompt + answer over MAX_ROW_ROOM positions) are not batched: every slot would grow to
-  their length. The backend answers them one at a time (answer_stream_unbatched), as before batching.
-- **Back-pressure.** At most ``max_waiting`` questions wait for a row; past that, ``submit()`` raises
-  OverloadedError with a retry hint from the recent per-question time, instead of queueing without bound.
-- **Thread safety.** Only the worker thread runs batched forward passes and touches the row buffers. The
-  waiting queue and the row list's admission are guarded by one condition variable. The model is read-only
-  under ``torch.inference_mode()``; the cartridge prefix is read-only, so the one-at-a-time path
-  (fidelity(), answer_stream_unbatched()) may run on the same cartridge at the same time (it writes only the
-  KvState's scratch tail, which the batcher uses only for a lone row, holding the KvState's lock). A caller that
-  stops reading calls ``cancel()`` (answer_stream does in ``finally``); its row leaves at the next step boundary. An error in a pass is
-  delivered to every row of that pass, and the worker carries on with later questions.
+Design, with the thread-safety rules: docs/design/batching.md.
 """
 from __future__ import annotations
 
@@ -85,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .cascade import CascadeStep
 from .errors import OverloadedError
 from .kvcache import CartridgeCache, KvState
 
@@ -103,115 +40,6 @@ INITIAL_ROOM = 128  # per-row scratch positions; grown (one copy) when a questio
 # room of the longest, so one long question would make all max_batch slots long (16 x 4k positions are 2.9 GB
 # in f32 on SmolLM2); longer questions take the one-at-a-time path instead (TransformersKvBackend).
 MAX_ROW_ROOM = 1024
-
-
-# -- attention pieces --------------------------------------------------------------------------------
-def plain_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [b, h, m, d]`` over ``k, v [b, h, n, d]`` (an optional additive float mask): output and LSE (float32)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [b, h, m, n]
-    if mask is not None:
-        scores = scores + mask
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype), v)
-    return out, lse
-
-
-def _cpu_flash(q, k, v, scale):
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=None, scale=scale)
-    return out, lse
-
-
-def _cpu_flash_masked(q, k, v, scale, mask=None):
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-    return out, lse
-
-
-def _cuda_flash(q, k, v, scale):
-    result = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
-    return result[0], result[1][..., : q.shape[-2]]
-
-
-def _cuda_efficient(q, k, v, scale):
-    result = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
-    return result[0], result[1][..., : q.shape[-2]]  # the LSE may be padded to a multiple of 32 rows
-
-
-_KERNELS: dict[tuple[str, torch.dtype, bool], object] = {}
-_KERNELS_LOCK = threading.Lock()
-
-
-def _choose_kernel(device: torch.device, dtype: torch.dtype, *, masked: bool = False):
-    """The first fused kernel that exists and agrees with plain math here (checked once), else plain math.
-
-    ``masked``: the kernel for the rows' own parts (an additive mask per row); only the CPU flash kernel takes one.
-    """
-    key = (device.type, dtype, masked)
-    with _KERNELS_LOCK:
-        if key in _KERNELS:
-            return _KERNELS[key]
-        if masked:
-            candidates = [_cpu_flash_masked] if device.type == "cpu" else []
-        else:
-            candidates = [_cpu_flash] if device.type == "cpu" else [_cuda_flash, _cuda_efficient] if device.type == "cuda" else []
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        b = 3 if masked else 1
-        q, k, v = (torch.randn(b, 2, m, 64, generator=gen).to(device=device, dtype=dtype) for m in (7, 300, 300))
-        k_view = torch.cat([k, k[:, :, :20]], dim=2)[:, :, :300]  # strided, like a KvState prefix view
-        mask = torch.zeros(b, 1, 7, 300, dtype=dtype, device=device)
-        if masked:
-            mask[0, :, :, 100:] = float("-inf")
-            mask[2, :, :, 5:] = float("-inf")
-        want_out, want_lse = plain_attention_lse(q.float(), k.float(), v.float(), 0.125, mask.float() if masked else None)
-        tol = 1e-4 if dtype == torch.float32 else 3e-2
-        chosen = plain_attention_lse
-        for kernel in candidates:
-            try:
-                out, lse = kernel(q, k_view, v, 0.125, mask) if masked else kernel(q, k_view, v, 0.125)
-            except Exception:  # noqa: BLE001 - a kernel this build or device lacks: try the next
-                continue
-            if out.shape == want_out.shape and torch.allclose(out.float(), want_out, atol=tol) and torch.allclose(lse.float(), want_lse, atol=tol):
-                chosen = kernel
-                break
-        _KERNELS[key] = chosen
-        return chosen
-
-
-def prefix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Non-causal attention of ``q [1, h, m, d]`` over a whole prefix ``k, v [1, h, n, d]`` (views, not copied).
-
-    Returns the output ``[1, h, m, d]`` and the natural-log LSE ``[1, h, m]`` in float32.
-    """
-    kernel = _choose_kernel(q.device, q.dtype)
-    out, lse = kernel(q, k, v, scale)
-    return out, lse.float()
-
-
-def suffix_attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [b, h, m, d]`` over ``k, v [b, h, S, d]`` under the additive ``mask [b, 1, m, S]``.
-
-    Every query row must see at least one key (a token always sees itself). CPU: the fused flash kernel (one call);
-    elsewhere plain math. Returns the output and the LSE (float32).
-    """
-    if _choose_kernel(q.device, q.dtype, masked=True) is _cpu_flash_masked:
-        out, lse = _cpu_flash_masked(q, k, v, scale, mask)
-        return out, lse.float()
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + mask.float()
-    lse = torch.logsumexp(scores, dim=-1)
-    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype), v), lse
-
-
-def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Exact softmax merge of two attention partials over disjoint key sets (lse float32 ``[..., m]``).
-
-    ``out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)`` with ``lse = logaddexp(lse_a, lse_b)``; the weight
-    of ``a`` is ``sigmoid(lse_a - lse_b)``, so this is one lerp (three kernel calls instead of eight: per layer
-    and step, call overhead is what a CPU decode step of a small model spends beyond the matmuls).
-    """
-    weight = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
-    if out_a.dtype != torch.float32:
-        out_a, out_b = out_a.float(), out_b.float()
-    return torch.lerp(out_b, out_a, weight)
 
 
 # -- requests and rows ----------------------------------------------------------------------------------
@@ -255,80 +83,9 @@ class _Row:
     pending: int | None = None  # the token to feed at the next decode step
     num_out: int = 0
     done: bool = False
-    # A row alone in the batch runs as the one-at-a-time path does (module docstring, "A lone question"): its scratch
+    # A row alone in the batch runs as the one-at-a-time path does (docs/design/batching.md, "A lone question"): its scratch
     # is this cache over its cartridge's own tail, whose lock the row holds until it moves to its slot or ends.
     solo: CartridgeCache | None = None
-
-
-# -- one forward pass ---------------------------------------------------------------------------------
-class CascadeStep:
-    """What attention needs for one batched pass: the rows (slots ``start:start+b``), their lengths, their cartridges.
-
-    ``attend`` is called by kvengine.attention for every layer of the pass (module docstring).
-    """
-
-    def __init__(self, batcher: Batcher, start: int, rows: list[_Row], num_new: int):
-        device = batcher.device
-        self.batcher, self.start, self.stop = batcher, start, start + len(rows)
-        self.num_new = num_new
-        self.past = torch.tensor([row.length for row in rows], device=device)  # [b]
-        self.max_len = max(row.length for row in rows) + num_new
-        groups: dict[int, tuple[KvState, list[int]]] = {}
-        for i, row in enumerate(rows):
-            groups.setdefault(id(row.request.state), (row.request.state, []))[1].append(i)
-        self.groups = [
-            (state, slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else torch.tensor(idx, device=device))
-            for state, idx in groups.values()
-        ]
-        self.write_pos = self.past.unsqueeze(1) + torch.arange(num_new, device=device)  # [b, n]
-        self._masks: dict[int, torch.Tensor] = {}
-
-    def _suffix_mask(self, groups: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive ``[b, 1, groups * n, S]``: packed query row r (token t = r % n) sees suffix positions <= past + t."""
-        if (groups, dtype) not in self._masks:
-            device = self.past.device
-            t = torch.arange(groups * self.num_new, device=device) % self.num_new
-            j = torch.arange(self.max_len, device=device)
-            allowed = j.view(1, 1, 1, -1) <= (self.past.view(-1, 1, 1, 1) + t.view(1, 1, -1, 1))
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
-            self._masks[(groups, dtype)] = mask
-        return self._masks[(groups, dtype)]
-
-    def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None) -> torch.Tensor:
-        """Write ``key/value [b, kv, n, d]`` into the rows' scratch; return attention ``[b, n, heads, d]``."""
-        layer = module.layer_idx
-        b, heads, n, dim = query.shape
-        kv_heads = key.shape[1]
-        groups = heads // kv_heads
-        scale = dim**-0.5 if scaling is None else scaling
-        kbuf = self.batcher.kbuf[layer][self.start : self.stop]  # [b, kv, room, d] views of the slot buffers
-        vbuf = self.batcher.vbuf[layer][self.start : self.stop]
-        index = self.write_pos.view(b, 1, n, 1)  # scatter_, not index_put: the latter costs milliseconds here
-        kbuf.scatter_(2, index.expand(b, kv_heads, n, key.shape[-1]), key)
-        vbuf.scatter_(2, index.expand(b, kv_heads, n, value.shape[-1]), value)
-        packed = query.reshape(b, kv_heads, groups * n, dim)  # query head h -> kv head h // groups; row gi * n + t
-        # each row's own part: the question's prompt and answer so far, masked by its length and causally
-        out_s, lse_s = suffix_attention_lse(packed, kbuf[:, :, : self.max_len], vbuf[:, :, : self.max_len],
-                                            self._suffix_mask(groups, query.dtype), scale)
-        # the shared part: per cartridge, all its rows' queries against its prefix at once, the prefix read once
-        if len(self.groups) == 1:
-            state, _ = self.groups[0]
-            out_p, lse_p = self._prefix(packed, state, layer, scale)
-        else:
-            out_p, lse_p = torch.empty_like(out_s), torch.empty_like(lse_s)
-            for state, rows in self.groups:
-                out_p[rows], lse_p[rows] = self._prefix(packed[rows], state, layer, scale)
-        out = merge_states(out_p, lse_p, out_s, lse_s).to(query.dtype)  # [b, kv, g*n, d]
-        return out.reshape(b, heads, n, dim).transpose(1, 2)  # [b, n, heads, d]; the caller's reshape copies
-
-    @staticmethod
-    def _prefix(packed: torch.Tensor, state: KvState, layer: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention of rows' packed queries ``[k, kv, m, d]`` over ``state``'s prefix, in one kernel call."""
-        k, kv_heads, m, dim = packed.shape
-        q = packed.transpose(0, 1).reshape(1, kv_heads, k * m, dim)  # all rows' queries per kv head
-        prefix_k, prefix_v = state.prefix(layer)  # [1, kv, N, d] views of the cartridge: never copied
-        out, lse = prefix_attention_lse(q, prefix_k, prefix_v, scale)
-        return out.reshape(kv_heads, k, m, dim).transpose(0, 1), lse.reshape(kv_heads, k, m).transpose(0, 1)
 
 
 # -- the batcher ---------------------------------------------------------------------------------------

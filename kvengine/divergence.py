@@ -1,17 +1,12 @@
 """The divergence measure: how far a variant's next-token distributions are from the reference's (f32).
 
 Greedy identity over a 135M model's near-ties is a noisy judge: one near-tie flips a token and the rest of
-the answer drifts. The measure is the divergence of the next-token distributions along a whole answer,
-teacher-forced: the reference (f32) answer's tokens are fed through the variant after the question, so
-both models are asked for the same positions, and per position we take
-
-    KL(reference || variant) = sum_v p_ref(v) * (log p_ref(v) - log p_var(v))
-
-and whether the two argmaxes agree (top-1 agreement per position). The positions are those predicting
-each answer token and the one after the last (where the reference stopped, or would have gone on).
-Summaries are the mean and the nearest-rank p95 over all positions of all questions, the first position's
-mean (the "first-token KL"), top-1 agreement per position, and the share of whole greedy
-answers identical (the variant decodes freely for that one).
+the answer drifts. So the reference (f32) answer's tokens are teacher-forced through the variant after the
+question, both asked for the same positions (each answer token's and the one after the last), and per
+position we take ``KL(reference || variant) = sum_v p_ref(v) * (log p_ref(v) - log p_var(v))`` and whether
+the two argmaxes agree. Summaries: the mean and nearest-rank p95 over all positions of all questions, the
+first position's mean (the "first-token KL"), top-1 agreement per position, and the share of whole greedy
+answers identical (the variant decoding freely for that one).
 
 kveval, bench/kv_speed.py and the gate (cartridges/services/gate.py) all use this one. Torch is imported only
 by the functions that take tensors, so the summaries are usable without it (the fake backend, Django).

@@ -3,7 +3,7 @@
 It is honest: a cartridge holds only what it was compiled from (the memories' word tokens, stored as
 uint8 UTF-8 arrays in the same safetensors cartridge format), and an answer is the compiled memory that
 shares the most content words with the question, or "I don't know" when none does. So a cartridge
-compiled without a memory cannot answer about it.
+compiled without a memory cannot answer about it. The word-overlap "model" itself is kvengine.fake_model.
 
 Thread safety: the backend holds no mutable state; cartridges are read-only after compile/loads. Safe to
 share both between threads.
@@ -13,12 +13,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
 import re
-import struct
 import time
 from collections.abc import Container, Iterator, Sequence
 
+from . import fake_model as words
 from .base import (
     Answer,
     BackendDescription,
@@ -31,10 +30,11 @@ from .base import (
 )
 from .blocks import BlockLookup, CartridgeParts, TrustedPart, block_id, key_digest, parts_write
 from .config import DTYPES, QUANTS, check_choice
-from .conversation import Prompt, question_text
+from .conversation import Prompt
 from .decoding import Decoding, StopWatcher
 from .divergence import AnswerDivergence
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
+from .fake_model import UNKNOWN  # noqa: F401 - the fake's "no answer", which tests compare with
 from .format import (
     FORMAT_VERSION,
     BlockRef,
@@ -52,24 +52,10 @@ from .format import (
     write_cartridge,
 )
 
-UNKNOWN = "I don't know"
 TEMPLATE = "fake-template-v1: system=<memories, one per line> user=<question>"
 # Prompt scaffolding tokens a real chat template adds around the memories (keeps token counts realistic).
 SCAFFOLD_TOKENS = 4
 FAKE_BLOCK_MEMORIES = 4  # memories per block (the fake's positions count memories)
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
-_STOPWORDS = frozenset(
-    "a an and are as at be by did do does for from has have how i in is it its of on or the to was were what "
-    "when where which who whom whose why with you your my me".split()
-)
-
-
-def _tokens(text: str) -> list[str]:
-    return _TOKEN_RE.findall(text)
-
-
-def _content_words(text: str) -> set[str]:
-    return {t.lower() for t in _tokens(text) if t[0].isalnum() and t.lower() not in _STOPWORDS}
 
 
 def _sha(text: str) -> str:
@@ -100,7 +86,7 @@ class FakeKvBackend(KvBackend):
             backend="fake",
             model_id=model,
             weights_fingerprint=_sha(f"fake-weights:{model}"),
-            tokenizer_fingerprint=_sha("fake-tokenizer:" + _TOKEN_RE.pattern),
+            tokenizer_fingerprint=_sha("fake-tokenizer:" + words.TOKEN_RE.pattern),
             template_fingerprint=_sha(TEMPLATE),
             rope_config=canonical_json({"type": "none", "theta": None, "scaling": None}),
             dtype=dtype,
@@ -124,7 +110,7 @@ class FakeKvBackend(KvBackend):
 
     def count_tokens(self, texts: Sequence[str]) -> int:
         """Count word/punctuation tokens of the memories plus fixed scaffolding."""
-        return SCAFFOLD_TOKENS + sum(len(_tokens(t)) + 1 for t in texts)
+        return SCAFFOLD_TOKENS + sum(len(words.tokens(t)) + 1 for t in texts)
 
     def compile(
         self, texts: Sequence[str], *, log_head: int = 0, labels: dict[str, str] | None = None, blocks: BlockLookup | None = None,
@@ -150,7 +136,7 @@ class FakeKvBackend(KvBackend):
                 parent=parent, key=key, block_size=size, first_position=index * size, token_ids=list("\n".join(chunk).encode()),
                 secret=block_secret,
             )
-            tensors = _encode(chunk)
+            tensors = words.encode(chunk)
             data = blocks(parent) if blocks is not None and reused == index else None
             if data is not None:
                 trusted = isinstance(data, TrustedPart)
@@ -158,13 +144,13 @@ class FakeKvBackend(KvBackend):
                     data.data if trusted else data, block_id=parent, first_position=index * size, num_tokens=size, compat_key=compat,
                     digest_checked=trusted,
                 )
-                if _decode(stored) != chunk:
+                if words.decode(stored) != chunk:
                     raise CorruptCartridgeError(f"block {parent[:12]} does not hold the memories its id names")
                 reused += 1
             else:
                 ref = BlockRef(parent, index * size, size, tensor_digest(tensors))
             refs.append(ref)
-        tail = _encode(texts[num_blocks * size :])
+        tail = words.encode(texts[num_blocks * size :])
         header = CartridgeHeader(
             format_version=FORMAT_VERSION,
             **compat,
@@ -186,9 +172,9 @@ class FakeKvBackend(KvBackend):
         its stop strings apply, the fake does not sample)."""
         start = time.perf_counter()
         check_compatible(cartridge.header, self._description)
-        question = _check_question(question)
-        text = _best(cartridge.payload, question)
-        return self._answer(text, "cartridge", cartridge.header.num_tokens, len(_tokens(question)), start, max_new_tokens, decoding)
+        question = words.check_question(question)
+        text = words.best_memory(cartridge.payload, question)
+        return self._answer(text, "cartridge", cartridge.header.num_tokens, len(words.tokens(question)), start, max_new_tokens, decoding)
 
     def answer_stream(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32,
                       decoding: Decoding | None = None) -> Iterator[str | Answer]:
@@ -203,10 +189,10 @@ class FakeKvBackend(KvBackend):
         """Answer by re-reading the memories (same logic, no cartridge)."""
         start = time.perf_counter()
         texts = self._check_texts(texts)
-        question = _check_question(question)
-        text = _best(texts, question)
+        question = words.check_question(question)
+        text = words.best_memory(texts, question)
         num_context = self.count_tokens(texts)
-        return self._answer(text, "text", num_context, num_context + len(_tokens(question)), start, max_new_tokens, decoding)
+        return self._answer(text, "text", num_context, num_context + len(words.tokens(question)), start, max_new_tokens, decoding)
 
     def fidelity(
         self, cartridge: Cartridge, texts: Sequence[str], probes: Sequence[str], *, max_new_tokens: int | None = None
@@ -219,7 +205,7 @@ class FakeKvBackend(KvBackend):
         texts = self._check_texts(texts)
         if not probes:
             raise EmptyInputError("`probes` has to be a non-empty list")
-        return _compare(cartridge.payload, texts, probes, max_new_tokens)
+        return words.compare(cartridge.payload, texts, probes, max_new_tokens)
 
     def verify_extension(
         self,
@@ -252,7 +238,7 @@ class FakeKvBackend(KvBackend):
         reread = held[:begin] + texts[begin:]  # the verified memories as the cartridge holds them, the new ones re-read
         max_abs_diff = 0.0 if held[begin:] == texts[begin:] else 1.0
         reread_s = time.perf_counter() - started
-        fidelity = _compare(held, reread, probes, max_new_tokens)
+        fidelity = words.compare(held, reread, probes, max_new_tokens)
         answers = tuple(
             (self.answer(cartridge, q, max_new_tokens=answer_max_new_tokens), self.answer_from_text(reread, q, max_new_tokens=answer_max_new_tokens))
             for q in questions
@@ -292,7 +278,7 @@ class FakeKvBackend(KvBackend):
         header, tensors = read_cartridge(data)
         check_compatible(header, self._description)
         blocks, tail = split_tensors(tensors, len(header_blocks(header)))
-        return Cartridge(header=header, payload=tuple(text for part in [*blocks, tail] for text in _decode(part)))
+        return Cartridge(header=header, payload=tuple(text for part in [*blocks, tail] for text in words.decode(part)))
 
     def load_parts(self, tail: bytes | memoryview, blocks: BlockLookup) -> Cartridge:
         """Load a cartridge stored by parts (every part verified)."""
@@ -307,13 +293,13 @@ class FakeKvBackend(KvBackend):
             _, tensors = read_block_part(
                 data, block_id=ref.block_id, first_position=ref.first_position, num_tokens=ref.num_tokens, compat_key=compat, sha256=ref.sha256
             )
-            texts.extend(_decode(tensors))
-        return Cartridge(header=header, payload=tuple([*texts, *_decode(tail_tensors)]))
+            texts.extend(words.decode(tensors))
+        return Cartridge(header=header, payload=tuple([*texts, *words.decode(tail_tensors)]))
 
     def _parts(self, cartridge: Cartridge) -> tuple[list[dict[str, RawTensor]], dict[str, RawTensor]]:
         texts, size = list(cartridge.payload), cartridge.header.block_size
         num_blocks = len(header_blocks(cartridge.header))
-        return [_encode(texts[i * size : (i + 1) * size]) for i in range(num_blocks)], _encode(texts[num_blocks * size :])
+        return [words.encode(texts[i * size : (i + 1) * size]) for i in range(num_blocks)], words.encode(texts[num_blocks * size :])
 
     # -- helpers ----------------------------------------------------------------------------------
     # -- routed: one "chunk" per memory (its text), answered from the chunks given ----------------------
@@ -321,7 +307,7 @@ class FakeKvBackend(KvBackend):
         """A memory's chunk: its text and token ids (the fake has no KV)."""
         if not isinstance(text, str) or not text.strip():
             raise EmptyInputError("`text` has to be a non-empty memory string")
-        tokens = _tokens(text) + ["\n"]
+        tokens = words.tokens(text) + ["\n"]
         return FakeChunk(text=text, token_ids=tuple(int.from_bytes(hashlib.sha256(t.encode()).digest()[:4], "little") for t in tokens))
 
     def chunk_dumps(self, chunk: FakeChunk, *, quant: str = "q8") -> bytes:
@@ -345,9 +331,9 @@ class FakeKvBackend(KvBackend):
         texts = [chunk.text for chunk in chunks]
         if not texts:
             raise EmptyInputError("`chunks` has to hold at least one chunk but got none")
-        question = _check_question(question)
+        question = words.check_question(question)
         num_context = sum(chunk.num_tokens for chunk in chunks)
-        return self._answer(_best(texts, question), "routed", num_context, num_context + len(_tokens(question)), start, max_new_tokens)
+        return self._answer(words.best_memory(texts, question), "routed", num_context, num_context + len(words.tokens(question)), start, max_new_tokens)
 
     def answer_reread(self, chunks: Sequence[FakeChunk], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True) -> Answer:
         """The routed answer's reference: the same, re-read (the fake's routed answer is exact)."""
@@ -374,8 +360,8 @@ class FakeKvBackend(KvBackend):
 
     def _answer(self, text: str, mode: str, num_context: int, num_prompt: int, start: float, max_new_tokens: int,
                 decoding: Decoding | None = None) -> Answer:
-        toks = _tokens(text)[: max(1, int(max_new_tokens))]
-        cut = len(toks) < len(_tokens(text))
+        toks = words.tokens(text)[: max(1, int(max_new_tokens))]
+        cut = len(toks) < len(words.tokens(text))
         text = " ".join(toks) if cut else text
         watcher = StopWatcher(decoding.stop if decoding else ())
         watcher.feed(text)
@@ -399,88 +385,8 @@ class FakeChunk:
         return len(self.token_ids)
 
 
-def _check_question(question: Prompt) -> str:
-    question = question_text(question)
-    if not isinstance(question, str) or not question.strip():
-        raise EmptyInputError("`question` has to be a non-empty string")
-    return question.strip()
-
-
 def _check_labels(labels: dict[str, str] | None) -> dict[str, str]:
     labels = dict(labels or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise ConfigError("`labels` has to map strings to strings")
     return labels
-
-
-def _encode(texts: Sequence[str]) -> dict[str, RawTensor]:
-    """Memories as one UTF-8 byte array plus little-endian i64 end offsets."""
-    parts = [t.encode() for t in texts]
-    ends, total = [], 0
-    for p in parts:
-        total += len(p)
-        ends.append(total)
-    return {
-        "memories_utf8": RawTensor("U8", (total,), b"".join(parts)),
-        "memory_ends": RawTensor("I64", (len(ends),), b"".join(e.to_bytes(8, "little") for e in ends)),
-    }
-
-
-def _decode(tensors: dict[str, RawTensor]) -> list[str]:
-    """Invert _encode(); CorruptCartridgeError when the tensors are missing or not UTF-8."""
-    try:
-        raw = bytes(tensors["memories_utf8"].data)
-        ends = tensors["memory_ends"]
-        bounds = struct.unpack(f"<{ends.shape[0]}q", bytes(ends.data))
-        texts, begin = [], 0
-        for end in bounds:
-            texts.append(raw[begin:end].decode("utf-8"))
-            begin = end
-    except (KeyError, UnicodeDecodeError, struct.error):
-        raise CorruptCartridgeError("fake cartridge payload lacks its memory tensors or is not UTF-8") from None
-    return texts
-
-
-def _scores(texts: Sequence[str], question: str) -> list[int]:
-    words = _content_words(question)
-    return [len(words & _content_words(t)) for t in texts]
-
-
-def _best(texts: Sequence[str], question: str) -> str:
-    """The memory with the most shared content words (the later one on ties: newer facts win)."""
-    scores = _scores(texts, question)
-    best = max(range(len(texts)), key=lambda i: (scores[i], i))
-    return texts[best] if scores[best] > 0 else UNKNOWN
-
-
-def _distribution(texts: Sequence[str], question: str) -> dict[str, float]:
-    """Softmax over candidate answers (each memory by content, plus UNKNOWN at score 0.5)."""
-    cands: dict[str, float] = {UNKNOWN: 0.5}
-    for t, s in zip(texts, _scores(texts, question), strict=True):
-        cands[t] = max(cands.get(t, float("-inf")), float(s))
-    m = max(cands.values())
-    exp = {k: math.exp(v - m) for k, v in cands.items()}
-    z = sum(exp.values())
-    return {k: v / z for k, v in exp.items()}
-
-
-def _first_token(text: str) -> str:
-    toks = _tokens(text)
-    return toks[0] if toks else ""
-
-
-def _compare(cartridge_texts: Sequence[str], texts: Sequence[str], probes: Sequence[str], max_new_tokens: int | None) -> FidelityReport:
-    """fidelity()'s comparison of answering from ``cartridge_texts`` with re-reading ``texts``."""
-    kls, top1, same = [], 0, 0
-    for probe in probes:
-        question = _check_question(probe)
-        p_text, p_cart = _distribution(texts, question), _distribution(cartridge_texts, question)
-        keys = set(p_text) | set(p_cart)
-        eps = 1e-12  # a memory missing from one side gets ~0 probability, giving a large but finite KL
-        kls.append(sum(pt * math.log(pt / max(p_cart.get(k, 0.0), eps)) for k in keys if (pt := p_text.get(k, 0.0)) > 0))
-        a_text, a_cart = _best(texts, question), _best(cartridge_texts, question)
-        top1 += _first_token(a_text) == _first_token(a_cart)
-        if max_new_tokens is not None:
-            a_text, a_cart = _tokens(a_text)[:max_new_tokens], _tokens(a_cart)[:max_new_tokens]
-        same += a_text == a_cart
-    return FidelityReport.of_probes(kls, num_top1=top1, num_identical=same)

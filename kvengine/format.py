@@ -25,8 +25,9 @@ from typing import Any
 from .base import BackendDescription, CartridgeHeader, canonical_json
 from .errors import CorruptCartridgeError, IncompatibleCartridgeError
 
-FORMAT_VERSION = 8  # 2: q8/q4 keep their first positions exact ("exact" parts); 3: rotated q8/q4, q4 in 32-value groups; 4: blocks; 5: q8 in 16-value groups (quant.py); 6: q4 with 5-bit keys and 64-value groups (quant.py), bf16r with exact matmul outputs (precision.py); 7: q4's bits per layer from a calibrated plan (quant.bit_plan); 8: per KV head (quant.bit_plan)
-# (quant.py); 4: KV in blocks computed one on top of the other (blocks.py), quantized per block
+# The cartridge file layout this engine reads and writes: a change to the stored tensors' names, dtypes, shapes or
+# arithmetic bumps it, and a cartridge of another version is refused with "recompile it" (docs/design/cartridge-format.md).
+FORMAT_VERSION = 8
 # Bytes per element of every safetensors dtype the engines write.
 DTYPE_SIZES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
 # A header larger than this is not one we wrote: refuse before parsing (guards against garbage lengths).
@@ -223,7 +224,7 @@ def check_compatible(header: CartridgeHeader, description: BackendDescription) -
         )
 
 
-# -- format 4: blocks and parts (kvengine/blocks.py explains the design) -------------------------------------
+# -- blocks and parts (docs/design/blocks.md explains the design) --------------------------------------------
 TAIL_PREFIX = "tail."
 
 
@@ -274,7 +275,7 @@ def tensor_digest(tensors: Mapping[str, RawTensor]) -> str:
 
 
 def merkle_sha256(block_shas: list[str], tail: Mapping[str, RawTensor]) -> str:
-    """Format 4's payload_sha256: over the blocks' part digests, in order, and the tail's tensors."""
+    """The payload_sha256 of a block cartridge: over the blocks' part digests, in order, and the tail's tensors."""
     index, names = _index(tail) if tail else ({}, [])
     h = hashlib.sha256()
     h.update(canonical_json({"blocks": block_shas, "tail": index}).encode())
@@ -308,7 +309,7 @@ def join_tensors(blocks: list[Mapping[str, RawTensor]], tail: Mapping[str, RawTe
 
 
 def payload_sha256(header: CartridgeHeader, tensors: Mapping[str, RawTensor]) -> str:
-    """The payload_sha256 a whole file with ``header`` and ``tensors`` carries (format 4: merkle_sha256)."""
+    """The payload_sha256 a whole file with ``header`` and ``tensors`` carries (merkle_sha256)."""
     refs = header_blocks(header)
     blocks, tail = split_tensors(tensors, len(refs))
     return merkle_sha256([tensor_digest(block) for block in blocks], tail)

@@ -1,21 +1,14 @@
 """The prompt layout: where memories, the question and the chat template's scaffolding sit in the prompt.
 
-Both ways of asking see the same tokens: the memories sit in the chat template's system turn, the question in
-the user turn, then the generation prompt. A cartridge is the KV state of exactly the token prefix up to where
-the question's words start (the system turn and the user-turn opener, which do not depend on the question);
-answering feeds only the rest (the question and the end of the turn) on top of it. Models without a chat
-template (GPT-2) get a plain layout that splits at a newline, where byte-level BPE never merges across.
-``check_split`` lets compile() refuse a tokenizer that breaks the split.
+The memories sit in the chat template's system turn, the question in the user turn. A cartridge is the KV
+state of exactly the token prefix up to where the question's words start; answering feeds only the rest on
+top of it, and re-reading renders the same tokens in one go. A conversation's turns follow the prefix, the
+client's system text folded into the first user turn. Models without a chat template get a plain layout
+split at a newline; ``check_split`` lets compile() refuse a tokenizer that breaks the split.
 
-A conversation (conversation.py: the client's system text and earlier turns) goes after the cartridge prefix, so
-the memories stay the cached prefix: its turns are rendered by the chat template after the memories' system turn,
-and the client's system text, which cannot be a turn of its own there (the prefix already opens the first user
-turn), is folded into the first user turn ahead of the user's words. The suffix is the rendered conversation after
-the prefix; re-reading renders memories and conversation in one go and must give the same tokens. A model without a
-chat template takes only a single question.
-
-Everything here is text and token ids; the model is the backend's business. Changing any string below changes
-the template fingerprint, so bump LAYOUT_VERSION with it: old cartridges then stop matching.
+Everything here is text and token ids. Changing any string below changes the template fingerprint, so bump
+LAYOUT_VERSION with it: cartridges compiled under the other layout then stop matching.
+Design: docs/design/prompt-layout.md.
 """
 from __future__ import annotations
 

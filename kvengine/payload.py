@@ -1,22 +1,12 @@
 """A transformers cartridge's tensors: the servable KV state in memory and the tensors stored in its file.
 
-Stored tensors of each part (a full block or the tail, blocks.py; the whole file prefixes them with
-``blocks.NNNNN.`` or ``tail.``), per layer ``i`` (zero-padded to three digits), each
-``[1, num_kv_heads, part_tokens, head_dim]`` in the cartridge's dtype:
+Each part (a full block or the tail, blocks.py) stores, per kind, every layer stacked in one tensor
+``[num_layers, 1, num_kv_heads, part_tokens, head_dim]``: ``k`` and ``v`` unquantized, or quant.quantize_kv's
+parts (``.exact``, ``.bits``, ``.q``, ``.scale``, ``.zero``) for q8/q4. A quantized cartridge serves its
+dequantized state, so compile() and loads() give the same answers. The names, dtypes and shapes here are the
+file format (format.py writes them): changing them changes cartridge bytes.
 
-- quant "none": ``k`` and ``v``;
-- q8 / q4: for ``kv`` in k, v the parts of quant.quantize_kv: ``{kv}.exact`` (the leading positions,
-  unquantized), ``.bits`` (uint8 [num_layers, num_kv_heads], each head's code bits: q8 8; q4 a plan's,
-  quant.bit_plan, per layer since format 7, per head since format 8), ``.q`` (every head's packed codes,
-  quant.pack, flattened and concatenated in (layer, head) order: heads differ in width), ``.scale`` (float16)
-  and ``.zero`` (float16; uint8 zero codes for q4's values since format 6). Keys are quantized per channel
-  (their outliers sit in fixed channels), values per token (see quant.py).
-Format 4 stacks every layer in one tensor per name, ``[num_layers, ...]`` (``.q`` and ``.bits`` since format 7:
-see above), so a part's header names 2 or 10 tensors, not 60 or 300 (a block's header would otherwise
-be ~20 KB).
-
-A quantized cartridge serves its dequantized state, so compile() and loads() give the same answers. The names,
-dtypes and shapes here are the file format (format.py writes them): changing them changes cartridge bytes.
+Layout of every tensor: docs/design/cartridge-format.md.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""q4's calibrated bits per layer and KV head (format 8; per layer in format 7), by the model's weights fingerprint:
-read from q4_plans.json.
+"""q4's calibrated bits per layer and KV head, by the model's weights fingerprint: read from q4_plans.json.
 
 Torch-free, so blocks.key_digest (which the model-free web process imports) can key blocks by the plan they were
 quantized under. quant.bit_plan turns a plan into each head's bits; bench/tuning/calibrate_q4.py writes
-the file (quant.py's docstring says how a plan is chosen).
+the file (docs/design/quantization.md says how a plan is chosen).
 """
 from __future__ import annotations
 

@@ -1,37 +1,12 @@
 """Precision: bf16 with an f32 residual stream ("bf16r"), and the torch dtype of each engine dtype.
 
-bf16 with an f32 residual stream ("bf16r")
-------------------------------------------
-Today's bf16 holds the hidden state between blocks in bf16: every residual add rounds the stream to
-8 mantissa bits, 60 times over SmolLM2's 30 layers, and those errors compound. bf16r keeps in float32 the
-stream (embedding output, every residual add), every RMSNorm and its weight, the rotary embedding of
-queries and keys (q_proj/k_proj outputs are f32 before rope) and the SwiGLU product (gate_proj/up_proj
-outputs; since format 6 all these outputs are the matmuls' exact f32 accumulators, below), and casts to bf16
-only at the inputs of the matmuls: q/k/v/o and the MLP projections run in bf16
-(oneDNN accumulates in f32). The KV state is bf16 (the same 0.5x cartridge size: payload.build_payload
-casts the prefill's f32 keys), and attention runs in bf16 (attention.py casts the query and keys to the
-values' dtype). The LM head (tied to the embedding on SmolLM2) runs in f32 over the f32 final norm.
+bf16r keeps in float32 the residual stream, every RMSNorm, the rotary embedding of queries and keys, the
+SwiGLU product and the LM head, and casts to bf16 only at the matmuls' inputs; the KV state and attention
+are bf16. The q/k/o/gate/up/down projections return their exact f32 accumulator (EXACT_OUTPUTS,
+bf16_linear_f32_out). It is wired with forward hooks on the standard modules of Llama-style models, and
+needs kvengine's attention for the mixed query/value dtypes.
 
-Chosen by measurement (kvengine.divergence, teacher-forced mean KL to f32 per answer position, SQuAD
-scopes of 2 articles at 1k tokens, 8 answers, ~225 positions): bf16 1.5e-3; stream/norms/head in f32
-but rope in bf16 5.2e-4; + rope in f32 3.1e-4; + SwiGLU product in f32 3.0e-4. For scale: f32 with only
-its KV rounded to bf16 gives 1.3e-5, f32 KV and attention with bf16 matmuls 2.2e-4 (so the bf16 weights
-and matmul inputs are most of what is left). Upcasting the bf16 KV to run attention in f32 was not taken:
-the upcast alone cost 11.5 ms per layer at 8k tokens (more than the whole f32 attention, 4.2 ms).
-
-Exact matmul outputs (format 6). A bf16 matmul accumulates in f32 and rounds its output to bf16; that
-rounding was half of what the bf16 matmuls cost (f32 models with one rounding added at a time, 2 SQuAD scopes
-of articles 21-22 at 1k tokens, 24 answers, 404 positions, bench/tuning/tune_bf16r.py: bf16
-weights 2.4e-5; + bf16 matmul inputs 8.1e-5; + bf16 matmul outputs 1.6e-4). So q/k/o/gate/up/down_proj now
-return their f32 accumulator (bf16_linear_f32_out: torch.mm's out_dtype on CUDA, a compensated pair of oneDNN
-matmuls on the CPU); v_proj's output is the bf16 KV, one rounding either way. bf16r's mean KL on those scopes:
-2.2e-4 with rounded outputs, 1.7e-4 with exact q/k/gate/up, 1.4e-4 with all but v_proj (chosen; 1.4e-4 with
-v_proj too); today's bf16: 1.2e-3.
-
-This is done with forward hooks on the standard modules (nn.Linear by name; the exact-output ones get their own
-forward), so it works for Llama-style models (Llama, Qwen2, Mistral: q_proj/k_proj/gate_proj/up_proj) with no
-copy of their forward code; it
-needs kvengine's attention (models.load_model always loads it) for the mixed query/value dtypes.
+Design and the measurements behind each choice: docs/design/precision.md.
 """
 from __future__ import annotations
 
@@ -42,8 +17,8 @@ import torch
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "bf16r": torch.bfloat16, "f16": torch.float16}
 RESIDUAL_F32_DTYPES = frozenset({"bf16r"})  # dtypes whose hidden stream stays float32 (module docstring)
-# outputs cast up to f32 (rope, the SwiGLU product) when they are not in EXACT_OUTPUTS: format 5's bf16r, which
-# bench/precision_speed.py and tune_bf16r.py still build (EXACT_OUTPUTS emptied) to compare against
+# outputs cast up to f32 (rope, the SwiGLU product) when they are not in EXACT_OUTPUTS: the bf16r with rounded
+# outputs that bench/precision_speed.py and tune_bf16r.py build (EXACT_OUTPUTS emptied) to compare against
 F32_OUTPUTS = ("q_proj", "k_proj", "gate_proj", "up_proj")
 # linear layers whose f32 output is the matmul's own f32 accumulator, not its bf16 rounding (module docstring);
 # v_proj is left out: its output is the bf16 KV, one rounding either way

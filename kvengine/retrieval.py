@@ -1,8 +1,7 @@
 """BM25 top-k retrieval over memories: one ranking, through the bm25s library, for the gate and kveval.
 
-The gate's retrieval baseline and kveval's ``bm25`` mode used to carry two hand-written BM25s that ranked
-differently; both now call this module. Scoring is bm25s's default (Lucene's BM25: idf = ln(1 + (N - df + 0.5)
-/ (df + 0.5)), k1 = 1.5, b = 0.75) over lower-cased ``\\w+`` tokens, Porter-stemmed for the product's search
+The gate's retrieval baseline and kveval's ``bm25`` mode both call this module, so they rank alike. Scoring
+is bm25s's default (Lucene's BM25: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), k1 = 1.5, b = 0.75) over lower-cased ``\\w+`` tokens, Porter-stemmed for the product's search
 index (``stem=True``, which memories.search_index scores alike); a query term counts once per occurrence.
 
 Ties: documents with equal scores rank in log order (the earlier first), and the top k are returned in log

@@ -1,22 +1,17 @@
 """TransformersKvBackend: real KV cartridges for any causal LM transformers can load.
 
 This module holds the model work: loading (models.py finds and converts the weights), the prefill that
-compiles a cartridge, and the cartridge's bytes. Answering on top of a cartridge is answering.py's (a mixin), the
-checks against re-reading the memories checking.py's. The prompt layout is layout.py's (the cartridge is the KV
-state of the prompt prefix before the question); the tensors a cartridge stores are payload.py's.
+compiles a cartridge, and the cartridge's bytes. Answering is answering.py's (a mixin), the checks against
+re-reading checking.py's, the prompt layout layout.py's, the stored tensors payload.py's.
 
-Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16). In bf16 the accumulation that
-matters is already float32: CPU (oneDNN) and CUDA bf16 matmuls accumulate in float32, RMSNorm upcasts to
-float32 (LlamaRMSNorm, Qwen2RMSNorm), sdpa computes softmax in float32, and we cast the final logits to float32
-before argmax / log-softmax. We do not upcast whole layers: that would remove bf16's speed advantage.
+Precision: weights and KV are held in the backend's dtype; in bf16 the accumulations that matter (matmuls,
+RMSNorm, softmax, the final logits) are float32 already, so no whole layer is upcast (docs/design/precision.md).
 
 Thread safety: the model is read-only under torch.inference_mode() and may serve many threads. answer() and
-answer_stream() go through the model's Batcher (batching.py): questions from any threads, to one cartridge or
-to several, are decoded together, one forward pass per step, the cartridge prefix shared, never copied; past
-``max_waiting`` waiting questions they raise OverloadedError. answer_stream_unbatched() is the one-at-a-time
-path: a cartridge's KV prefix is read-only; its scratch tail is guarded by a lock per cartridge (see
-kvcache.KvState), so such calls on one cartridge run one at a time. fidelity() uses it; answer_from_text()
-builds its own cache and shares nothing mutable.
+answer_stream() go through the model's Batcher (batching.py, docs/design/batching.md); past ``max_waiting``
+they raise OverloadedError. answer_stream_unbatched() is the one-at-a-time path, one call at a time per
+cartridge (its scratch tail's lock, kvcache.KvState); fidelity() uses it; answer_from_text() builds its
+own cache and shares nothing mutable.
 """
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ class ErasureRequestForm(forms.ModelForm):
             self.fields["subject"].required = True
 
     def clean_reason(self) -> str:
-        # The service's limit, as a form error: a longer reason used to reach the service and answer 500.
+        # The service's limit, as a form error: a longer reason would otherwise reach the service and answer 500.
         reason = self.cleaned_data["reason"]
         if len(reason) > MAX_REASON_CHARS:
             raise forms.ValidationError(

@@ -246,8 +246,8 @@ class LogHead(AppendOnlyModel):
     """The one-row seq counter: appends lock it, so seqs are handed out in commit order without gaps.
 
     A batch append moves it by the number of rows it inserts, in one UPDATE, so the trigger lets it move
-    forward by any amount (it used to allow + 1 only). That the rows behind it exist is the append code's
-    guarantee (the same transaction inserts them), as it always was for + 1.
+    forward by any amount. That the rows behind it exist is the append code's guarantee (the same transaction
+    inserts them).
     """
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)

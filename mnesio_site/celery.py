@@ -130,7 +130,7 @@ def gpu_worker_note(sender: object = None, instance: object = None, **kwargs: ob
 def gpu_worker_warm(**kwargs: object) -> None:
     """Load the active configuration's model in each process of a gpu worker as it starts, so that the first task
     (an auto-refresh a user waits for) does not pay for it. ``MNESIO_WORKER_WARMUP=false`` turns it off; a failure
-    is logged and the first task loads the model as before. Default-queue workers stay model-free."""
+    is logged and the first task loads the model itself. Default-queue workers stay model-free."""
     import logging
 
     from django.conf import settings

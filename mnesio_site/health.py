@@ -1,33 +1,12 @@
 """Health endpoints for load balancers and orchestrators: ``/healthz`` (liveness) and ``/readyz`` (readiness).
 
-- ``GET /healthz``: 200 ``{"status": "ok"}`` as long as the process answers; it touches nothing else (a
-  database outage must not get every web process restarted).
-- ``GET /readyz``: 200 when every dependency this process needs answers, else 503. Anonymous (a load balancer, an
-  orchestrator) gets ``{"status": "ok"}`` or ``{"status": "unavailable"}`` and nothing else: no model id or path,
-  no dependency names. With a staff user's API token (``Authorization: Token <key>``) the body also lists each
-  check with ``status`` (``ok``, ``unavailable``, ``loading``, ``skipped``), its duration and, on failure, the
-  error's class and errno: never a message that could carry a URL with a password, a path with a secret, or memory
-  text (the full error goes to the server log). Checks:
+``/healthz`` answers 200 as long as the process does, touching nothing else. ``/readyz`` answers 200 when
+every dependency this process needs answers (database, broker, blob storage, the model: loaded in the
+background on the first probe, ``loading`` until then), else 503; anonymous callers get the status alone,
+a staff token also each check's status, duration and error class, never an error message. A middleware
+first in MIDDLEWARE answers them, before the https redirect, the host check and authentication.
 
-  * ``database``: ``SELECT 1`` on the default connection;
-  * ``broker``: a connection to the Celery broker (Redis), ``skipped`` when tasks run in-process (no broker);
-  * ``blob_storage``: writes, reads back and deletes a small probe object through the cartridge storage backend
-    (``cartridges.storage.blob_storage()``: local files or django-storages S3 alike), so a full disk, an
-    unwritable root or an unreachable bucket all show. Its result is cached for MNESIO_READYZ_STORAGE_CACHE_S
-    (default 5 s) per process: probes every second would otherwise cost three S3 requests each;
-  * ``model``: whether this process has the active configuration's model loaded, since the web process answers
-    questions itself (``POST .../ask/``). The first probe starts loading it in a background thread and answers
-    ``loading`` (503) until it is in memory, so a load balancer sends no question to a process that would spend
-    its first ~20 s loading; a load that failed is ``unavailable`` and is retried by the next probe. A process
-    that never answers (``MNESIO_WEB_LOADS_MODEL=false``: a model-free web tier, whose asks gpu workers answer;
-    or ``MNESIO_READYZ_MODEL=false``) reports it ``skipped`` and never loads it.
-
-Why a middleware and not a view behind the URL resolver: it sits first in MIDDLEWARE and answers before
-SecurityMiddleware (no http->https redirect of a probe that speaks plain http to the pod), before the host
-check (probes use the pod's IP as Host), sessions, CSRF and authentication (a probe has no token). Why not
-django-health-check: its checks are per-backend plugins (a storage check per Django storage alias, a Celery
-ping that needs a running worker), its JSON has a different shape, and the model check is this project's own
-anyway; the four checks here are ~100 lines with no new dependency.
+Design (each check, why a middleware, why not django-health-check): docs/design/health.md.
 """
 from __future__ import annotations
 

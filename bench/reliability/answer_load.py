@@ -1,18 +1,13 @@
 """Answer load: T client threads x Q questions against one active cartridge; every answer must equal the
-single-threaded answer to the same question (greedy decoding is deterministic; the cartridge's scratch
-tail is shared and guarded by a lock, which is what this checks under contention).
+single-threaded answer to the same question (greedy decoding is deterministic; this checks it under contention).
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench MNESIO_ANSWER_MAX_NEW_TOKENS=8 \\
-      .venv/bin/python bench/reliability/answer_load.py --threads 4 --questions 50 \\
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench MNESIO_ANSWER_MAX_NEW_TOKENS=8 \
+      .venv/bin/python bench/reliability/answer_load.py --threads 4 --questions 50 \
       --out bench/reliability/results/answer_load.json
 
-``--via async`` asks through the async path instead (``"async": true`` on /ask/: the question is filed as a
-sealed AnswerRequest, answered by a gpu worker, collected once) and starts that worker itself
-(``celery -A mnesio_site worker -Q gpu -P threads -c THREADS``, the same environment); it needs Redis:
-
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench REDIS_URL=redis://127.0.0.1:6379/0 \\
-      MNESIO_ANSWER_MAX_NEW_TOKENS=8 .venv/bin/python bench/reliability/answer_load.py --via async \\
-      --threads 4 --questions 10 --out bench/reliability/results/answer_load_async.json
+``--via async`` asks through the async path (``"async": true`` on /ask/: a sealed AnswerRequest answered by a
+gpu worker, collected once) and starts that worker itself (``celery -A mnesio_site worker -Q gpu -P threads``,
+the same environment); it needs Redis (``REDIS_URL``).
 
 Uses the real default model (SmolLM2-135M-Instruct, f32, CPU) through cartridges.services: a scope with a
 few memories is compiled, gated and activated, then asked. tests/reliability/test_load.py imports

@@ -1,20 +1,16 @@
 """Append load: N OS processes x M appends (or M batches of B) on PostgreSQL, with a reader following the log.
 
-Checks: seqs exactly start+1..start+N*M (0 gaps, 0 duplicates), each writer's appends in its own order,
-the log head moved by N*M, and the follower never saw a position appear below one it had already read
-(it re-counts the rows at or below its position on every poll) nor a hole above it. Reports appends/s and
-per-append latency.
+Checks: seqs exactly start+1..start+N*M (0 gaps, 0 duplicates), each writer's appends in its own order, the
+log head moved by N*M, and the follower never saw a position appear below one it had read nor a hole above
+it. Reports appends/s and per-append latency.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench \\
-      .venv/bin/python bench/reliability/append_load.py --processes 8 --appends 500 \\
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/mnesio_bench \
+      .venv/bin/python bench/reliability/append_load.py --processes 8 --appends 500 \
       --out bench/reliability/results/append_load.json
-    # batch writers: 4 processes x 10 batches of 500 (memories_append_batch), same checks
-    .venv/bin/python bench/reliability/append_load.py --processes 4 --appends 10 --batch 500 \\
-      --out bench/reliability/results/append_load_batch.json
+    # batch writers: --processes 4 --appends 10 --batch 500 (memories_append_batch), same checks
 
-The database is migrated first (``--no-migrate`` to skip). The master key is the one this process
-resolves (MNESIO_MASTER_KEY, the key file, or the development key), handed to the children.
-tests/reliability/test_load.py imports ``run_load`` and runs it with small numbers on the test database.
+The database is migrated first (``--no-migrate`` to skip). The master key is the one this process resolves,
+handed to the children. tests/reliability/test_load.py imports ``run_load`` with small numbers.
 """
 from __future__ import annotations
 

@@ -1,36 +1,18 @@
-"""Calibrate q4's bits per layer (format 7) or per KV head (format 8) by the teacher-forced divergence on SQuAD scopes
-the final run never sees.
+"""Calibrate q4's bits per layer or per KV head by the teacher-forced divergence on SQuAD scopes the final run
+never sees, and write the plan to kvengine/q4_plans.json under the model's weights fingerprint.
 
-Why: on format 6's q4 (keys 5 bits, values 4, every layer alike) two of SmolLM2's 30 layers (18 and 23) carried
-about 60% of the keys' divergence and 40% of the values', and the least sensitive layers 1/300 of the most's; within
-a layer, its three KV heads differ up to 470x. Spending the same bits unevenly, where the divergence is, lowers it
-without a larger cartridge.
-
-Method (as llama.cpp's importance-matrix quantization spends bits by measured sensitivity):
-
-1. ``measure``: for each layer and kind (keys at ``--key-bits``, values at ``--value-bits``), fake-quantize that layer's
-   kind alone (tune_q4.fake: the format's rotation, groups and float16 parameters), every other layer exact, and take
-   the mean KL per position of f32's greedy answers, teacher-forced (bench/tuning/__init__.py). That is the layer's
-   sensitivity s at those bits. heads_q4.py does the same per (layer, KV head).
-2. ``allocate``: model each unit's (a layer's keys or values, or one head's) divergence as ``s * 4**(bits_measured -
-   bits)`` (a bit halves the step: a quarter of the squared error), start from format 6's uniform bits and move
-   single bits from the unit that loses least to the one that gains most while that lowers the sum; the total bits
-   (so the size) stay format 6's. Bits stay in ``--lowest``..8 (3 by default: the 4**-bits model is not trusted
-   further from the measured bits; 2 was predicted only 3% lower).
-3. ``validate``: uniform against each ``--plan`` on other held-out articles (``--skip``), fake-quantized the same way.
-
-The plan is written to kvengine/q4_plans.json under the model's weights fingerprint: a plan is for those weights
-only (bit_plan gives any other model format 6's uniform bits). Format 8's is the per-head one.
+1. ``measure``: each layer's kind (keys at ``--key-bits``, values at ``--value-bits``) fake-quantized alone
+   (tune_q4.fake), every other layer exact: the mean KL per position of f32's greedy answers, teacher-forced,
+   is the layer's sensitivity at those bits (heads_q4.py does the same per KV head).
+2. ``allocate``: a unit's divergence modelled as ``s * 4**(bits_measured - bits)``; starting from the uniform
+   bits, single bits move from the unit that loses least to the one that gains most while that lowers the sum,
+   the total bits (so the size) kept; bits stay in ``--lowest``..8.
+3. ``validate``: uniform against each ``--plan`` on other held-out articles (``--skip``).
+Why and the figures: docs/design/quantization.md ("Calibrated plans").
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/calibrate_q4.py --squad-file /tmp/squad.json \
         measure --kind k --out bench/results/kveval-q4/sensitivity_k.json      # and --kind v (two processes)
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python bench/tuning/calibrate_q4.py --squad-file /tmp/squad.json \
-        --skip 24 validate --out bench/results/kveval-q4/validate_heads_skip24.json \
-        --plan "per layer (format 7)=3:bench/results/kveval-q4/sensitivity_k.json,bench/results/kveval-q4/sensitivity_v.json" \
-        --plan "per head=3:bench/results/kveval-q4/sensitivity_heads_k.json,bench/results/kveval-q4/sensitivity_heads_v.json"
-        # and --skip 28 (validate_skip{24,28}.json are format 7's: uniform against the per-layer plan)
-    PYTHONPATH=. .venv/bin/python bench/tuning/calibrate_q4.py allocate \
-        --sensitivities bench/results/kveval-q4/sensitivity_heads_k.json bench/results/kveval-q4/sensitivity_heads_v.json
+    PYTHONPATH=. .venv/bin/python bench/tuning/calibrate_q4.py allocate --sensitivities SENS_K.json SENS_V.json
 """
 from __future__ import annotations
 
@@ -48,7 +30,7 @@ from bench.tuning import divergence, f32_references, tune_q4  # tune_q4: the fak
 
 # (kind, layer, head or None: all its heads) -> tune_q4.fake kwargs; what is not named stays exact (heads_q4.py names heads)
 SPEC: dict[tuple[str, int, int | None], dict] = {}
-UNIFORM = {kind: quant.AXIS_BITS[("q4", axis)] for kind, axis in quant.KINDS.items()}  # format 6's bits
+UNIFORM = {kind: quant.AXIS_BITS[("q4", axis)] for kind, axis in quant.KINDS.items()}  # every head's bits without a plan
 LOWEST = {"k": 3, "v": 3}
 
 
@@ -174,7 +156,7 @@ def allocate_command(a: argparse.Namespace) -> None:
     plan = as_plan(bits)
     print("keys  ", plan["k"], "\nvalues", plan["v"], "\npredicted mean KL (additive):",
           {name: f"{predicted(sens, measured, b):.3e}" for name, b in (("uniform", uniform), ("plan", bits))})
-    assert sum(bits.values()) == sum(uniform.values())  # the size is format 6's
+    assert sum(bits.values()) == sum(uniform.values())  # the size is the uniform plan's
     fingerprint = make_backend("transformers", dtype="f32", device="cpu").describe().weights_fingerprint
     plans = json.loads(quant.PLANS_FILE.read_text()) if quant.PLANS_FILE.exists() else {"plans": {}}
     plans["plans"][fingerprint] = {"model": a.model_name, "k": plan["k"], "v": plan["v"], "calibrated_on": json.loads(Path(a.sensitivities[0]).read_text())["scopes"],
@@ -187,7 +169,7 @@ def validate(a: argparse.Namespace) -> None:
     """Fake-quantized, on held-out articles: uniform bits, then each ``--plan`` (sensitivity files -> allocate)."""
     f32, refs = _backend_and_refs(a)
     num_layers, heads = f32.model.config.num_hidden_layers, f32.kv_shape[0]
-    candidates = {"uniform (format 6)": {(k, layer, None): UNIFORM[k] for k in "kv" for layer in range(num_layers)}}
+    candidates = {"uniform": {(k, layer, None): UNIFORM[k] for k in "kv" for layer in range(num_layers)}}
     for spec in a.plan:  # NAME=LOWEST:FILE_K,FILE_V
         name, rest = spec.split("=", 1)
         lowest, files = rest.split(":", 1)

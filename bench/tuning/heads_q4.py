@@ -1,4 +1,4 @@
-"""Each (layer, KV head)'s q4 sensitivity: what format 8's per-head plan is allocated from (calibrate_q4.py allocate).
+"""Each (layer, KV head)'s q4 sensitivity: what the per-head plan is allocated from (calibrate_q4.py allocate).
 
 One head of one layer quantized alone (keys at 4 bits or values at 3, tune_q4.fake), everything else exact, on
 calibrate_q4.py's scopes (articles 21-24): sensitivity_heads_{k,v}.json. Per head, the sums match the per-layer

@@ -97,7 +97,7 @@ def fake(x: torch.Tensor, *, bits: int, group: int, axis: str, rotate: bool = Tr
 
 CANDIDATES = {  # name -> {axis: fake-quant kwargs or None (exact)}, bits per value; None: kvengine.quant as it is
     "kvengine.quant (real format)": (None, None),
-    "q4 k32 v32 rot (format 5)": ({"channel": dict(bits=4, group=32), "token": dict(bits=4, group=32)}, 5.0),
+    "q4 k4 v4 g32 rot": ({"channel": dict(bits=4, group=32), "token": dict(bits=4, group=32)}, 5.0),
     "keys exact, values q4 v32": ({"channel": None, "token": dict(bits=4, group=32)}, None),
     "keys q4 k32, values exact": ({"channel": dict(bits=4, group=32), "token": None}, None),
     "keys q4 k32 pre-rope, values exact": ({"channel": dict(bits=4, group=32, prerope=True), "token": None}, None),

@@ -20,7 +20,7 @@ from bench.tuning import divergence, f32_references, parser
 from kvengine import make_backend
 
 CANDIDATES = {  # name -> (key group along tokens, value group along head_dim, rotate)
-    "k64 v64 rot (format 4)": (64, 64, True),
+    "k64 v64 rot": (64, 64, True),
     "k32 v32 rot": (32, 32, True),
     "k32 v32": (32, 32, False),
     "k32 v64 rot": (32, 64, True),

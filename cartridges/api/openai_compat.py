@@ -1,36 +1,13 @@
 """An OpenAI-compatible surface, mounted at /v1/: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models`` and ``GET /v1/models/<id>``.
 
-So any OpenAI client (the official ``openai`` package, LangChain, LlamaIndex, curl scripts) can ask a scope's cartridge.
+Any OpenAI client can ask a scope's cartridge: ``model`` is the scope's name, the API token is sent as
+``Authorization: Bearer``, ``messages`` are a conversation after the memories (system text folded into the
+first user turn). Parameters are read by openai_params.py (greedy by default; what mnesio does not support
+is refused by name). Errors have OpenAI's shape on every /v1/ path; asks go through cartridges.asking, the
+same front door as /api/.
 
-Decisions:
-- Authentication: the same API tokens as /api/ (django-rest-knox, stored hashed), sent the OpenAI way:
-  ``Authorization: Bearer <token>`` (the client's ``api_key``).
-- ``model`` is the scope's name; ``GET /v1/models`` lists the scopes the token's user is granted. A scope
-  the user is not granted is as unknown as one that does not exist (404, ``model_not_found``).
-- ``messages`` are a conversation after the memories (kvengine/layout.py): the scope's memories are the cached
-  prefix (the cartridge), the client's turns follow. System and developer messages are the client's system text,
-  folded into the first user turn (the template's system turn holds the memories); the first turn after them and
-  the last have to be the user's. Content is a string or a list of ``{"type": "text", "text": ...}`` parts.
-  ``/v1/completions`` reads its ``prompt`` as one user question (no raw continuation).
-- Parameters (openai_params.py): greedy decoding by default; ``temperature``/``top_p``/``seed`` sample (the same
-  seed gives the same answer); ``max_tokens``/``max_completion_tokens`` from 1, at most the server's length
-  (MNESIO_ANSWER_MAX_NEW_TOKENS: a larger value is cut to it, ``finish_reason`` "length" says so); ``stop``; ``n``
-  up to MAX_N (non-streamed; greedy: one decode is every choice, see _answers); ``logprobs``/``top_logprobs``
-  (non-streamed); ``response_format`` json_object / json_schema by constrained decoding (lm-format-enforcer). Penalties, ``logit_bias``, ``tools`` and the rest are
-  accepted at their neutral value and refused otherwise (400 ``unsupported`` naming the field); nulls are accepted
-  everywhere; a name OpenAI does not define is 400 ``unknown_parameter``.
-- ``usage``: ``prompt_tokens`` = cartridge tokens + the tokens run for the conversation, of which
-  ``prompt_tokens_details.cached_tokens`` = the cartridge's (computed once, at compile); ``completion_tokens``
-  = the tokens of all choices (a greedy answer that is n choices counts n times, as OpenAI counts).
-- Streamed text equals the non-streamed text: leading whitespace of the first delta and trailing whitespace
-  of the last are held back (the non-streamed answer is stripped).
-- Errors are OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` with the status the same
-  failure has on /api/ (429 + Retry-After when the process is full; a failure after the first chunk is a
-  ``data: {"error": ...}`` chunk, which the official client raises as an APIError). Any other /v1/ path or
-  method answers the same shape (404 ``unknown_url``, 405), never an HTML page.
-- Asks go through the same front door as /api/ (cartridges.asking): the per-process bound, the model-free
-  web tier and the AnswerRecord are the same.
+Design (messages, parameters, usage, streaming, errors): docs/design/openai-compat.md.
 """
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
 """Server-sent events of a streamed answer, served as they are decoded under both WSGI and ASGI.
 
-Decision: under WSGI the response iterates the AnswerStream directly (a sync generator; the server writes
-and flushes each event). Under ASGI, Django buffers a *sync* iterator of a StreamingHttpResponse entirely
-("must consume synchronous iterators"), which would turn a stream into one late answer; so there the
-stream is pumped by a thread of its own and each event handed to the event loop through an asyncio queue,
-and the response iterates that asynchronously. A client that goes away ends the response: WSGI servers
-close the iterator (GeneratorExit); under ASGI the ask's slot is given back at once, whenever the client
-leaves: mid-stream (Django cancels the async iterator), before the response was sent (Django closes it),
-or before the view even returned it (Django drops it; core.disconnect's end-of-request callback). The engine generator
-is closed by the pump after the token in progress, or by a thread of its own when the pump never ran.
+Under WSGI the response iterates the AnswerStream directly (the server writes and flushes each event). Under
+ASGI Django would buffer a sync iterator entirely, turning a stream into one late answer; so there a thread of
+its own pumps the stream into an asyncio queue that the response iterates. A client that goes away ends the
+response, and under ASGI the ask's slot is given back at once wherever it leaves (mid-stream, before the
+response was sent, before the view returned: core.disconnect); the engine generator is closed after the token
+in progress.
 
-The events (``/ask/`` with ``"stream": true``; the OpenAI-compatible endpoint renders its own chunks
-through the same machinery, see ``Encoder``):
+The events (``/ask/`` with ``"stream": true``; the OpenAI-compatible endpoint renders its own chunks through
+the same machinery, see ``Encoder``):
 
     event: delta    data: {"text": "..."}                        one per decoded token
     event: done     data: {"answer", "version_id", "mode", "ttft_s", "total_s", ...}   the AnswerSerializer body

@@ -1,21 +1,18 @@
 """The MCP server over streamable HTTP, as an ASGI application (mnesio_site/asgi.py mounts it at ``/mcp``).
 
 Every HTTP request is authenticated here with the API's tokens (``Authorization: Bearer <token>`` or ``Token``,
-the project's knox authentication, scope limits included) before the SDK sees it: no or a bad token is a 401 with
-the API's JSON error body. A session is bound to the token that opened it (the SDK answers another credential 404).
-The SDK's session manager needs a running task group; ASGI lifespan is off in some deployments (the test server)
-and Django's application does not speak it, so the manager is started on the first request and runs for the
-life of the process's event loop.
+knox, scope limits included) before the SDK sees it: no or a bad token is a 401 with the API's JSON error body.
+A session is bound to the token that opened it. The SDK's session manager is started on the first request and
+runs for the life of the process's event loop (ASGI lifespan is off in some deployments).
 
-The Host (and any Origin) header is checked first against Django's ``ALLOWED_HOSTS``, with Django's own rules
-(``validate_host``: ports ignored, ``.example.com`` for a domain and its subdomains, ``*`` for any), as every
-Django view checks it: a refused Host is a 400 ``invalid_input`` (field ``host``), as Django answers one. The
-SDK's own DNS-rebinding check is turned off in its favour: by default it allows only loopback hosts, which
-refused every request behind a real hostname, and its patterns cannot say "a domain and its subdomains".
+The Host (and any Origin) header is checked first against Django's ``ALLOWED_HOSTS`` with Django's own rules
+(``validate_host``), as every Django view checks it: a refused Host is a 400 ``invalid_input`` (field
+``host``). The SDK's own DNS-rebinding check is off in its favour: it allows only loopback hosts by default and
+cannot say "a domain and its subdomains".
 
 Sessions are bounded: the SDK's process-wide limit (MNESIO_MCP_MAX_SESSIONS, then its 503) and idle timeout
-(MNESIO_MCP_SESSION_IDLE_S), and here, per user (all their tokens together), MNESIO_MCP_MAX_SESSIONS_PER_USER open sessions (a 429
-``too_many_sessions``): without it one token could open every session the process allows and lock out every tenant.
+(MNESIO_MCP_SESSION_IDLE_S), and per user MNESIO_MCP_MAX_SESSIONS_PER_USER (a 429 ``too_many_sessions``), so
+one token cannot open every session the process allows and lock out every tenant.
 """
 from __future__ import annotations
 

@@ -1,20 +1,16 @@
 """Back-pressure: each process holds a bounded number of asks; past the bound it refuses with 429 + Retry-After.
 
-Decision: the bound is on asks *in flight in this process* (synchronous, streamed, OpenAI-compatible, and
-the model-free web tier's asks waiting on a gpu worker), counted with a lock, checked before any work is
-done. A refused ask costs a counter check: no queue grows without bound, no request hangs behind a full
-engine. The engine's own bound (kvengine.errors.OverloadedError, raised by the batcher when its queue is
-full) maps to the same error, so a client sees one shape: 429, ``Retry-After``, and
-``{"message", "extra": {"kind": "overloaded", "retry_after_s", "waiting", "limit"}}``.
+The bound is on asks in flight in this process (synchronous, streamed, OpenAI-compatible, and the model-free
+web tier's asks waiting on a gpu worker), counted under a lock before any work is done: a refused ask costs a
+counter check, and no queue grows without bound. The engine's own bound (kvengine.errors.OverloadedError)
+maps to the same error, so a client sees one shape: 429, ``Retry-After``, and ``{"message", "extra": {"kind":
+"overloaded", "retry_after_s", "waiting", "limit"}}``. MNESIO_MAX_WAITING_ASKS (default 32) is per process.
 
-MNESIO_MAX_WAITING_ASKS (default 32) is per process: a web tier of N processes holds at most N x the bound.
-
-Async asks (``"async": true``) hold no slot (they return 202 at once), so they have bounds of their own on
-what waits for a gpu worker: MNESIO_MAX_PENDING_ASYNC_ASKS filed by this process and not yet answered, and
-MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER unanswered requests of one user (every token of the user together, every
-process; the count is the database's). Past either: 429 + Retry-After, code ``too_many_pending_asks``. The
-check and the filing run under this process's lock, so one process never overshoots; N processes filing for
-one user at the same instant may overshoot the per-user bound by at most N - 1.
+Async asks (``"async": true``) hold no slot (they return 202 at once), so they have bounds of their own:
+MNESIO_MAX_PENDING_ASYNC_ASKS filed by this process and not yet answered, and
+MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER unanswered requests of one user (every token and process; the database
+counts). Past either: 429 + Retry-After, code ``too_many_pending_asks``. The check and the filing run under
+this process's lock, so N processes filing for one user at once may overshoot the per-user bound by N - 1.
 """
 from __future__ import annotations
 

@@ -1,19 +1,14 @@
 """Answering a question for a scope from its active cartridge (or, explicitly, by re-reading the text).
 
-Decision: answering is synchronous in the calling process by default (the API process keeps its own
-engine: the model loaded once and an LRU of cartridges). For a fleet where only GPU workers hold the
-model, a question can instead be filed as an AnswerRequest (sealed with a key of its own, wrapped by the
-master key), answered by ``cartridge_answer_task(answer_request_id)`` on the gpu queue, and collected
-once: collecting opens the sealed answer and deletes the row with its key. A task's arguments never hold
-the question (they would sit in the broker in plaintext). An AnswerRecord keeps the version, mode and
-timings, never the question or the answer.
+Answering is synchronous in the calling process by default (the model loaded once, an LRU of cartridges).
+For a fleet where only GPU workers hold the model, a question is filed as a sealed AnswerRequest, answered by
+``cartridge_answer_task`` on the gpu queue and collected once (docs/design/asking.md); task arguments never
+hold the question, and an AnswerRecord keeps the version, mode and timings, never the question or answer.
 
-Fresh answers: an ask never misses a committed memory. When the scope's head is past the serving version's
-log head, ``cartridge_serving`` compiles the scope at its head in memory (never stored), reusing the scope's
-stored blocks: what the refresh's incremental compile computes, so the answer is the one the refreshed version
-will give. Memories whose key is shredded are left out as in every compile. Past MNESIO_FRESH_MAX_MEMORIES
-memories after the version (or past the model's window) the version answers alone and the answer says how many
-it did not read; the refresh (services/refresh.py) catches up in the background either way.
+Fresh answers: an ask never misses a committed memory. When the scope's head is past the serving version's,
+``cartridge_serving`` compiles the scope at its head in memory (never stored) on the scope's stored blocks,
+the answer the refreshed version will give. Past MNESIO_FRESH_MAX_MEMORIES memories after the version (or
+the model's window) the version answers alone and says how many it did not read.
 """
 from __future__ import annotations
 

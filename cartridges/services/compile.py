@@ -1,20 +1,16 @@
 """Compile a scope's log into a cartridge version, and rebuild (replay) any version from the log alone.
 
-Decisions (see also the module docstrings of gate/activate/erase):
-- The head defaults to the scope's head (its newest memory's seq; the global head would tell a client how
-  busy other scopes are) and is written into the header; an operator may name any head up to the global one;
-  the version is unique per (scope, compatibility key, head, manifest digest), so a redelivered or
-  concurrent compile returns the existing row, and an erasure at an unchanged head still gets a new
-  version (its manifest lacks the erased seqs).
-- What goes into the backend is only the surviving texts in seq order and the head; no scope name or
-  other label, so two logs with the same surviving texts compile to the same bytes at the same head.
-- Over the context window: a refusal (422) naming the model's limit and the token count, with what to do
-  (split the scope into several scopes, or switch to a model with a longer window). No automatic split:
-  a split cartridge would answer from a part of the memories and silently break parity with re-reading.
-- No blob without a row: the blob key row is committed first (an intent record), the blob written, then
-  the version row in a transaction; any failure deletes the blob and its key. A process killed between
-  the two leaves an intent row that cartridge_blobs_sweep removes after the task's hard time limit.
-  Call it outside an outer transaction (tasks and commands do): a rollback around it could not undo a file.
+- The head defaults to the scope's head (its newest memory's seq) and is written into the header; an operator
+  may name any head up to the global one. A version is unique per (scope, compatibility key, head, manifest
+  digest), so a redelivered or concurrent compile returns the existing row, and an erasure at an unchanged head
+  still gets a new version (its manifest lacks the erased seqs).
+- Only the surviving texts in seq order and the head go into the backend (no scope name, no label), so two logs
+  with the same surviving texts compile to the same bytes at the same head (docs/design/erasure.md).
+- Over the context window: a 422 naming the model's limit and the token count, and what to do (split the scope,
+  or a model with a longer window). No automatic split: it would silently break parity with re-reading.
+- No blob without a row: the blob key row is committed first (an intent record), the blob written, then the
+  version row; any failure deletes the blob and its key, and cartridge_blobs_sweep removes an intent row a
+  killed process left. Call it outside an outer transaction: a rollback around it could not undo a file.
 """
 from __future__ import annotations
 

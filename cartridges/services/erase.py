@@ -1,31 +1,12 @@
 """Erase by recompile: the view rebuilder registered with memories.registry, and version destruction.
 
-After memories shreds a subject's key (or one memory's own key, or every key of a deleted scope) it calls
-``cartridge_views_rebuild(erasure_request)``:
-1. destroy the blob and blob key of every version whose manifest lists an erased memory
-   (memories.selectors.erasure_request_memories), and every block of it from the first block an erased
-   memory reaches (the version's ``entry_positions``; the blocks before hold none of its tokens and stay,
-   shared by versions that never held it); then any other version that shares a destroyed block is destroyed
-   the same way (the same tokens from another memory)
-   (found from the manifests and the log rows, never from an index that could be truncated; the row
-   stays, with a CartridgeDestruction naming the erasure request);
-2. for every scope whose serving version was destroyed, compile at the current log head (the erased
-   memories now open as erased and are left out), gate and activate (kind "erasure"); a deleted scope
-   is not rebuilt.
-A scope left with no surviving memories simply has no cartridge afterwards. Any compile or gate failure
-is raised after all destruction is done, so memories records the request as failed with the reason; the
-subject is already forgotten by every cartridge, and processing the request again retries the rebuild.
-Safe to run twice: destruction is idempotent and a second compile at the same head finds the first.
+After memories shreds a key it calls ``cartridge_views_rebuild(erasure_request)``: every version (and every
+block from the first one an erased memory reaches) that held an erased memory is destroyed, then any
+version sharing a destroyed block; every scope whose serving version was destroyed is compiled again at
+its log head, gated and activated. Failures are raised after all destruction is done; running twice is
+safe. What outlives a destruction keeps no digest of erased text.
 
-Why the rebuilt blob equals one compiled from a log that never held the subject: a compile depends only
-on the surviving texts in seq order, the head written into the header (no scope name, no labels) and the scope's
-block-id secret, so another scope holding the same other memories under the same secret, compiled at the same head,
-gives the same bytes (under its own secret: the same KV, ``payload_sha256``, with other block ids).
-
-What outlives a destruction forgets what it digested: a destroyed block's id and part digests are blanked
-(block_destroy), an erasure blanks the digests of every version it destroys, evaluations record verified blocks
-by row, and deleting a scope shreds its block secret (services/blocksecret.py), so no stored value lets anyone,
-master key or not, test a guess of erased text.
+Design, and why the rebuilt blob equals one from a log that never held the subject: docs/design/erasure.md.
 """
 from __future__ import annotations
 

@@ -1,89 +1,16 @@
 """The gate: cartridge_is_committable() and the evaluations it records.
 
-Checks, in order (every failing one is a reason; the model checks run only when the cheap ones pass,
-because they need a loadable cartridge and the version's texts):
-1. not destroyed;
-2. compiled under the active configuration, and its compatibility key equals the active backend's
-   (model, weights, tokenizer, template, rope, dtype, quant);
-3. no erased subject in the manifest;
-4. blob intact: stored sha256, AES-GCM tag, file sha256, then kvengine's header check (payload sha256)
-   and the header agrees with the row (key, head, token count);
-5. fidelity: top-1 next-token agreement with re-reading the same memories as text, over probes made from
-   the memories (``gate_num_auto_probes``, evenly spaced over the log) plus the scope's EvaluationCase
-   questions, at or above ``MNESIO_GATE_MIN_FIDELITY``;
-6. task accuracy on the EvaluationCases (an answer is correct when a normalized expected answer appears
-   in the normalized answer): cartridge >= text re-reading - ``MNESIO_GATE_ACCURACY_TOLERANCE``; the
-   BM25 top-k retrieval baseline (the k best memories re-read as text) is recorded beside it and is
-   required too when ``MNESIO_GATE_REQUIRE_RETRIEVAL`` is on. With no cases the accuracy check has
-   nothing to compare and passes (recorded as ``num_cases: 0``). Cases erased with a subject they concern
-   are skipped and counted (``num_cases_erased``).
-7. divergence, for a quantized or non-f32 configuration: the same probes are answered from an f32
-   cartridge of the same memories (the reference), and their answers teacher-forced through the version's
-   cartridge; the mean KL(f32 || variant) of the next-token distributions over every answer position must be
-   at most ``MNESIO_GATE_MAX_MEAN_KL`` and the top-1 agreement per position at least
-   ``MNESIO_GATE_MIN_TOP1_PER_POSITION`` (kvengine.divergence: the measure kveval and bench/kv_speed.py
-   report). It catches a variant whose arithmetic or storage is broken even when its own cartridge and its
-   own re-reading agree with each other (checks 5-6 compare a variant with itself).
-Figures hold numbers only, never memory or question text.
+Checks, in order: not destroyed; compiled under the active configuration with the active backend's
+compatibility key; no erased subject in the manifest; blob intact; then the model checks (fidelity against
+re-reading the memories as text, task accuracy on the scope's evaluation cases beside a BM25 retrieval
+baseline, and, for a bf16 or quantized configuration, divergence from an f32 reference). Every failing check
+is a reason; figures hold numbers only, never memory or question text.
 
-Two gates: ``figures["gate"]`` says which ran, ``figures["gate_cost"]`` what it cost (seconds of model
-checks and tokens re-read as text).
+Two gates: the full gate runs every check; the incremental gate (``gate="auto"``, f32 only) takes the blocks
+an earlier passing version verified as proven and re-reads only the new part on top of them.
+``figures["gate"]`` says which ran, ``figures["gate_cost"]`` what it cost.
 
-- **full**: checks 1-7 above. The probes compare with ONE re-reading of every memory as text, in one pass
-  independent of compile (KvBackend.fidelity: each probe's answer is teacher-forced through it), and each case's
-  text answer re-reads every memory with its question.
-- **incremental** (``gate="auto"``, f32 only): for a block cartridge whose leading blocks are the very block rows
-  (one row: one keyed id and part digest of the scope) that an earlier version of the same scope had verified, by a
-  passing evaluation (full or incremental) made under the active configuration since it became active
-  (``figures["verified_blocks"]``: row ids, never block ids or digests, which would outlive an erasure), of a
-  version that never failed a full gate (a scheduled full gate that fails after an incremental pass withdraws it).
-  Checks 1-4 as always; then, through ``KvBackend.verify_extension``, (a) the header's block ids are the chain of
-  this version's own memories' token ids and its token count theirs; (b) the new part, from the first
-  unverified block to the end, is re-read ONCE on top of the verified blocks and its KV compared position by
-  position with the cartridge's (max abs difference at most ``MNESIO_GATE_MAX_KV_ABS_DIFF``); (c) fidelity on
-  probes (the auto probes over the log plus one per NEW memory, up to ``gate_num_auto_probes``, plus the cases'
-  questions): the cartridge's first token against that re-reading's, at the same threshold; (d) task accuracy on
-  the cases: the cartridge's answers against the re-reading's (computed once for all probes and cases), and the
-  BM25 retrieval baseline as in the full gate.
-
-Why the incremental gate is as strong as the full gate for that version. Attention is causal, so what re-reading
-the whole text computes for the first n tokens does not depend on what follows them; a full gate's text
-re-reading of this version is exactly "the first n tokens read, then the rest on top". (a) proves the first n
-tokens are the same token ids (chain ids hash every token id from position 0, the compatibility key and the
-block size) as those of the blocks already verified, and the digests prove the cartridge holds for them the very
-bytes that passed that earlier gate (compile is deterministic: a from-scratch compile produces the same bytes,
-so a full gate would test those same bytes against the same tokens again). What can differ from the verified
-state is only the new part, and (b) checks it more tightly than probes can: every layer, every position, keys
-and values, against a recomputation by another code path (a plain cache, not compile's _BlockCache, part store and
-payload assembly; in compile's chunks, each new block then the tail, since where a prefill is cut changes the
-float sums and a right cartridge should equal its re-reading exactly, not to a tolerance). (c) and (d) still
-compare answers end to end, on questions about the new memories too, so a
-cartridge whose new part is wrong in a way the KV tolerance misses still fails on the answers it gives. The
-reference each probe is compared with is the text re-reading with the verified prefix taken as proven, which
-is what the full gate would re-read, to float reordering. The checks 1-4 are unchanged, so a tampered blob, an
-erased subject or a foreign key fails as before.
-
-When (b) finds the new part's KV equal to its re-reading bit for bit (``max_abs_diff == 0``: what a right f32
-cartridge gives, the append filling only the tail or completing blocks alike), the cartridge and the re-reading
-are the same state, so (c) and (d)
-would only compare two code paths on it: the probes are not decoded (``figures["incremental"]["by_construction"]``
-says so; fidelity is recorded as agreement 1, KL 0) and the cases are answered once, from the cartridge, for the
-accuracy check and the retrieval baseline. That keeps the gate of such an append at the cost of one re-read of the
-new part (bench/blocks_bench.py: decoding 8 probes both ways at 8k tokens took ~10x the incremental compile).
-When the KV differs at all (another kernel, a nondeterministic backend, bytes that are wrong within the
-tolerance), the probes run as above.
-
-When the full gate still runs: on demand (``cartridge_evaluate`` defaults to it; the API's evaluate and
-``manage.py`` commands use it); for every bf16 or quantized configuration (check 7 needs an f32 reference of the
-whole log); after a configuration switch (only evaluations made since the active configuration became active
-count, so the first version after a switch has no parent); when no parent is found (no blocks shared, a parent
-that never passed, a parent that passed under another configuration); and on a schedule: every
-``MNESIO_GATE_FULL_EVERY``-th version gated incrementally since the scope's newest passing full gate (default 10;
-``figures["incremental"]["since_full"]`` counts them). An auto-refresh defers that scheduled full gate
-(``defer_full``): the version is gated incrementally and activated, so a new memory is served within seconds, and the full gate then runs on the version
-serving, off the refresh's path (services/refresh.py: ``scope_full_gate``); when it fails, the scope is rolled
-back to the version that served before. The count runs on until a full gate passes, so a lost or refused
-one is asked for again by the next refresh.
+Design, and why the incremental gate is as strong as the full one: docs/design/gate.md.
 """
 from __future__ import annotations
 
@@ -183,7 +110,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, model_checks: bool = 
         return _finish(result, model_checks)
     try:
         if not version.block_size and not blocks:
-            header = read_header(tail)  # a version stored whole (before format 4)
+            header = read_header(tail)  # a version stored whole: one file, no block parts
         else:
             header, _, _ = read_tail_part(tail)
         refs = header_blocks(header)

@@ -1,38 +1,12 @@
 """Auto-refresh: a scope whose settings say ``on_append`` follows its log without anyone asking.
 
-Decisions:
-- **Trigger.** memories runs its append hooks (memories.registry) after an append that wrote rows commits, single
-  and batch appends alike; ``cartridges.tasks.refresh_after_append`` is one (it sends tasks, so it lives with
-  them; services never send). memories never imports cartridges. ``on_append`` is a new scope's default, after
-  DEFAULT_DEBOUNCE_S (asks read what the refresh has not compiled yet: services/answer.py); ``manual`` does nothing.
-- **One refresh per burst, with a broker.** A marker ``mnesio:auto-refresh:<scope id>`` is set in Redis with
-  SET NX EX. The append that sets it sends ``cartridge_refresh_task`` to the gpu queue with a countdown of the
-  debounce; appends that find it set send nothing, since the pending refresh compiles at the scope's head when it
-  runs. The task deletes the marker BEFORE it reads the head: an append committed before the delete is within the
-  head it reads, and an append whose hook runs after the delete sets the marker again and sends the next refresh.
-  So a burst within the debounce is ONE compile + gate + activation, and no append is left behind. The marker's
-  expiry (debounce + ``MNESIO_AUTO_REFRESH_MARKER_GRACE_S``) frees a scope whose task was lost; a task killed
-  mid-way is redelivered (acks_late). A refresh that finds nothing new writes nothing: the compile is idempotent
-  per head and activating the version that serves is a no-op.
-- **In-process (eager tasks: the embedded default, no Redis).** A timer thread per scope plays the marker: the
-  first append starts ``threading.Timer(debounce)``; appends while it waits add nothing; when it fires it first
-  drops itself from the pending set (as the task deletes the marker), then refreshes in that thread with its own
-  database connection, closed after. The append's response never waits for a compile, debounce 0 included (the
-  timer fires at once). ``refresh_timers_join`` waits for pending timers (tests, and a clean shutdown).
-- **What a refresh does.** Re-read the settings (a scope switched back to manual meanwhile is left alone); compile
-  at the scope's head (incremental: stored blocks are reused); the gate with ``gate="auto"`` (incremental when it
-  applies, services/gate.py); activate when it passed. A failed gate keeps the previous version serving: it is
-  recorded as the evaluation, logged, and the outcome says so (no retry: the next append tries again).
-- **The scheduled full gate runs after, not inside, a refresh.** When the chain's schedule calls for a full gate
-  (services/gate.py, ``MNESIO_GATE_FULL_EVERY``), the refresh still gates incrementally and activates, and its
-  outcome says ``full_gate_due``; the caller then runs ``scope_full_gate``: the task sends
-  ``cartridge_full_gate_task`` (gpu queue) once per scope at a time (a Redis marker, SET NX, like the refresh's),
-  the timer thread runs it itself after the activation; both in a thread at the lowest CPU priority
-  (``scope_full_gate_low_priority``). It gates the version serving at that moment in full; when
-  that fails, the scope rolls back to the version that served before (and the error is logged); the count runs
-  on, so the next refresh asks again when a full gate was lost. A half-minute full gate at 8k tokens on a CPU would
-  otherwise hold a new memory back every tenth append. The low priority (Linux: nice 19 for that thread and the
-  threads it starts) leaves the CPU to the refreshes that follow, in the same process or a worker beside it.
+An append's hook (memories.registry) starts one debounced refresh per burst: a Redis marker and a countdown
+task with a broker, a timer thread per scope in process. A refresh re-reads the settings, compiles at the
+scope's head (incrementally), gates with ``gate="auto"`` and activates when it passed; a failed gate keeps the
+previous version serving. A full gate that the schedule calls for runs after the activation, at the lowest
+CPU priority (scope_full_gate), and rolls the scope back when it fails.
+
+Design, and why no append is left behind: docs/design/refresh.md.
 """
 from __future__ import annotations
 
@@ -123,7 +97,7 @@ def refresh_marker_clear(scope_id: int, marker=refresh_marker) -> None:
 
 
 def scope_refresh(*, scope: Scope) -> RefreshOutcome:
-    """Compile ``scope`` at its head, gate it (``auto``) and activate it when it passes (module docstring)."""
+    """Compile ``scope`` at its head, gate it (``auto``) and activate it when it passes (docs/design/refresh.md)."""
     if scope_settings_get(scope=scope).auto_refresh != AutoRefresh.ON_APPEND:
         return RefreshOutcome("skipped", detail="auto_refresh is not on_append")
     try:
@@ -148,7 +122,7 @@ def scope_refresh(*, scope: Scope) -> RefreshOutcome:
 
 
 def scope_full_gate(*, scope: Scope) -> RefreshOutcome:
-    """The scheduled full gate of the version serving ``scope`` (module docstring); a rollback when it fails.
+    """The scheduled full gate of the version serving ``scope`` (docs/design/refresh.md); a rollback when it fails.
 
     ``status``: skipped (nothing serves), unchanged (a passing full gate under the active configuration is already
     its newest evaluation), passed, or rolled_back / gate_failed (failed; rolled back, or nothing to roll back to).
@@ -179,7 +153,7 @@ def scope_full_gate(*, scope: Scope) -> RefreshOutcome:
 
 
 def refresh_timer_start(*, scope_id: int, debounce_s: int) -> None:
-    """In-process debounce: one pending timer per scope (module docstring)."""
+    """In-process debounce: one pending timer per scope (docs/design/refresh.md)."""
     with _timers_lock:
         if scope_id in _timers:
             return

@@ -1,28 +1,13 @@
 """Appends to the log: one sealed row (and its own key) per memory, seqs without gaps, idempotency keys honoured.
 
 One code path: ``memory_append`` is ``memories_append_batch`` with one item (and the error fields of a
-single append: ``content``, not ``items[0].content``).
+single append: ``content``, not ``items[0].content``). A batch is all or nothing: every item is validated
+first and any bad one writes nothing, the error listing each by path. The counter row, moved and locked in
+one UPDATE, gives a batch consecutive seqs visible in commit order. Idempotency keys are caught by the
+unique constraint, not looked up first: the transaction rolls back and a second attempt answers the repeats.
+The common path is 4 statements per transaction (5 with subjects) whatever the batch size.
 
-Decisions:
-- A batch is all or nothing ("bad input loses nothing"): every item is validated first, and a batch with
-  any bad item (invalid field, an idempotency key reused with other content, an erased subject) writes
-  nothing; the error lists every bad item by path (``items[3].content``) in ``extra.errors``. A client fixes
-  those and sends the same batch again; items with idempotency keys are then answered, not written twice.
-- Per-item results: ``created`` (a new row) or ``existing`` (the idempotency key was seen, in an earlier
-  request or earlier in the same batch). Up to MAX_BATCH_ITEMS items, in one transaction.
-- Seqs: the counter row is moved by the number of new rows in one ``UPDATE ... RETURNING`` that also takes
-  its lock, held until commit: concurrent writers (single or batch) queue there, a batch's rows get
-  consecutive seqs in item order, and seqs become visible in commit order with no gap.
-- Idempotency keys are not looked up first: the insert runs, and a key already used in the scope (a client's
-  retry, the rare case) fails it on the unique constraint; the whole transaction (seqs included) rolls back
-  and a second attempt looks the keys up, answers the repeats and inserts the rest. A concurrent commit of
-  the same key between that lookup and the insert fails it again, and a third attempt finds it.
-- Where the time goes (RELIABILITY.md, "Appends"): round trips, not crypto. The common path on PostgreSQL is
-  4 statements per transaction, 5 with subjects, whatever the batch size (BEGIN, the counter, the subjects,
-  one INSERT of the memories and their own keys together, COMMIT). The scope's row is not read again: the
-  INSERT checks in the same statement that the scope is not deleted and that its key row holds the bytes this
-  process cached (``_scope_keys``), and on a mismatch nothing is written and the append re-reads the scope. Each memory gets a random
-  own key (no KDF), wrapped with one AES-GCM call by its parent key, which is unwrapped once per batch.
+Design: docs/design/appends.md.
 """
 from __future__ import annotations
 

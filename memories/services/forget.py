@@ -1,25 +1,12 @@
-"""Forgetting one memory, deleting a whole scope, and giving memories appended before own keys keys of their own.
+"""Forgetting one memory, deleting a whole scope, and giving memories without an own key keys of their own.
 
-Decisions:
-- Forgetting one memory shreds its own key (MemoryKey, a one-way UPDATE the table's trigger allows, like a
-  subject's shred); the log row stays, unreadable. It is an erasure request (kind ``memory``), processed by
-  the same machinery as a subject's (memories.services.erasure): the shred happens at filing, in the request
-  (cheap: one row), so no read after the DELETE returns the memory; the rebuild of every cartridge holding it
-  runs in the erasure task, as for a subject. Forgetting a memory already forgotten returns the first request
-  (idempotent); one already erased with its subject is a 409.
-- Deleting a scope (permission ``memories.delete_scope``) marks it deleted (invisible to every client, appends
-  refused), shreds the own keys of all its memories, its subjects' keys and its scope key, and files an
-  erasure request (kind ``scope``) whose processing destroys all its cartridges and rebuilds none. The row and
-  its name stay (the log rows point at it).
-- Memories appended before memories had own keys were sealed directly with their subject's or scope's key;
-  the log row cannot be re-sealed (it is immutable), and shredding the parent key would erase its siblings
-  too. ``memory_keys_backfill`` re-keys such a parent: for each of its legacy memories it makes an own key and
-  a copy of the content sealed under it (MemoryKey.resealed), re-wraps the own keys the parent already wraps
-  under a new parent key, and replaces the parent key (key_generation + 1). The old parent key, the only key
-  that opened the legacy ciphertexts, is then gone from the database; every memory opens through its own key
-  and can be forgotten alone. ``manage.py memory_keys_backfill`` runs it for every parent, once after the
-  upgrade (safe to repeat); forgetting a legacy memory, or deleting a scope holding legacy memories, runs it
-  for the parents concerned first, so nothing depends on the command having run.
+Forgetting a memory shreds its own key at filing and files an erasure request (kind ``memory``) whose task
+rebuilds every cartridge that held it; forgetting it again returns the first request. Deleting a scope marks
+it deleted, shreds every key of it and files a ``scope`` erasure request that destroys its cartridges.
+``memory_keys_backfill`` re-keys a parent key whose memories were sealed with it directly, so each of them
+can be forgotten alone; forgetting or deleting runs it first where it is needed.
+
+Design: docs/design/memory-log.md ("Forgetting one memory, deleting a scope").
 """
 from __future__ import annotations
 

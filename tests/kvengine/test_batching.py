@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from kvengine.attention import packed_gqa_sdpa
-from kvengine.batching import Batcher, CascadeStep, _Row, merge_states, plain_attention_lse, prefix_attention_lse
+from kvengine.batching import Batcher, _Row
+from kvengine.cascade import CascadeStep, merge_states, plain_attention_lse, prefix_attention_lse
 from kvengine.errors import OverloadedError
 from kvengine.kvcache import CartridgeCache, KvState
 

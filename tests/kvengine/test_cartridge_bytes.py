@@ -1,24 +1,14 @@
 """Cartridge bytes are pinned: refactoring the engine must not change a single byte of what it compiles.
 
-The digests below were computed with the engine before transformers_backend.py was split into
-layout.py, payload.py and the backend (commit d3c3563), on this project's CPU machine; they held with 1 and
-2 torch threads. A change here means stored cartridges stop matching what a recompile produces, which
-erasure relies on (a rebuilt blob is byte-identical to one compiled from a log that never held the subject):
-bump LAYOUT_VERSION or FORMAT_VERSION on purpose instead of updating these values.
+A change here means stored cartridges stop matching what a recompile produces, which erasure relies on (a
+rebuilt blob is byte-identical to one compiled from a log that never held the subject): bump LAYOUT_VERSION or
+FORMAT_VERSION on purpose instead of updating these values.
 
-FORMAT_VERSION 3 (rotated q8/q4, q4 in 32-value groups) changed every header, so every digest:
-recomputed on 2026-11-30 in a virtualenv installed from requirements.txt; they hold with 1 and 2 torch threads.
-
-The bytes are those of one machine kind: the format-2 pins, computed on the previous session's machine (an AMD
-EPYC of family 26, Zen 5, per BENCHMARKS.md), did not reproduce on this one (family 25 model 17, Zen 4) with the
-same pinned packages, before any code change: the float kernels (MKL, oneDNN) take other code paths on another
-microarchitecture. So the pins are keyed by the CPU and torch version (``machine()``); on a machine without pins
-the tests skip and say how to record them (``MNESIO_PRINT_CARTRIDGE_DIGESTS=1``, at a commit known to be good).
-Within one machine, byte-identity of a rebuild is what erasure relies on, and other tests check it directly.
-
-FORMAT_VERSION 4 (blocks computed on top of each other, parts stacked by layer) and 5 (q8 in 16-value
-groups) changed every digest again: recomputed on 2026-11-30 on this session's machine (family 25 model 1, Zen 3),
-the same with 1 and 2 torch threads; the Zen 4 pins of format 3 were dropped (they can no longer match).
+The bytes are those of one machine kind: the float kernels (MKL, oneDNN) take other code paths on another CPU
+microarchitecture, so the pins are keyed by the CPU and torch version (``machine()``); on a machine without
+pins the tests skip and say how to record them (``MNESIO_PRINT_CARTRIDGE_DIGESTS=1``, at a commit known to be
+good). Within one machine, byte-identity of a rebuild is what erasure relies on, and other tests check it
+directly.
 """
 from __future__ import annotations
 
@@ -36,18 +26,8 @@ MEMORIES = [
     "Bob keeps the spare key under the blue flower pot.",
     "The meeting with Carol is on Friday at three.",
 ]
-# FORMAT_VERSION 6 (q4 with 5-bit keys in 64-value groups, bf16r with exact matmul outputs) and 7 (q4's bits
-# per layer) were pinned on an Intel Xeon of family 6 model 207 (Sapphire Rapids), 1 and 2 threads: the tiny models
-# and SmolLM2's bf16r alike with both, SmolLM2's f32/q8/q4 per thread count. At format 7, an Intel Xeon of family 6
-# model 106 (Ice Lake) reproduced every f32, q8 and q4 digest of the model-207 pins exactly, with 1 and 2 threads,
-# but not the bf16 ones (qwen2's bf16 none and q8, SmolLM2's bf16r): bf16 takes other kernels there.
-# FORMAT_VERSION 8 (q4's bits per layer and KV head; every quantized part stores [layers, heads] bits and
-# its codes flattened by head) changed every digest again: recomputed on 2026-11-30 on an Intel Xeon of family 6 model
-# 106 with 1 and 2 threads (the tiny models alike with both, every SmolLM2 digest per thread count).
-# The block size of 64 tokens (256 before; not a format change: the header and every block id carry the block
-# size, so 256-token cartridges still load) changed every digest again (the header, and where compile cuts its passes):
-# recomputed on 2026-12-01 on an AMD EPYC of family 25 model 17 (Zen 4) with 1 and 2 threads, every digest alike with
-# both, SmolLM2's included. The model-106 pins were dropped: no such machine was at hand to record the new ones.
+# Recorded on an AMD EPYC of family 25 model 17 (Zen 4), requirements.txt installed, with 1 and 2 torch threads:
+# every digest is the same with both.
 TINY_ZEN4 = {
     "qwen2:f32:none": "205c2dfe63dcfea0b717c2a66f1374cdf5e1db38f914803797174f702ed9eb57",
     "qwen2:f32:q8": "98f1c0397cedd42300a99654d519600a3074dd6ec37311a4a209fd1587d3cfe6",
@@ -125,7 +105,7 @@ def test_tiny_model_cartridges_keep_their_bytes(arch, tiny_model_dir, tmp_path, 
 @pytest.mark.model
 def test_default_model_cartridges_keep_their_bytes(real_backend):
     computed = {quant: _digest(real_backend.variant(quant=quant)) for quant in ("none", "q8", "q4")}
-    computed["bf16r"] = _digest(real_backend.variant(dtype="bf16r"))  # format 6: its matmul outputs (precision.py)
+    computed["bf16r"] = _digest(real_backend.variant(dtype="bf16r"))  # its exact matmul outputs (precision.py)
     pins = _pins("smollm2", computed)
     for quant, digest in computed.items():
         assert digest == pins[quant], quant

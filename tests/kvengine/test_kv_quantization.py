@@ -17,7 +17,7 @@ F16_TINY = 2.0**-24  # float16's smallest subnormal step: rounding a parameter c
 def _kv(head_dim: int):
     """Strategy: [1, heads, tokens, head_dim] float32 arrays with KV-like magnitudes (tokens cross a 64 group)."""
     shape = st.tuples(st.just(1), st.integers(1, 2), st.sampled_from([1, 5, 64, 70]), st.just(head_dim))
-    # rotated by H (format 3), a value can grow sqrt(head_dim) = 8x: float16 parameters then still hold them
+    # rotated by H, a value can grow sqrt(head_dim) = 8x: float16 parameters then still hold them
     values = st.floats(-5e3, 5e3, allow_nan=False, allow_infinity=False, width=32)
     return shape.flatmap(lambda s: arrays(np.float32, s, elements=values))
 
@@ -29,9 +29,9 @@ def _check_round_trip(a: np.ndarray, quant: str, axis: str) -> None:
     bits, int_zero = quant_module.AXIS_BITS[(quant, axis)], quant_module.INT_ZERO[(quant, axis)]
     assert back.shape == original.shape and parts["q"].dtype == torch.uint8
     d = original.shape[-1]
-    assert parts["q"].shape[-1] == bits * d // 8  # packed (quant.pack)
+    assert parts["q"].shape[-1] == bits * d // 8  # packed (bitpack.pack)
     rot = hadamard(original.shape[-1]) if quant_module.ROTATE[(quant, axis)] else None
-    # the grid bounds hold in the rotated space (format 3); H is orthonormal, so the L2 error carries over
+    # the grid bounds hold in the rotated space; H is orthonormal, so the L2 error carries over
     x = original @ rot if rot is not None else original
     if rot is not None:
         back_rot = back.double() @ rot.double()
@@ -72,7 +72,7 @@ def test_q8_error_is_small_against_the_group_range():
     h = hadamard(64)
     for axis in ("token", "channel"):
         back = dequantize(quantize(x, "q8", axis=axis), "q8", torch.float32, axis=axis)
-        err = (back @ h - x @ h).abs().max()  # the grid is in the rotated space (format 3)
+        err = (back @ h - x @ h).abs().max()  # the grid is in the rotated space
         assert err <= ((x @ h).max() - (x @ h).min()) / 255 / 2 * 1.01
 
 
@@ -93,7 +93,7 @@ def test_it_keeps_zeros_exact_and_constant_groups_exact_or_within_half_a_step(mo
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("head_dim", [64, 16, 8])
 def test_packing_round_trips_in_bits_times_head_dim_over_8_bytes_and_keeps_format_5s_nibbles(bits, head_dim):
-    from kvengine.quant import pack, unpack
+    from kvengine.bitpack import pack, unpack
 
     q = torch.randint(0, 2**bits, (2, 3, 7, head_dim), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
     packed = pack(q, bits)
@@ -101,7 +101,7 @@ def test_packing_round_trips_in_bits_times_head_dim_over_8_bytes_and_keeps_forma
     assert torch.equal(unpack(packed, bits), q)
     assert unpack(pack(q[:, :, :0], bits), bits).shape == (2, 3, 0, head_dim)  # no tokens
     planes = 0
-    if 4 <= bits < 8:  # format 5's layout for the low 4 bits: the even channel in the low nibble
+    if 4 <= bits < 8:  # the low 4 bits two a byte: the even channel in the low nibble
         low = q & 0x0F
         assert torch.equal(packed[..., : head_dim // 2], low[..., 0::2] | (low[..., 1::2] << 4))
         planes = head_dim // 2
@@ -155,7 +155,7 @@ def test_a_plan_gives_each_layer_its_bits_and_its_error():
 
 
 def test_a_plan_gives_each_head_its_bits_and_its_error():
-    # format 8: a layer's KV heads differ in sensitivity up to 470x (SmolLM2's layer 18 keys), so a plan names each
+    # a layer's KV heads differ in sensitivity up to 470x (SmolLM2's layer 18 keys), so a plan names each
     from kvengine.quant import dequantize_kv, quantize_kv
 
     torch.manual_seed(0)
@@ -190,10 +190,10 @@ def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(m
     plans = json.loads(quant_module.PLANS_FILE.read_text())["plans"]
     assert plans, "q4_plans.json holds SmolLM2's calibrated plan"
     for fingerprint, plan in plans.items():
-        layers, heads = len(plan["k"]), len(plan["k"][0])  # format 8: per layer, a list of each KV head's bits
+        layers, heads = len(plan["k"]), len(plan["k"][0])  # per layer, a list of each KV head's bits
         got = bit_plan("q4", layers, heads, fingerprint)
         assert got == {kind: tuple(tuple(row) for row in plan[kind]) for kind in "kv"}
-        # the size stays format 6's: the same bits in total, only placed where the divergence is
+        # the size stays the uniform plan's: the same bits in total, only placed where the divergence is
         assert sum(map(sum, got["k"])) + sum(map(sum, got["v"])) == layers * heads * (5 + 4)
         assert bit_plan("q8", layers, heads, fingerprint) == {kind: ((8,) * heads,) * layers for kind in "kv"}
         for wrong in ((layers + 1, heads), (layers, heads + 1)):
@@ -207,7 +207,7 @@ def test_bit_plan_is_the_calibrated_one_for_its_weights_and_uniform_for_others(m
     recalibrated = {fingerprint: {"k": [5] * 30, "v": [4] * 30}}
     monkeypatch.setattr(kvengine.plans, "_plans", lambda: recalibrated)
     assert key_digest(compat) != before["q4"] and key_digest({**compat, "quant": "q8"}) == before["q8"]
-    # a plan may give a whole layer one number (format 7's plans): every head of it gets those bits
+    # a plan may give a whole layer one number (a per-layer plan): every head of it gets those bits
     monkeypatch.setattr(kvengine.plans, "_plans", lambda: {fingerprint: {"k": [5, [3, 6, 7]], "v": [4, 4]}})
     assert bit_plan("q4", 2, 3, fingerprint) == {"k": ((5, 5, 5), (3, 6, 7)), "v": ((4, 4, 4), (4, 4, 4))}
     # a plan file that does not fit the model or the format is refused, not half-applied
@@ -241,7 +241,7 @@ def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
     f32_bits = RawTensor("F32", (3, 2), torch.tensor([3.9, 6.2, 5.5, 5, 2, 8]).numpy().tobytes())
     forgeries = {
         "float bits": {"k.bits": f32_bits},
-        "bits per layer (format 7's shape)": {"k.bits": RawTensor("U8", (3,), bytes([3, 6, 5]))},
+        "bits per layer, not per head": {"k.bits": RawTensor("U8", (3,), bytes([3, 6, 5]))},
         "bits of another shape": {"k.bits": RawTensor("U8", (2, 3), bytes([3, 6, 5, 5, 2, 8]))},
         "bits that do not fit the codes": {"k.bits": RawTensor("U8", (3, 2), bytes([8] * 6))},
         "bits out of range": {"v.bits": RawTensor("U8", (3, 2), bytes([0, 9, 4, 4, 4, 4]))},
@@ -270,7 +270,7 @@ def test_a_forged_quantized_part_is_refused_as_corrupt_before_it_is_decoded():
 
 
 def test_q4_keys_get_five_bits_and_about_a_quarter_of_the_squared_error_of_four():
-    # format 6: q4's keys carry most of its divergence, so they get 5 bits (module docstring)
+    # q4's keys carry most of its divergence, so they get 5 bits (docs/design/quantization.md)
     assert quant_module.AXIS_BITS[("q4", "channel")] == 5 and quant_module.AXIS_BITS[("q4", "token")] == 4
     torch.manual_seed(0)
     x = torch.randn(1, 3, 256, 64) * torch.linspace(0.1, 8, 64)
@@ -301,7 +301,7 @@ def test_rotation_is_orthonormal_and_quantization_inverts_it():
     assert errors[True] < 0.5 * errors[False]
 
 
-# q8 in 16-value groups since format 5: (16 + 4) / 64 = 0.3125 of float32
+# q8 in 16-value groups: (16 + 4) / 64 = 0.3125 of float32
 @pytest.mark.parametrize(("quant", "limit"), [("q8", 0.32), ("q4", 0.16)])
 @pytest.mark.parametrize("num_tokens", [1000, 2000, 8000])
 def test_stored_parts_are_a_fraction_of_float32(quant, limit, num_tokens):
@@ -339,7 +339,7 @@ def test_cartridge_quantization_keeps_the_leading_sink_positions_exact(num_token
         back = dequantize_kv(parts, quant, torch.float32, axis=axis)
         assert back.shape == x.shape
         assert torch.equal(back[:, :, :exact], x[:, :, :exact])
-        rest = x[:, :, exact:] @ hadamard(64)  # the grid is in the rotated space (format 3)
+        rest = x[:, :, exact:] @ hadamard(64)  # the grid is in the rotated space
         if rest.numel():  # the rest is quantized on its own range, within half a step
             scale = expand(parts["scale"], axis, rest.shape, quant)
             back_rest = back[:, :, exact:] @ hadamard(64)

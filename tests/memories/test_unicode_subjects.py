@@ -43,7 +43,7 @@ def test_a_repeated_idempotency_key_matches_across_spellings(scope_a, alice, api
 
 
 def test_rows_stored_before_normalization_are_found_in_either_spelling(scope_a):
-    """A subject row stored with the NFD id (before this change) is erased by a request in NFC."""
+    """A subject row stored with the NFD id (not normalized) is erased by a request in NFC."""
     from memories import crypto
     from memories.services import erasure_request_file, erasure_request_process
 
