@@ -28,7 +28,7 @@ class CartridgesConfig(AppConfig):
         _purge_on_every_request_and_task()
         # rotate_master_key re-wraps these in the same loop as the subject keys; a process whose master key
         # does not know their key ids refuses to write (memories.keyring.master_key_verify).
-        register_key_holder(KeyHolder("cartridges.CartridgeBlob", "wrapped_key", "wrapped_by", blob_key_aad,
+        register_key_holder(KeyHolder("cartridges.BlobKey", "wrapped_key", "wrapped_by", blob_key_aad,
                                       "cartridge blob keys"))
         register_key_holder(KeyHolder("cartridges.AnswerRequest", "wrapped_key", "wrapped_by",
                                       lambda row: answer_request_aad(row.pk, "key"), "answer request keys"))

@@ -21,7 +21,7 @@ from core.errors import MnesioError
 from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, KvConfig, make_backend
 
 from . import conf
-from .models import CartridgeBlob, CartridgeEvaluation, CartridgeVersion
+from .models import BlobKey, CartridgeEvaluation, CartridgeVersion
 from .storage import BlobTampered, BlobUnavailable, block_cache_drop, block_cache_names, version_parts_read
 
 log = logging.getLogger("cartridges")
@@ -58,10 +58,10 @@ def backend_for(config: Any) -> KvBackend:
                     _backends[config] = backend
                     return backend
         options: dict[str, Any] = {"model": config.model, "dtype": config.dtype, "quant": config.quant}
-        options["device"] = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
+        options["device"] = str(settings.MNESIO_KV_DEVICE)
         if config.backend == "transformers":
-            options["cache_dir"] = str(getattr(settings, "MNESIO_MODEL_CACHE_DIR", ""))
-            options["block_size"] = int(getattr(settings, "MNESIO_KV_BLOCK_SIZE", 64))
+            options["cache_dir"] = str(settings.MNESIO_MODEL_CACHE_DIR)
+            options["block_size"] = int(settings.MNESIO_KV_BLOCK_SIZE)
         log.info("loading kv backend %s", config.key)
         backend = make_backend(config.backend, **options)
         _backends[config] = backend
@@ -167,7 +167,7 @@ def cartridges_purge_destroyed() -> list[int]:
 
     Runs at the start of every request and every task of this process (CartridgesConfig.ready connects
     it), so a version, block or routed chunk destroyed by another process (an erasure processed by a worker, a
-    prune) leaves this process's memory within one request. A blob is destroyed when its key row (CartridgeBlob)
+    prune) leaves this process's memory within one request. A blob is destroyed when its key row (BlobKey)
     is gone, which destruction and pruning do first: one query over the cached names while either cache holds
     anything, none when both are empty; a routed chunk when its row is gone: one more query while the chunk LRU
     holds anything (services/routed_chunks.py). (Whether a cached version may still serve is decided per answer
@@ -188,7 +188,7 @@ def cartridges_purge_destroyed() -> list[int]:
     blocks = block_cache_names()
     if not versions and not blocks:
         return []
-    live = set(CartridgeBlob.objects.filter(storage_name__in=[*versions.values(), *blocks]).values_list("storage_name", flat=True))
+    live = set(BlobKey.objects.filter(storage_name__in=[*versions.values(), *blocks]).values_list("storage_name", flat=True))
     destroyed = sorted(version_id for version_id, name in versions.items() if name not in live)
     for version_id in destroyed:
         cartridge_forget(version_id=version_id)

@@ -3,7 +3,7 @@
 A version row is never edited: evaluations, activations and destructions are new rows, and a version's
 state is derived from them (cartridges.selectors.version_state). On PostgreSQL triggers reject UPDATE and
 DELETE of these rows (also through raw SQL); on SQLite the ORM refuses them (ImmutableRowError).
-The only mutable-by-deletion table is CartridgeBlob: the wrapped blob key, deleted when a version is
+The only mutable-by-deletion table is BlobKey: the wrapped blob key, deleted when a version is
 destroyed so that no copy of the ciphertext can ever be opened again.
 """
 from __future__ import annotations
@@ -146,7 +146,7 @@ class CartridgeBlock(AppendOnlyModel):
     """One stored block of a scope's cartridges (kvengine/blocks.py): content-addressed by its chain id.
 
     Its bytes are a blob like a version's (sealed under a key of its own, wrapped by the master key: the
-    CartridgeBlob row of the same storage_name); the block is live while that key row exists. Versions that
+    BlobKey row of the same storage_name); the block is live while that key row exists. Versions that
     share a block reference this one row (CartridgeVersionBlock), so each block is stored once per scope.
     Blocks are per scope, never shared across scopes: a tenant cannot learn another scope's content by reuse.
     """
@@ -215,7 +215,7 @@ class CartridgePrune(AppendOnlyModel):
         triggers = append_only_triggers("cartridgeprune_")
 
 
-class CartridgeBlob(models.Model):
+class BlobKey(models.Model):
     """The blob key of one stored blob (wrapped by the master key); deleting the row destroys the key.
 
     A row is written (committed) before its blob, so every blob in storage is accounted for: a row
@@ -233,10 +233,10 @@ class CartridgeBlob(models.Model):
         # The only changes a blob key allows: deletion (destruction), and a re-wrap by a new master key.
         triggers = [
             rewrap_only_trigger(
-                "cartridgeblob_protect_update", rewrapped="wrapped_by", kept=["id", "storage_name", "scope_id", "created_at"]
+                "blobkey_protect_update", rewrapped="wrapped_by", kept=["id", "storage_name", "scope_id", "created_at"]
             ),
             # rows go one by one (blob_destroy); a TRUNCATE would drop every key without a record
-            reject_truncate("cartridgeblob_protect_truncate"),
+            reject_truncate("blobkey_protect_truncate"),
         ]
 
 
@@ -327,7 +327,7 @@ class EvaluationCase(models.Model):
     (registered in memories.keyring for rotation and verification), the associated data naming the row.
     ``subjects`` are the people it concerns: those given explicitly, plus, at creation time, every subject
     of the scope whose memory text contains one of the accepted answers (normalized as the gate's
-    ``normalize``). ``memories`` are the memories it quotes, found the same way (plus any whose whole text the
+    answers are, kvengine.text.normalize_answer). ``memories`` are the memories it quotes, found the same way (plus any whose whole text the
     question quotes). A memory appended later is not matched. Erasing any of those subjects, forgetting any of
     those memories, or deleting the scope destroys the case's key and sealed bytes
     (``cartridges.services.forget.evaluation_cases_forget``): the row stays, with ``erased_at``, and the gate
@@ -414,18 +414,17 @@ class AutoRefresh(models.TextChoices):
     ON_APPEND = "on_append"  # recompile after appends, at most once per debounce window (the default)
 
 
-# A new scope's refresh: on append, after a short wait. Asks read the memories after the serving version in the
-# meantime (services/answer.py, "Fresh answers"), so the debounce bounds how long each ask pays that extra compile,
-# and 2 s still folds an agent's burst of appends into one compile + gate.
-DEFAULT_AUTO_REFRESH = AutoRefresh.ON_APPEND
+# A new scope's refresh: on append by default (MNESIO_DEFAULT_AUTO_REFRESH), after a short wait. Asks read the
+# memories after the serving version in the meantime (services/answer.py, "Fresh answers"), so the debounce bounds
+# how long each ask pays that extra compile, and 2 s still folds an agent's burst of appends into one compile + gate.
 DEFAULT_DEBOUNCE_S = 2
 
 
 def default_auto_refresh() -> str:
-    """A new scope's refresh: MNESIO_DEFAULT_AUTO_REFRESH (DEFAULT_AUTO_REFRESH unless the deployment says manual)."""
+    """A new scope's refresh: MNESIO_DEFAULT_AUTO_REFRESH (on_append unless the deployment says manual)."""
     from django.conf import settings
 
-    return getattr(settings, "MNESIO_DEFAULT_AUTO_REFRESH", DEFAULT_AUTO_REFRESH)
+    return settings.MNESIO_DEFAULT_AUTO_REFRESH
 
 
 # Bounds of the scope settings, checked by the service (a 400 naming the field) and by the database.

@@ -63,7 +63,7 @@ class ActiveConfiguration:
 
 def active_configuration() -> ActiveConfiguration:
     """Return the configuration in force (the newest operator switch, else the settings)."""
-    device = str(getattr(settings, "MNESIO_KV_DEVICE", "auto"))
+    device = str(settings.MNESIO_KV_DEVICE)
     row = KvConfiguration.objects.order_by("-created_at", "-id").first()
     if row is not None:
         return ActiveConfiguration(row.config, device, row)

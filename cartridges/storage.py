@@ -11,7 +11,7 @@ parts whose key is gone (engine.cartridges_purge_destroyed), so none outlives it
 
 Stored layout: ``MAGIC | nonce (12) | ciphertext+tag``; the associated data binds the ciphertext to its
 storage name, so a blob copied under another name fails to open. Destroying a blob deletes the file AND
-its wrapped key (the CartridgeBlob row): a copy of the ciphertext left in a backup can never be opened.
+its wrapped key (the BlobKey row): a copy of the ciphertext left in a backup can never be opened.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from kvengine.blocks import TrustedPart
 from kvengine.format import join_tensors, read_block_part, read_tail_part, write_cartridge
 from memories import crypto
 
-from .models import CartridgeBlob, CartridgeBlock, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
+from .models import BlobKey, CartridgeBlock, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
 
 log = logging.getLogger("cartridges")
 
@@ -90,19 +90,19 @@ def _key_aad(name: str) -> bytes:
 
 
 @sensitive_variables()
-def blob_reserve(*, scope, suffix: str = "kvc") -> tuple[CartridgeBlob, bytes]:
-    """Record a fresh blob key under a new storage name before anything is written (see CartridgeBlob).
+def blob_reserve(*, scope, suffix: str = "kvc") -> tuple[BlobKey, bytes]:
+    """Record a fresh blob key under a new storage name before anything is written (see BlobKey).
 
     ``suffix``: "kvc" for a version's own blob, "kvb" for a block's."""
     name = f"scope-{scope.pk}/{uuid.uuid4().hex}.{suffix}"
     key = crypto.new_data_key()
     wrapped, wrapped_by = crypto.wrap(key, aad=_key_aad(name))
-    row = CartridgeBlob.objects.create(storage_name=name, scope=scope, wrapped_key=wrapped, wrapped_by=wrapped_by)
+    row = BlobKey.objects.create(storage_name=name, scope=scope, wrapped_key=wrapped, wrapped_by=wrapped_by)
     return row, key
 
 
 @sensitive_variables()
-def blob_write(*, blob: CartridgeBlob, key: bytes, data: bytes) -> StoredBlob:
+def blob_write(*, blob: BlobKey, key: bytes, data: bytes) -> StoredBlob:
     """Encrypt ``data`` with the blob key and store it under the reserved name."""
     stored = MAGIC + crypto.seal_box(key, data, aad=_blob_aad(blob.storage_name))
     try:
@@ -147,7 +147,7 @@ def version_parts_read(*, version: CartridgeVersion) -> tuple[bytes, dict[str, b
     checked (block parts from this process's cache when it holds them)."""
     tail = _tail_read(version=version)
     links = list(CartridgeVersionBlock.objects.filter(version=version).select_related("block").order_by("index"))
-    keys = {row.storage_name: row for row in CartridgeBlob.objects.filter(storage_name__in=[link.block.storage_name for link in links])}
+    keys = {row.storage_name: row for row in BlobKey.objects.filter(storage_name__in=[link.block.storage_name for link in links])}
     blocks = {}
     for link in links:
         if link.block.scope_id != version.scope_id:  # compile links only the scope's own blocks; a row inserted by hand
@@ -178,10 +178,10 @@ _block_cache_bytes = [0]
 def _block_cache_limit() -> int:
     from django.conf import settings
 
-    return int(getattr(settings, "MNESIO_BLOCK_CACHE_BYTES", 1 << 30))
+    return int(settings.MNESIO_BLOCK_CACHE_BYTES)
 
 
-def block_read(*, block: CartridgeBlock, key_row: CartridgeBlob) -> bytes:
+def block_read(*, block: CartridgeBlock, key_row: BlobKey) -> bytes:
     """A live block's verified part bytes (``key_row`` is its key, fetched by the caller: the block is live)."""
     with _block_cache_lock:
         data = _block_cache.get(block.storage_name)
@@ -218,18 +218,18 @@ def block_cache_drop(storage_names: list[str] | None = None) -> None:
                 _block_cache_bytes[0] -= len(data)
 
 
-def scope_blocks_live(*, scope) -> dict[str, tuple[CartridgeBlock, CartridgeBlob]]:
+def scope_blocks_live(*, scope) -> dict[str, tuple[CartridgeBlock, BlobKey]]:
     """The scope's live blocks by block id (the oldest row when a race stored one twice), with their key rows."""
     rows = list(CartridgeBlock.objects.filter(scope=scope).order_by("id"))
-    keys = {row.storage_name: row for row in CartridgeBlob.objects.filter(scope=scope, storage_name__in=[b.storage_name for b in rows])}
-    live: dict[str, tuple[CartridgeBlock, CartridgeBlob]] = {}
+    keys = {row.storage_name: row for row in BlobKey.objects.filter(scope=scope, storage_name__in=[b.storage_name for b in rows])}
+    live: dict[str, tuple[CartridgeBlock, BlobKey]] = {}
     for row in rows:
         if row.storage_name in keys and row.block_id not in live:
             live[row.block_id] = (row, keys[row.storage_name])
     return live
 
 
-def block_lookup(*, scope, live: dict[str, tuple[CartridgeBlock, CartridgeBlob]]):
+def block_lookup(*, scope, live: dict[str, tuple[CartridgeBlock, BlobKey]]):
     """A kvengine BlockLookup over ``live`` (scope_blocks_live's answer): each block read and verified when asked.
 
     block_read checks the stored bytes' sha256, the GCM tag and the sha256 of the part file recorded when compile
@@ -250,8 +250,8 @@ def block_lookup(*, scope, live: dict[str, tuple[CartridgeBlock, CartridgeBlob]]
 
 def _tail_read(*, version: CartridgeVersion) -> bytes:
     try:
-        blob = CartridgeBlob.objects.get(storage_name=version.storage_name)
-    except CartridgeBlob.DoesNotExist:
+        blob = BlobKey.objects.get(storage_name=version.storage_name)
+    except BlobKey.DoesNotExist:
         raise BlobUnavailable(
             f"the blob key of cartridge version {version.pk} is destroyed{_pruned(version)}; the version cannot be served or opened",
             extra={"version": version.pk},
@@ -260,7 +260,7 @@ def _tail_read(*, version: CartridgeVersion) -> bytes:
 
 
 @sensitive_variables()
-def _blob_open(*, name: str, key_row: CartridgeBlob, stored_sha256: str, sha256: str, what: str, version: CartridgeVersion | None = None) -> bytes:
+def _blob_open(*, name: str, key_row: BlobKey, stored_sha256: str, sha256: str, what: str, version: CartridgeVersion | None = None) -> bytes:
     """Read a stored blob and check its stored sha256, GCM tag and plaintext sha256."""
     blob = key_row
     ident = {"version": version.pk} if version is not None else {"blob": name}
@@ -304,7 +304,7 @@ def blob_destroy(*, storage_name: str) -> bool:
     except OSError as exc:
         # never report a blob destroyed that is still stored: the caller (an erasure) fails and is retried
         raise _unavailable(exc, doing=f"deleting blob {storage_name}") from exc
-    deleted, _ = CartridgeBlob.objects.filter(storage_name=storage_name).delete()
+    deleted, _ = BlobKey.objects.filter(storage_name=storage_name).delete()
     block_cache_drop([storage_name])
     return existed or bool(deleted)
 
@@ -348,7 +348,7 @@ def blobs_sweep(*, older_than_s: int) -> list[str]:
     claimed = CartridgeVersion.objects.values("storage_name")
     claimed_by_blocks = CartridgeBlock.objects.values("storage_name")
     dead = list(
-        CartridgeBlob.objects.filter(created_at__lte=cutoff)
+        BlobKey.objects.filter(created_at__lte=cutoff)
         .exclude(storage_name__in=claimed)
         .exclude(storage_name__in=claimed_by_blocks)
         .values_list("storage_name", flat=True)
@@ -360,7 +360,7 @@ def blobs_sweep(*, older_than_s: int) -> list[str]:
     return dead
 
 
-def blob_key_aad(row: CartridgeBlob) -> bytes:
+def blob_key_aad(row: BlobKey) -> bytes:
     """Associated data of a blob key row (the keyring re-wraps and verifies blob keys with it)."""
     return _key_aad(row.storage_name)
 
@@ -374,7 +374,7 @@ def blob_keys_rewrap() -> int:
     """
     from memories.keyring import holder_rewrap, key_holders
 
-    holder = next(h for h in key_holders() if h.label == CartridgeBlob._meta.label)
+    holder = next(h for h in key_holders() if h.label == BlobKey._meta.label)
     num = holder_rewrap(holder)
     log.info("cartridge blob keys re-wrapped=%d", num)
     return num

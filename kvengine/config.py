@@ -14,6 +14,7 @@ from .errors import ConfigError
 BACKENDS = ("fake", "transformers")  # "transformers" runs a causal LM; "fake" is the torch-free stand-in for tests
 DTYPES = ("f32", "bf16", "f16", "bf16r")  # precision of weights and KV; bf16r: bf16 with an f32 residual stream (precision.py)
 QUANTS = ("none", "q8", "q4")  # how a stored cartridge's KV state is quantized (kvengine.quant)
+CHUNK_QUANTS = ("none", "q8")  # how a routed chunk's KV is stored (routed/chunk_bytes.py)
 ANSWER_MODES = ("cartridge", "text")  # answer from the compiled cartridge, or re-read the memories as text
 
 

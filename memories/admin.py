@@ -83,11 +83,11 @@ class MemoryAdmin(ReadOnlyAdmin):
 @admin.register(Subject)
 class SubjectAdmin(ReadOnlyAdmin):
     # subjects are per scope (legacy rows have none): the same id in two scopes is two rows
-    list_display = ["external_id", "scope", "shredded", "shredded_at", "master_key_id", "created_at"]
+    list_display = ["external_id", "scope", "shredded", "shredded_at", "wrapped_by", "created_at"]
     list_filter = [("shredded_at", admin.EmptyFieldListFilter), "scope"]
     list_select_related = ["scope"]
     search_fields = ["external_id", "scope__name"]
-    fields = ["external_id", "scope", "shredded", "shredded_at", "master_key_id", "created_at"]
+    fields = ["external_id", "scope", "shredded", "shredded_at", "wrapped_by", "created_at"]
     readonly_fields = fields
 
     @admin.display(boolean=True, description="shredded")

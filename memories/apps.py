@@ -13,9 +13,9 @@ class MemoriesConfig(AppConfig):
         from .keyring import KeyHolder, register_key_holder
         from .search_index import index_key_aad
 
-        register_key_holder(KeyHolder("memories.Subject", "wrapped_key", "master_key_id",
+        register_key_holder(KeyHolder("memories.Subject", "wrapped_key", "wrapped_by",
                                       lambda row: crypto.subject_key_aad(row.external_id, row.scope_id), "subject keys"))
-        register_key_holder(KeyHolder("memories.ScopeKey", "wrapped_key", "master_key_id",
+        register_key_holder(KeyHolder("memories.ScopeKey", "wrapped_key", "wrapped_by",
                                       lambda row: crypto.scope_key_aad(row.scope_id), "scope keys"))
-        register_key_holder(KeyHolder("memories.SearchIndex", "wrapped_key", "master_key_id",
+        register_key_holder(KeyHolder("memories.SearchIndex", "wrapped_key", "wrapped_by",
                                       lambda row: index_key_aad(row.scope_id), "search index keys"))

@@ -41,10 +41,10 @@ class WrappedKey(NamedTuple):
     """
 
     wrapped: bytes  # nonce + AES-GCM(master key, data key, aad)
-    master_key_id: str
+    wrapped_by: str  # the id of the master key that wrapped it (crypto.master_key_id)
 
     def open(self, *, aad: bytes) -> bytes:
-        return unwrap(self.wrapped, wrapped_by=self.master_key_id, aad=aad)
+        return unwrap(self.wrapped, wrapped_by=self.wrapped_by, aad=aad)
 
 
 
@@ -73,7 +73,7 @@ def _dev_master_key(path: Path) -> bytes:
 @sensitive_variables()
 def master_key() -> bytes:
     """Return the current master key (MNESIO_MASTER_KEY, or the dev file when debugging)."""
-    key = getattr(settings, "MNESIO_MASTER_KEY", None)
+    key = settings.MNESIO_MASTER_KEY
     if key:
         return key
     # settings.py already refused to start without a key unless MNESIO_DEBUG was on (settings.DEBUG itself
@@ -91,7 +91,7 @@ def master_key_id(key: bytes) -> str:
 def known_master_keys() -> dict[str, bytes]:
     """Return the configured master keys by id: the current one and MNESIO_MASTER_KEY_OLD if set."""
     keys = {}
-    old = getattr(settings, "MNESIO_MASTER_KEY_OLD", None)
+    old = settings.MNESIO_MASTER_KEY_OLD
     if old:
         keys[master_key_id(old)] = old
     current = master_key()
@@ -134,7 +134,7 @@ def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
 
 @sensitive_variables()
 def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> WrappedKey:
-    """Wrap a data key with the current master key; return ``(nonce + ciphertext, master_key_id)``.
+    """Wrap a data key with the current master key; return ``(nonce + ciphertext, wrapped_by)``.
 
     The first wrap of a process (per set of configured keys) verifies that the master key opens the keys
     already stored (memories.keyring): a process started with the wrong key refuses to write rather than

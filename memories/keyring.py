@@ -1,6 +1,6 @@
 """One registry of every table that holds data keys wrapped by the master key, and what runs over all of them.
 
-Each holder (memories' Subject and ScopeKey here; cartridges' CartridgeBlob, AnswerRequest and EvaluationCase
+Each holder (memories' Subject and ScopeKey here; cartridges' BlobKey, AnswerRequest and EvaluationCase
 from ``CartridgesConfig.ready``, so memories never imports cartridges) names its model, the field with the
 wrapped bytes, the field with the wrapping master key's id, and how to compute the row's associated data.
 Two things run over the registry, so a new holder cannot be forgotten by either:

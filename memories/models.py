@@ -109,7 +109,7 @@ class ScopeGrantEvent(AppendOnlyModel):
 # re-key (memories.services.memory_keys_backfill: a new data key, key_generation + 1), or a one-way shred.
 _REWRAP_SQL = (
     "OLD.shredded_at IS NULL AND NEW.shredded_at IS NULL AND NEW.wrapped_key IS NOT NULL"
-    " AND ((NEW.master_key_id IS DISTINCT FROM OLD.master_key_id AND NEW.key_generation = OLD.key_generation)"
+    " AND ((NEW.wrapped_by IS DISTINCT FROM OLD.wrapped_by AND NEW.key_generation = OLD.key_generation)"
     " OR NEW.key_generation = OLD.key_generation + 1)"
 )
 _SHRED_SQL = (
@@ -129,7 +129,7 @@ class ScopeKey(AppendOnlyModel):
 
     scope = models.OneToOneField(Scope, on_delete=models.PROTECT, related_name="key")
     wrapped_key = models.BinaryField(null=True)
-    master_key_id = models.CharField(max_length=16)
+    wrapped_by = models.CharField(max_length=16, help_text="id of the master key that wrapped it")
     created_at = models.DateTimeField(default=timezone.now)
     key_generation = models.PositiveIntegerField(default=1)
     shredded_at = models.DateTimeField(null=True, blank=True)
@@ -201,7 +201,7 @@ class Subject(AppendOnlyModel):
     created_at = models.DateTimeField(default=timezone.now)
     # nonce (12 bytes) + AES-GCM(master key, data key); NULL once shredded.
     wrapped_key = models.BinaryField(null=True)
-    master_key_id = models.CharField(max_length=16)
+    wrapped_by = models.CharField(max_length=16, help_text="id of the master key that wrapped it")
     shredded_at = models.DateTimeField(null=True, blank=True)
     key_generation = models.PositiveIntegerField(default=1)  # + 1 on each re-key (see ScopeKey)
 
@@ -451,7 +451,7 @@ class SearchIndex(models.Model):
 
     scope = models.OneToOneField(Scope, on_delete=models.PROTECT, related_name="search_index")
     wrapped_key = models.BinaryField(null=True)  # NULL once shredded
-    master_key_id = models.CharField(max_length=16)
+    wrapped_by = models.CharField(max_length=16, help_text="id of the master key that wrapped it")
     created_at = models.DateTimeField(default=timezone.now)
     shredded_at = models.DateTimeField(null=True, blank=True)
     num_documents = models.BigIntegerField(default=0)

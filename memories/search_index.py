@@ -80,7 +80,7 @@ def _key_unwrap(row: SearchIndex) -> bytes:
     if cached is not None and cached[0] == wrapped:
         key = cached[1]
     else:
-        key = crypto.unwrap(wrapped, wrapped_by=row.master_key_id, aad=index_key_aad(row.scope_id))
+        key = crypto.unwrap(wrapped, wrapped_by=row.wrapped_by, aad=index_key_aad(row.scope_id))
     _keys[row.scope_id] = (wrapped, key, row.tokenizer)
     return key
 
@@ -95,7 +95,7 @@ def _key_for_write(scope_id: int, *, reread: bool) -> tuple[bytes, bytes, int]:
     if row is None:
         key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(key, aad=index_key_aad(scope_id))
-        SearchIndex.objects.create(scope_id=scope_id, wrapped_key=wrapped, master_key_id=kid, tokenizer=SEARCH_TOKENIZER)
+        SearchIndex.objects.create(scope_id=scope_id, wrapped_key=wrapped, wrapped_by=kid, tokenizer=SEARCH_TOKENIZER)
         _keys[scope_id] = (bytes(wrapped), key, SEARCH_TOKENIZER)
         return _keys[scope_id]
     if row.wrapped_key is None:

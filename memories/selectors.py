@@ -149,14 +149,14 @@ def memories_open(memories: Iterable[Memory]) -> list[OpenedMemory]:
             if cache_key not in keys:
                 keys[cache_key] = crypto.unwrap(
                     subject.wrapped_key,
-                    wrapped_by=subject.master_key_id,
+                    wrapped_by=subject.wrapped_by,
                     aad=crypto.subject_key_aad(subject.external_id, subject.scope_id),
                 )
         else:
             cache_key = ("scope", memory.scope_id)
             if cache_key not in keys:
                 keys[cache_key] = crypto.unwrap(
-                    scope_key.wrapped_key, wrapped_by=scope_key.master_key_id, aad=crypto.scope_key_aad(memory.scope_id)
+                    scope_key.wrapped_key, wrapped_by=scope_key.wrapped_by, aad=crypto.scope_key_aad(memory.scope_id)
                 )
         where = {"seq": memory.seq, "scope_id": memory.scope_id, "subject_id": memory.subject_id}
         metadata: dict = {}
@@ -209,14 +209,14 @@ def memory_own_keys(memories: Iterable[Memory]) -> dict[int, bytes]:
             cache_key = ("subject", subject.pk)
             if cache_key not in parents:
                 parents[cache_key] = crypto.unwrap(
-                    subject.wrapped_key, wrapped_by=subject.master_key_id,
+                    subject.wrapped_key, wrapped_by=subject.wrapped_by,
                     aad=crypto.subject_key_aad(subject.external_id, subject.scope_id),
                 )
         else:
             cache_key = ("scope", memory.scope_id)
             if cache_key not in parents:
                 parents[cache_key] = crypto.unwrap(
-                    scope_key.wrapped_key, wrapped_by=scope_key.master_key_id, aad=crypto.scope_key_aad(memory.scope_id)
+                    scope_key.wrapped_key, wrapped_by=scope_key.wrapped_by, aad=crypto.scope_key_aad(memory.scope_id)
                 )
         where = {"seq": memory.seq, "scope_id": memory.scope_id, "subject_id": memory.subject_id}
         found[memory.seq] = crypto.open_box(parents[cache_key], own.wrapped_key, aad=crypto.memory_key_aad(**where))

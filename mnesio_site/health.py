@@ -82,7 +82,7 @@ def readiness_cache_clear() -> None:
 def check_blob_storage_cached() -> dict[str, Any]:
     """``check_blob_storage``'s result, at most MNESIO_READYZ_STORAGE_CACHE_S old (a failure is cached alike)."""
     global _storage_cached
-    max_age = getattr(settings, "MNESIO_READYZ_STORAGE_CACHE_S", 5)
+    max_age = settings.MNESIO_READYZ_STORAGE_CACHE_S
     with _storage_lock:  # one probe object at a time, and concurrent probes share it
         now = time.monotonic()
         if _storage_cached is not None and now - _storage_cached[0] < max_age:
@@ -134,7 +134,7 @@ def _model_load(config: Any, key: str) -> None:
 
 def check_model() -> dict[str, Any]:
     """Whether the active configuration's model is loaded in this process (starting its load when not)."""
-    if not getattr(settings, "MNESIO_READYZ_MODEL", True):
+    if not settings.MNESIO_READYZ_MODEL:
         return {"status": "skipped", "detail": "this process does not answer (MNESIO_READYZ_MODEL=false)"}
     from cartridges.conf import web_loads_model
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from cartridges.models import CartridgeBlob, CartridgeBlock, CartridgePrune
+from cartridges.models import BlobKey, CartridgeBlock, CartridgePrune
 
 from .common import ReadOnlyAdmin
 
@@ -25,7 +25,7 @@ class CartridgeBlockAdmin(ReadOnlyAdmin):
 
     @admin.display(boolean=True, description="live")
     def live(self, obj: CartridgeBlock) -> bool:
-        return CartridgeBlob.objects.filter(storage_name=obj.storage_name).exists()
+        return BlobKey.objects.filter(storage_name=obj.storage_name).exists()
 
 
 @admin.register(CartridgePrune)

@@ -59,7 +59,7 @@ def cartridge_activate(*, version: CartridgeVersion, actor=None, kind: str = "ac
         evaluation = cartridge_evaluate(version=version, actor=actor)
     if not evaluation.passed:
         raise _refused(version=version, evaluation=evaluation, when="did not pass the gate")
-    quick = cartridge_is_committable(version=version, full=False)
+    quick = cartridge_is_committable(version=version, model_checks=False)
     if not quick.passed:
         failed = evaluation_record(version=version, result=quick, actor=actor, stage="activation")
         raise _refused(version=version, evaluation=failed, when="failed the gate at activation")

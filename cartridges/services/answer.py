@@ -30,6 +30,7 @@ from kvengine import ANSWER_MODES, ContextTooLongError
 from kvengine.base import Cartridge, KvBackend
 from kvengine.conversation import Prompt
 from kvengine.errors import OverloadedError
+from kvengine.text import normalize_answer
 from memories import crypto
 from memories.models import Memory, Scope, Subject
 from memories.selectors import (
@@ -51,7 +52,6 @@ from .ask import DEFAULT_OPTIONS, AskOptions, ask_open_payload, ask_seal_payload
 from .blocksecret import scope_block_secret
 from .compile import compile_cartridge, compile_input
 from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
-from .gate import normalize
 from .routed_answer import routed_answer, scope_layout
 
 log = logging.getLogger("cartridges")
@@ -318,14 +318,14 @@ def evaluation_case_subjects_resolve(*, scope, subjects: object) -> list[Subject
 
 def _memories_quoted(*, scope, question: str, answers: list[str]) -> list[tuple[int, int | None]]:
     """(seq, subject pk) of the scope's memories a case quotes: an accepted answer in their text, or their whole
-    text in the question (normalized as the gate's ``normalize``, whole words)."""
-    wanted = [f" {n} " for n in (normalize(a) for a in answers) if n]
-    asked = f" {normalize(question)} "
+    text in the question (normalized as the gate's answers are, kvengine.text.normalize_answer, whole words)."""
+    wanted = [f" {n} " for n in (normalize_answer(a) for a in answers) if n]
+    asked = f" {normalize_answer(question)} "
     found = []
     for memory in scope_memories_open(scope=scope, as_of=log_head()):
         if memory.erased:
             continue
-        said = normalize(memory.text)
+        said = normalize_answer(memory.text)
         text = f" {said} "
         if any(w in text for w in wanted) or (said and f" {said} " in asked):
             found.append((memory.seq, memory.subject_id))

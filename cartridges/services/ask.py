@@ -48,7 +48,7 @@ DEFAULT_OPTIONS = AskOptions()
 
 
 def _checked_text(value: object, field_name: str) -> str:
-    limit = int(getattr(settings, "MNESIO_MAX_QUESTION_CHARS", 2000))
+    limit = int(settings.MNESIO_MAX_QUESTION_CHARS)
     if not isinstance(value, str) or not value.strip():
         raise MnesioError(f"`{field_name}` has to be non-empty text", extra={"field": field_name})
     if len(value) > limit:

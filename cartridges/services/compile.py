@@ -33,7 +33,7 @@ from memories.selectors import log_head as current_log_head
 from memories.selectors import memory_keys_forgotten_lock, scope_head, scope_memories_open
 
 from .. import conf, engine
-from ..models import CartridgeBlob, CartridgeBlock, CartridgeVersion, CartridgeVersionBlock, CartridgeVersionSubject
+from ..models import BlobKey, CartridgeBlock, CartridgeVersion, CartridgeVersionBlock, CartridgeVersionSubject
 from ..selectors import ActiveConfiguration, active_configuration, active_version
 from ..storage import blob_destroy, blob_reserve, blob_write, blobs_sweep, block_lookup, scope_blocks_live
 from .blocksecret import scope_block_secret
@@ -283,7 +283,7 @@ def _version_store(
             reused = sorted({row.storage_name for row in links if row.pk is not None})
             # in storage_name order, as the prune locks them (services/retention.py): an order left to the plan can deadlock
             alive = set(
-                CartridgeBlob.objects.select_for_update().filter(storage_name__in=reused).order_by("storage_name")
+                BlobKey.objects.select_for_update().filter(storage_name__in=reused).order_by("storage_name")
                 .values_list("storage_name", flat=True)
             )
             if len(alive) != len(reused):

@@ -31,7 +31,7 @@ def _choice(field: str, value: object, allowed: list[str]) -> str:
 
 def backends_allowed() -> list[str]:
     """The backends an operator may switch to: the fake one only where settings allow it (tests)."""
-    allow_fake = getattr(settings, "MNESIO_ALLOW_FAKE_BACKEND", False)
+    allow_fake = settings.MNESIO_ALLOW_FAKE_BACKEND
     return [backend for backend in BACKENDS if allow_fake or backend != "fake"]
 
 

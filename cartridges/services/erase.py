@@ -21,8 +21,8 @@ from memories.selectors import erasure_request_memories, erasure_request_subject
 
 from .. import engine
 from ..models import (
+    BlobKey,
     CartridgeActivation,
-    CartridgeBlob,
     CartridgeBlock,
     CartridgeBlockDestruction,
     CartridgeDestruction,
@@ -195,7 +195,7 @@ def cartridge_views_rebuild(erasure_request: ErasureRequest) -> None:
             versions.append(version)
     # a deleted scope keeps no stored bytes at all: blobs no version row names (an unfinished compile's, a block
     # of a pruned chain) go too, not only those of the versions holding its memories
-    for storage_name in CartridgeBlob.objects.filter(scope_id__in=deleted_scope_ids).values_list("storage_name", flat=True):
+    for storage_name in BlobKey.objects.filter(scope_id__in=deleted_scope_ids).values_list("storage_name", flat=True):
         blob_destroy(storage_name=storage_name)
     for scope_id in deleted_scope_ids:  # every block id of the scope becomes a keyed hash under a key nobody has
         scope_block_secret_shred(scope_id=scope_id)

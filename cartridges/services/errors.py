@@ -5,7 +5,7 @@ from core.errors import Conflict, MnesioError
 
 
 class GateFailed(Conflict):
-    """A version did not pass is_committable(); ``extra["reasons"]`` lists every reason."""
+    """A version did not pass cartridge_is_committable(); ``extra["reasons"]`` lists every reason."""
 
     def __init__(self, message: str, *, reasons: list[str], version_id: int | None = None, evaluation_id: int | None = None):
         super().__init__(message, extra={"reasons": list(reasons), "version": version_id, "evaluation": evaluation_id})

@@ -1,4 +1,4 @@
-"""The gate: is_committable() and the evaluations it records.
+"""The gate: cartridge_is_committable() and the evaluations it records.
 
 Checks, in order: not destroyed; compiled under the active configuration with the active backend's
 compatibility key; no erased subject in the manifest; blob intact; then the model checks (fidelity against
@@ -24,7 +24,6 @@ from kvengine.divergence import AnswerDivergence, DivergenceSummary
 from kvengine.format import BlockRef, header_blocks, read_header, read_tail_part
 from kvengine.retrieval import bm25_top_k  # one BM25 and one answer normalization, shared with kveval
 from kvengine.text import answer_correct
-from kvengine.text import normalize_answer as normalize  # noqa: F401 - still importable as gate.normalize
 from memories.selectors import scope_memories_open
 
 from .. import conf, engine
@@ -44,7 +43,7 @@ from .compile import key_digest
 
 @dataclass
 class GateResult:
-    """The outcome of is_committable(): passed, every reason, and the figures measured."""
+    """The outcome of cartridge_is_committable(): passed, every reason, and the figures measured."""
 
     passed: bool = True
     reasons: list[str] = field(default_factory=list)
@@ -73,8 +72,8 @@ GATES = ("full", "auto")  # what a caller asks for; "auto" runs the incremental 
 MAX_PARENT_CANDIDATES = 20
 
 
-def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, gate: str = "full", defer_full: bool = False) -> GateResult:
-    """Run the gate over ``version``; ``full=False`` runs only the cheap checks (1-4), no model work.
+def cartridge_is_committable(*, version: CartridgeVersion, model_checks: bool = True, gate: str = "full", defer_full: bool = False) -> GateResult:
+    """Run the gate over ``version``; ``model_checks=False`` runs only the cheap checks (1-4), no model work.
 
     ``gate="auto"`` runs the incremental gate when the module docstring's conditions hold, else the full one.
     ``defer_full=True`` (an auto-refresh): a full gate that is only due by the schedule does not run here; the
@@ -108,7 +107,7 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
         tail, blocks = version_parts_read(version=version)
     except (BlobUnavailable, BlobTampered) as exc:
         result.fail(exc.message)
-        return _finish(result, full)
+        return _finish(result, model_checks)
     try:
         if not version.block_size and not blocks:
             header = read_header(tail)  # a version stored whole: one file, no block parts
@@ -119,12 +118,12 @@ def cartridge_is_committable(*, version: CartridgeVersion, full: bool = True, ga
             raise CorruptCartridgeError("its header names blocks the version does not link")
     except CorruptCartridgeError as exc:
         result.fail(f"the cartridge file of version {version.pk} is corrupt: {exc}")
-        return _finish(result, full)
+        return _finish(result, model_checks)
     if key_digest(header.compat_key()) != version.key_digest or header.log_head != version.log_head or header.num_tokens != version.num_tokens:
         result.fail(f"the cartridge header of version {version.pk} disagrees with its version row (key, head or token count)")
     result.figures["blob"] = {"size_bytes": version.size_bytes, "intact": True}
-    if not full or not result.passed:
-        return _finish(result, full)
+    if not model_checks or not result.passed:
+        return _finish(result, model_checks)
     plan = _incremental_plan(version=version, config=config, refs=refs, defer_full=defer_full) if gate == "auto" else _Plan(reason="asked for the full gate")
     started = time.perf_counter()
     if plan.parent is None:
@@ -285,8 +284,8 @@ def _incremental_checks(*, version: CartridgeVersion, backend, config, plan: _Pl
     _accuracy_record(version=version, cases=cases, num_cases_erased=num_cases_erased, correct=correct, ttft=ttft, result=result)
 
 
-def _finish(result: GateResult, full: bool) -> GateResult:
-    if full and not result.passed:
+def _finish(result: GateResult, model_checks: bool) -> GateResult:
+    if model_checks and not result.passed:
         result.figures["model_checks"] = "skipped: the checks above failed"
     return result
 
@@ -431,7 +430,3 @@ def evaluation_record(*, version: CartridgeVersion, result: GateResult, actor=No
         config_key=active_configuration().key(),
         created_by=actor,
     )
-
-
-# The contract's name for the gate.
-is_committable = cartridge_is_committable

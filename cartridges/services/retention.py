@@ -17,7 +17,7 @@ import logging
 
 from django.db import transaction
 
-from ..models import CartridgeBlob, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
+from ..models import BlobKey, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
 from ..selectors import latest_activation, scope_settings_get
 from ..storage import blob_destroy
 
@@ -50,7 +50,7 @@ def version_prune(*, version: CartridgeVersion, keep: int) -> CartridgePrune | N
         names = [link.block.storage_name for link in links]
         # in storage_name order, as the compile locks them: an order left to the plan can deadlock with it
         live = set(
-            CartridgeBlob.objects.select_for_update().filter(storage_name__in=names).order_by("storage_name")
+            BlobKey.objects.select_for_update().filter(storage_name__in=names).order_by("storage_name")
             .values_list("storage_name", flat=True)
         )
         used = set(

@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvengine.divergence import DivergenceSummary
+from kvengine.text import normalize_answer
 from memories.models import Scope
 
 from .. import conf, engine
 from ..selectors import scope_evaluation_cases_open
 from .errors import GateFailed
-from .gate import normalize
 from .routed_answer import routed_memories_choose
 from .routed_chunks import repair_policy, routed_chunks_open
 
@@ -42,8 +42,8 @@ class RoutedGateResult:
 
 
 def _correct(answer: str, accepted: list[str]) -> bool:
-    said = f" {normalize(answer)} "
-    return any(f" {normalize(a)} " in said for a in accepted if normalize(a))
+    said = f" {normalize_answer(answer)} "
+    return any(f" {normalize_answer(a)} " in said for a in accepted if normalize_answer(a))
 
 
 def routed_gate(*, scope: Scope, config: Any, repair: str | None = None, max_new_tokens: int | None = None) -> RoutedGateResult:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import check_choice
+from ..config import CHUNK_QUANTS, check_choice
 from ..errors import CorruptCartridgeError
 from ..format import file_tensors, parse_file, write_file
 from ..payload import from_raw, to_raw
@@ -19,7 +19,6 @@ from ..quant import KINDS, dequantize_kv, quantize_kv
 from .chunks import MemoryChunk
 
 CHUNK_FORMAT = "mnesio-chunk-v1"  # bump when the tensors or metadata below change
-CHUNK_QUANTS = ("none", "q8")
 _PARTS = ("exact", "q", "scale", "zero", "bits")
 
 

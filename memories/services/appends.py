@@ -184,9 +184,9 @@ def _scope_parent_key(scope: Scope) -> tuple[ScopeKey, bytes]:
     if row is None:
         data_key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(data_key, aad=aad)
-        row = ScopeKey.objects.create(scope=scope, wrapped_key=wrapped, master_key_id=kid)
+        row = ScopeKey.objects.create(scope=scope, wrapped_key=wrapped, wrapped_by=kid)
         return row, data_key
-    return row, crypto.unwrap(row.wrapped_key, wrapped_by=row.master_key_id, aad=aad)
+    return row, crypto.unwrap(row.wrapped_key, wrapped_by=row.wrapped_by, aad=aad)
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ def _subjects_resolve(scope: Scope, items: list[_Item]) -> tuple[dict[str, Subje
             continue
         data_key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(data_key, aad=crypto.subject_key_aad(external_id, scope.pk))
-        row = Subject(scope=scope, external_id=external_id, wrapped_key=wrapped, master_key_id=kid)
+        row = Subject(scope=scope, external_id=external_id, wrapped_key=wrapped, wrapped_by=kid)
         row._new_data_key = data_key  # type: ignore[attr-defined]
         new_rows.append(row)
         by_id[external_id] = row
@@ -263,7 +263,7 @@ def _subjects_resolve(scope: Scope, items: list[_Item]) -> tuple[dict[str, Subje
             )))
         elif row is not None and row.pk not in keys:
             keys[row.pk] = crypto.unwrap(
-                row.wrapped_key, wrapped_by=row.master_key_id, aad=crypto.subject_key_aad(row.external_id, row.scope_id)
+                row.wrapped_key, wrapped_by=row.wrapped_by, aad=crypto.subject_key_aad(row.external_id, row.scope_id)
             )
     return by_id, keys, errors
 

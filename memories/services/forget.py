@@ -57,7 +57,7 @@ def _counter_lock() -> None:
 @sensitive_variables()
 def _parent_rekey(*, parent: Subject | ScopeKey, legacy: list[Memory], owned: list[MemoryKey], aad: bytes) -> int:
     """Give ``legacy`` rows own keys (with resealed copies), re-wrap ``owned`` keys, replace the parent key."""
-    old_key = crypto.unwrap(bytes(parent.wrapped_key), wrapped_by=parent.master_key_id, aad=aad)
+    old_key = crypto.unwrap(bytes(parent.wrapped_key), wrapped_by=parent.wrapped_by, aad=aad)
     new_key = crypto.new_data_key()
     rows = []
     for memory in legacy:
@@ -85,7 +85,7 @@ def _parent_rekey(*, parent: Subject | ScopeKey, legacy: list[Memory], owned: li
         )
     wrapped, kid = crypto.wrap(new_key, aad=aad)
     type(parent).objects.filter(pk=parent.pk)._privileged_update(
-        wrapped_key=wrapped, master_key_id=kid, key_generation=parent.key_generation + 1
+        wrapped_key=wrapped, wrapped_by=kid, key_generation=parent.key_generation + 1
     )
     return len(rows)
 

@@ -126,7 +126,7 @@ def _scenarios():
         # a subject filed before subjects were per scope (no scope), with a memory in scope A and one in scope C
         data_key = crypto.new_data_key()
         wrapped, kid = crypto.wrap(data_key, aad=crypto.subject_key_aad("eve"))
-        legacy = Subject.objects.create(external_id="eve", wrapped_key=wrapped, master_key_id=kid)
+        legacy = Subject.objects.create(external_id="eve", wrapped_key=wrapped, wrapped_by=kid)
         for scope, text in ((w.scope_a, "eve in A"), (w.scope_c, "eve in C")):
             seq = w.append(scope, "placeholder").seq + 1000
             nonce, ciphertext = crypto.seal(

@@ -31,7 +31,7 @@ from django.conf import settings as django_settings
 from django.db import DatabaseError, connection, transaction
 
 from cartridges.models import (
-    CartridgeBlob,
+    BlobKey,
     CartridgeBlock,
     CartridgeBlockDestruction,
     CartridgeDestruction,
@@ -83,7 +83,7 @@ def _assert_blocks_consistent() -> None:
     Every block is live (key row) or recorded destroyed, never both or neither; every key row is claimed by a
     version or a block; every stored file has a key row; every version neither destroyed nor pruned links only
     live blocks and its parts and whole file read back with every digest checked."""
-    keys = set(CartridgeBlob.objects.values_list("storage_name", flat=True))
+    keys = set(BlobKey.objects.values_list("storage_name", flat=True))
     destroyed = set(CartridgeBlockDestruction.objects.values_list("block_id", flat=True))
     for block in CartridgeBlock.objects.all():
         assert (block.storage_name in keys) != (block.pk in destroyed), f"block {block.pk} is neither live nor recorded destroyed"
@@ -321,11 +321,11 @@ def killed_at_teardown():
 def test_a_compile_whose_reused_block_is_pruned_before_it_stores_compiles_again(race, scope_a, killed_at_teardown):
     old, new = race
     b1 = _links(old)[1].block
-    blobs_before = CartridgeBlob.objects.count()
+    blobs_before = BlobKey.objects.count()
     proc = _compile_process(scope_a, pause_s=4)
     killed_at_teardown.append(proc)
     # the compile wrote its tail and b2, found b0 and b1 live, and now pauses before its transaction
-    _wait(lambda: CartridgeBlob.objects.count() == blobs_before + 2, what="the compile to write its blobs", proc=proc)
+    _wait(lambda: BlobKey.objects.count() == blobs_before + 2, what="the compile to write its blobs", proc=proc)
     cartridge_activate(version=new)  # prunes old: b1 is used by no version (the compile has not linked it yet)
     assert CartridgeBlockDestruction.objects.filter(block=b1).exists() and proc.poll() is None
 
@@ -363,7 +363,7 @@ def test_a_prune_that_waits_for_a_compile_holding_the_reused_blocks_keeps_them(r
 
         thread = threading.Thread(target=activate)
         thread.start()
-        _wait(lambda: _waiting_on_a_lock('SELECT "cartridges_cartridgeblob"'), what="the prune to wait on the block keys", proc=proc)
+        _wait(lambda: _waiting_on_a_lock('SELECT "cartridges_blobkey"'), what="the prune to wait on the block keys", proc=proc)
         assert not CartridgePrune.objects.filter(version=old).exists()
     finally:
         holder.commit()  # the compile inserts and commits, then the prune reads who uses b0 and b1
@@ -409,10 +409,10 @@ def test_a_prune_and_a_compile_that_scan_the_block_keys_in_other_orders_do_not_d
 
     thread = threading.Thread(target=activate)
     try:
-        holder.execute("SELECT 1 FROM cartridges_cartridgeblob WHERE storage_name = %s FOR UPDATE", [b0.storage_name])
+        holder.execute("SELECT 1 FROM cartridges_blobkey WHERE storage_name = %s FOR UPDATE", [b0.storage_name])
         proc = _compile_process(scope_a, pause_s=0, pgoptions="-c enable_indexscan=off -c enable_bitmapscan=off -c enable_indexonlyscan=off")
         killed_at_teardown.append(proc)
-        blob_keys = 'SELECT "cartridges_cartridgeblob"'
+        blob_keys = 'SELECT "cartridges_blobkey"'
         _wait(lambda: _waiting_on_a_lock(blob_keys) == 1, what="the compile to wait for b0", proc=proc)
         thread.start()
         _wait(lambda: _waiting_on_a_lock(blob_keys) == 2, what="the prune to wait for b0", proc=proc)
@@ -450,7 +450,7 @@ def test_a_scope_never_finds_or_links_another_scopes_identical_block(scope_a, ap
     assert {link.block.scope_id for link in other_links} == {theirs.pk}  # ...in rows of its own
     assert not {link.block_id for link in other_links} & {link.block_id for link in _links(mine)}
     assert all(link.block.storage_name.startswith(f"scope-{theirs.pk}/") for link in other_links)
-    assert CartridgeBlob.objects.filter(scope=theirs).count() == 3  # b0, b1 and its tail: nothing borrowed
+    assert BlobKey.objects.filter(scope=theirs).count() == 3  # b0, b1 and its tail: nothing borrowed
 
 
 @pytest.mark.postgres  # its raw SQL is PostgreSQL's

@@ -8,7 +8,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from cartridges.models import (
-    CartridgeBlob,
+    BlobKey,
     CartridgeBlock,
     CartridgeBlockDestruction,
     CartridgePrune,
@@ -32,7 +32,7 @@ def _fill(scope, append, num, *, start=0, subject=None):
 
 
 def _live_blocks(scope) -> set[str]:
-    names = set(CartridgeBlob.objects.filter(scope=scope).values_list("storage_name", flat=True))
+    names = set(BlobKey.objects.filter(scope=scope).values_list("storage_name", flat=True))
     return {b.block_id for b in CartridgeBlock.objects.filter(scope=scope) if b.storage_name in names}
 
 
@@ -51,7 +51,7 @@ def test_versions_of_a_growing_scope_store_each_block_once(scope_a, append, fake
     assert [link.block_id for link in links[:2]] == [link.block_id for link in first_links]  # the same rows, not copies
     assert CartridgeBlock.objects.filter(scope=scope_a).count() == 3
     # the stored bytes: one blob per block and one per version (its tail)
-    assert CartridgeBlob.objects.filter(scope=scope_a).count() == 3 + 2
+    assert BlobKey.objects.filter(scope=scope_a).count() == 3 + 2
     # and it is byte-identical to a compile from scratch of the same log in a scope that stored nothing
     scratch = cartridge_compile(scope=other, log_head=second.log_head)
     assert scratch.sha256 == second.sha256 and blob_read(version=scratch) == blob_read(version=second)
@@ -105,7 +105,7 @@ def test_erasure_destroys_the_blocks_an_erased_memory_reaches_and_keeps_the_ones
 
     assert [blob_exists(storage_name=link.block.storage_name) for link in links] == [True, True, False]
     assert CartridgeBlockDestruction.objects.filter(block=links[2].block).exists()
-    assert not CartridgeBlob.objects.filter(storage_name=links[2].block.storage_name).exists()
+    assert not BlobKey.objects.filter(storage_name=links[2].block.storage_name).exists()
     rebuilt = active_version(scope=scope_a)
     rebuilt_links = list(CartridgeVersionBlock.objects.filter(version=rebuilt).order_by("index"))
     assert [link.block_id for link in rebuilt_links[:2]] == [links[0].block_id, links[1].block_id]  # kept and reused

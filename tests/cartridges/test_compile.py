@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 from cartridges import engine
-from cartridges.models import CartridgeBlob, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeVersion
 from cartridges.services import ContextTooLong, NothingToCompile, cartridge_compile, cartridge_rebuild
 from cartridges.storage import blob_read, version_parts_read
 from core.errors import MnesioError
@@ -37,7 +37,7 @@ def test_it_compiles_a_scope_into_a_version_with_an_encrypted_blob(scope_a, appe
     assert hashlib.sha256(tail).hexdigest() == version.sha256  # the version digest: its tail part, which lists every block
     assert len(tail) + sum(len(part) for part in blocks.values()) == version.size_bytes
     assert read_header(data).payload_sha256 == version.payload_sha256
-    assert CartridgeBlob.objects.filter(storage_name=version.storage_name).count() == 1
+    assert BlobKey.objects.filter(storage_name=version.storage_name).count() == 1
 
 
 def test_it_returns_the_existing_version_when_compiling_twice_at_one_head(scope_a, append, fake_engine, blob_root):
@@ -96,7 +96,7 @@ def test_it_refuses_a_scope_over_the_context_window_naming_limit_and_count(scope
     assert exc.value.extra["limit"] == 20 and exc.value.extra["num_tokens"] > 20
     assert "20" in exc.value.message and str(exc.value.extra["num_tokens"]) in exc.value.message
     assert "split the scope" in exc.value.message
-    assert CartridgeVersion.objects.count() == 0 and CartridgeBlob.objects.count() == 0 and stored_files(blob_root) == []
+    assert CartridgeVersion.objects.count() == 0 and BlobKey.objects.count() == 0 and stored_files(blob_root) == []
 
 
 def test_it_deletes_the_blob_when_the_version_row_cannot_be_written(scope_a, append, fake_engine, blob_root, monkeypatch):
@@ -108,7 +108,7 @@ def test_it_deletes_the_blob_when_the_version_row_cannot_be_written(scope_a, app
     monkeypatch.setattr(CartridgeVersion.objects, "create", broken_create)
     with pytest.raises(RuntimeError):
         cartridge_compile(scope=scope_a)
-    assert stored_files(blob_root) == [] and CartridgeBlob.objects.count() == 0
+    assert stored_files(blob_root) == [] and BlobKey.objects.count() == 0
 
 
 def test_it_leaves_out_erased_memories(scope_a, append, fake_engine):
@@ -141,7 +141,7 @@ def test_it_keeps_one_version_when_a_concurrent_compile_loses_the_race(scope_a, 
     monkeypatch.setattr(compile_module, "_existing", existing)
     second = cartridge_compile(scope=scope_a)
     assert second.pk == first.pk and len(calls) == 2
-    assert CartridgeVersion.objects.count() == 1 and CartridgeBlob.objects.count() == 1
+    assert CartridgeVersion.objects.count() == 1 and BlobKey.objects.count() == 1
     assert [str(p.relative_to(blob_root)) for p in stored_files(blob_root)] == [first.storage_name]
 
 

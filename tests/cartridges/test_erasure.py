@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cartridges.models import CartridgeBlob, CartridgeDestruction, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeDestruction, CartridgeVersion
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, cartridge_views_rebuild
 from cartridges.storage import blob_exists, blob_read
@@ -55,7 +55,7 @@ def test_it_destroys_and_rebuilds_cartridges_holding_an_erased_subject(scope_a, 
     for version in (old_partial, old):
         assert version_state(version=version) == "destroyed"
         assert not blob_exists(storage_name=version.storage_name)
-        assert not CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()
+        assert not BlobKey.objects.filter(storage_name=version.storage_name).exists()
         assert CartridgeDestruction.objects.get(version=version).erasure_request_id == request.pk
     rebuilt = active_version(scope=scope_a)
     assert rebuilt is not None and rebuilt.pk not in (old.pk, old_partial.pk)

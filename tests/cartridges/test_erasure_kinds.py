@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from cartridges import engine, storage
-from cartridges.models import AnswerRecord, AnswerRequest, CartridgeBlob, CartridgeVersionBlock, EvaluationCase
+from cartridges.models import AnswerRecord, AnswerRequest, BlobKey, CartridgeVersionBlock, EvaluationCase
 from cartridges.selectors import evaluation_case_open
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, evaluation_case_add
 from cartridges.services.answer import answer_request_file
@@ -150,13 +150,13 @@ def test_it_destroys_every_block_and_blob_holding_the_erased_memory(world, blob_
     assert len(world.links) == 2
     first, second = (link.block for link in world.links)
     world.erase()
-    live = set(CartridgeBlob.objects.values_list("storage_name", flat=True))
+    live = set(BlobKey.objects.values_list("storage_name", flat=True))
     assert world.version.storage_name not in live and not storage.blob_exists(storage_name=world.version.storage_name)
     assert second.storage_name not in live and not storage.blob_exists(storage_name=second.storage_name)
     # the first block holds none of the erased tokens: kept for the rebuild, unless the whole scope went
     assert (first.storage_name in live) == (world.kind != "scope")
     if world.kind == "scope":
-        assert not CartridgeBlob.objects.filter(scope=world.scope).exists()
+        assert not BlobKey.objects.filter(scope=world.scope).exists()
         assert [p for p in blob_root.rglob("*") if p.is_file()] == []
 
 
@@ -175,7 +175,7 @@ def test_it_destroys_blobs_no_version_names_when_a_scope_is_deleted(scope_a, fak
     row, key = storage.blob_reserve(scope=scope_a)
     orphan = storage.blob_write(blob=row, key=key, data=b"half a compile").name
     world.erase()
-    assert not CartridgeBlob.objects.filter(storage_name=orphan).exists()
+    assert not BlobKey.objects.filter(storage_name=orphan).exists()
     assert not storage.blob_exists(storage_name=orphan)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cartridges.models import AnswerRecord, CartridgeBlob, CartridgeBlock, CartridgeVersion
+from cartridges.models import AnswerRecord, BlobKey, CartridgeBlock, CartridgeVersion
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile
 from cartridges.services.stream import cartridge_answer_stream
 from memories.services import memories_append_batch, memory_forget_file
@@ -30,7 +30,7 @@ def _served(scope, texts):
 
 def test_it_reads_memories_appended_after_the_version_and_stores_nothing(scope_a, fake_engine, append):
     version = _served(scope_a, [KEY, TEA])
-    stored = (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), CartridgeBlob.objects.count())
+    stored = (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), BlobKey.objects.count())
     append(scope_a, CAR)
     append(scope_a, CODE)
 
@@ -39,7 +39,7 @@ def test_it_reads_memories_appended_after_the_version_and_stores_nothing(scope_a
     assert result.answer == CAR and result.version_id == version.pk
     assert (result.num_memories_after_version, result.num_memories_unread) == (2, 0)
     assert "2 memories appended after version" in result.note
-    assert (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), CartridgeBlob.objects.count()) == stored
+    assert (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), BlobKey.objects.count()) == stored
     assert AnswerRecord.objects.get().version_id == version.pk
 
 

@@ -1,4 +1,4 @@
-"""The gate: only a version that passes is_committable() serves; a failure keeps the old one serving."""
+"""The gate: only a version that passes cartridge_is_committable() serves; a failure keeps the old one serving."""
 from __future__ import annotations
 
 import pytest

@@ -135,7 +135,7 @@ def test_the_middleware_turns_an_unknown_master_key_into_json_503(rf):
 def test_rotation_with_the_right_old_key_still_works_after_a_refused_start(settings, scope_a, wrong_key, stored):
     with pytest.raises(CommandError, match="MNESIO_MASTER_KEY_OLD"):
         call_command("rotate_master_key", stdout=io.StringIO())  # refused before re-wrapping anything
-    assert set(Subject.objects.values_list("master_key_id", flat=True)) == {crypto.master_key_id(stored)}
+    assert set(Subject.objects.values_list("wrapped_by", flat=True)) == {crypto.master_key_id(stored)}
     settings.MNESIO_MASTER_KEY_OLD = stored
     out = io.StringIO()
     call_command("rotate_master_key", stdout=out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cartridges.models import CartridgeBlob, CartridgeDestruction, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeDestruction, CartridgeVersion
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile
 from cartridges.services import compile as compile_module
@@ -57,7 +57,7 @@ def test_forgetting_a_memory_destroys_and_rebuilds_every_cartridge_holding_it(sc
 
     assert erasure_request_status(erasure_request=request) == ErasureStatus.VIEWS_REBUILT
     assert version_state(version=old) == "destroyed" and not blob_exists(storage_name=old.storage_name)
-    assert not CartridgeBlob.objects.filter(storage_name=old.storage_name).exists()
+    assert not BlobKey.objects.filter(storage_name=old.storage_name).exists()
     assert CartridgeDestruction.objects.get(version=old).erasure_request_id == request.pk
     rebuilt = active_version(scope=scope_a)
     assert rebuilt is not None and rebuilt.pk != old.pk and rebuilt.log_head == scope_head(scope=scope_a)

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from cartridges.models import CartridgeBlob, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeVersion
 from cartridges.selectors import active_version
 from cartridges.services import cartridge_compile, cartridge_rebuild
 from cartridges.storage import blob_keys_rewrap, blob_read, blob_reserve, blob_write, blobs_sweep
@@ -67,7 +67,7 @@ def test_it_sweeps_the_blob_of_a_compile_that_died_before_its_row(scope_a, appen
     assert blobs_sweep(older_than_s=3600) == []  # a compile that young may still be running
     assert blobs_sweep(older_than_s=0) == [dead.storage_name]
     assert [str(p.relative_to(blob_root)) for p in stored_files(blob_root)] == [live.storage_name]
-    assert list(CartridgeBlob.objects.values_list("storage_name", flat=True)) == [live.storage_name]
+    assert list(BlobKey.objects.values_list("storage_name", flat=True)) == [live.storage_name]
     assert blob_read(version=live)  # the live blob is untouched
 
 
@@ -83,7 +83,7 @@ def test_it_rewraps_blob_keys_after_a_master_key_rotation(scope_a, append, fake_
     assert blob_keys_rewrap() == 1 and blob_keys_rewrap() == 0
     settings.MNESIO_MASTER_KEY_OLD = None  # the old key is retired
     assert b"flowerpot" in blob_read(version=version)
-    assert CartridgeBlob.objects.get().wrapped_by == crypto.master_key_id(new_key)
+    assert BlobKey.objects.get().wrapped_by == crypto.master_key_id(new_key)
 
 
 @pytest.mark.postgres
@@ -93,10 +93,10 @@ def test_it_refuses_any_other_change_of_a_blob_key_by_sql(scope_a, append, fake_
     with pytest.raises(DatabaseError, match="Cannot update"):
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {CartridgeBlob._meta.db_table} SET storage_name = 'elsewhere' WHERE storage_name = %s",
+                f"UPDATE {BlobKey._meta.db_table} SET storage_name = 'elsewhere' WHERE storage_name = %s",
                 [version.storage_name],
             )
-    assert CartridgeVersion.objects.get().storage_name == CartridgeBlob.objects.get().storage_name
+    assert CartridgeVersion.objects.get().storage_name == BlobKey.objects.get().storage_name
 
 
 def test_rotate_master_key_rewraps_cartridge_blob_keys_in_the_same_run(scope_a, append, fake_engine, settings):
@@ -115,4 +115,4 @@ def test_rotate_master_key_rewraps_cartridge_blob_keys_in_the_same_run(scope_a, 
     assert "cartridge blob keys: re-wrapped 1 key(s)" in out.getvalue()
     settings.MNESIO_MASTER_KEY_OLD = None  # the old key is retired
     assert b"flowerpot" in blob_read(version=version)
-    assert CartridgeBlob.objects.get().wrapped_by == crypto.master_key_id(new_key)
+    assert BlobKey.objects.get().wrapped_by == crypto.master_key_id(new_key)

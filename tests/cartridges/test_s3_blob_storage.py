@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from cartridges.models import CartridgeBlob, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeVersion
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile
 from cartridges.storage import (
@@ -68,7 +68,7 @@ def test_it_stores_reads_and_destroys_a_blob_in_the_bucket(moto_s3, bucket, scop
     assert blob_destroy(storage_name=version.storage_name)
     assert moto_s3.keys(bucket) == []
     assert moto_s3.all_versions(bucket) == []  # no older version, no delete marker: the bytes are gone
-    assert not CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()
+    assert not BlobKey.objects.filter(storage_name=version.storage_name).exists()
     with pytest.raises(BlobUnavailable):
         blob_read(version=version)
     assert blob_destroy(storage_name=version.storage_name) is False  # twice is fine
@@ -146,9 +146,9 @@ def test_an_unreachable_s3_is_a_503_that_stores_nothing(moto_s3, settings, scope
         blob_storage_check()
     # the blob key could not be dropped with its (unconfirmed) object: it stays for the orphan sweep, which
     # removes it once the storage answers again (cartridge_sweep / the beat task)
-    (leftover,) = CartridgeBlob.objects.values_list("storage_name", flat=True)
+    (leftover,) = BlobKey.objects.values_list("storage_name", flat=True)
     settings.STORAGES = {**settings.STORAGES, "cartridges": moto_s3.storage_setting(moto_s3.bucket())}
-    assert blobs_sweep(older_than_s=0) == [leftover] and CartridgeBlob.objects.count() == 0
+    assert blobs_sweep(older_than_s=0) == [leftover] and BlobKey.objects.count() == 0
 
 
 def test_a_missing_bucket_is_a_503_not_a_missing_blob(moto_s3, settings, scope_a, fake_engine):
@@ -212,9 +212,9 @@ def test_it_deletes_every_version_on_a_retry_after_the_delete_marker_was_written
         blob_destroy(storage_name=version.storage_name)
     assert not blob_storage().exists(version.storage_name)  # the delete marker hides the key
     assert len(moto_s3.all_versions(name)) == 2  # the object's version and the marker
-    assert CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()  # not reported destroyed
+    assert BlobKey.objects.filter(storage_name=version.storage_name).exists()  # not reported destroyed
 
     monkeypatch.setattr(CartridgeS3Storage, "_versions", listing)
     blob_destroy(storage_name=version.storage_name)
     assert moto_s3.all_versions(name) == []  # the old version is gone too, not only hidden
-    assert not CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()
+    assert not BlobKey.objects.filter(storage_name=version.storage_name).exists()

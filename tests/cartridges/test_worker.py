@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from cartridges.models import AnswerRequest, CartridgeBlob, CartridgeVersion
+from cartridges.models import AnswerRequest, BlobKey, CartridgeVersion
 from cartridges.selectors import active_version, version_state
 from cartridges.services import (
     answer_request_collect,
@@ -201,5 +201,5 @@ def test_it_finishes_a_compile_whose_worker_was_killed_with_exactly_one_version(
     assert CartridgeVersion.objects.filter(scope=scope).count() == 1
     version = CartridgeVersion.objects.get(scope=scope)
     assert outcome["version"] == version.pk
-    assert CartridgeBlob.objects.count() == 1 and len(stored_files(blob_root)) == 1
+    assert BlobKey.objects.count() == 1 and len(stored_files(blob_root)) == 1
     assert "exited prematurely: signal 9" in worker.output() or "SIGKILL" in worker.output()

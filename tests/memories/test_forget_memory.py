@@ -40,14 +40,14 @@ def _legacy_append(scope, content: str, subject: str | None = None) -> Memory:
         if not ScopeKey.objects.filter(scope=scope).exists():
             memory_append(scope=scope, content="(creates the scope key)")
         row = ScopeKey.objects.get(scope=scope)
-        parent = crypto.unwrap(bytes(row.wrapped_key), wrapped_by=row.master_key_id, aad=crypto.scope_key_aad(scope.pk))
+        parent = crypto.unwrap(bytes(row.wrapped_key), wrapped_by=row.wrapped_by, aad=crypto.scope_key_aad(scope.pk))
         subject_row = None
     else:
         subject_row = Subject.objects.filter(scope=scope, external_id=subject).first()
         if subject_row is None:
             memory_append(scope=scope, subject=subject, content=f"(creates {subject}'s key)")
             subject_row = Subject.objects.get(scope=scope, external_id=subject)
-        parent = crypto.unwrap(bytes(subject_row.wrapped_key), wrapped_by=subject_row.master_key_id,
+        parent = crypto.unwrap(bytes(subject_row.wrapped_key), wrapped_by=subject_row.wrapped_by,
                                aad=crypto.subject_key_aad(subject_row.external_id, subject_row.scope_id))
     with transaction.atomic():
         LogHead.objects.filter(pk=1)._privileged_update(head=LogHead.objects.get(pk=1).head + 1)
@@ -149,7 +149,7 @@ def test_a_legacy_memory_is_forgotten_alone_and_its_old_key_is_gone(scope_a):
     legacy_b = _legacy_append(scope_a, "Dana's old bike is red.", subject="dana")
     legacy_c = _legacy_append(scope_a, "The office is on floor 3.")
     subject = Subject.objects.get(external_id="dana")
-    old_subject_key = crypto.unwrap(bytes(subject.wrapped_key), wrapped_by=subject.master_key_id,
+    old_subject_key = crypto.unwrap(bytes(subject.wrapped_key), wrapped_by=subject.wrapped_by,
                                     aad=crypto.subject_key_aad("dana", scope_a.pk))
     assert not MemoryKey.objects.filter(memory_id=legacy_a.seq).exists()
     before = _texts(scope_a)
@@ -164,7 +164,7 @@ def test_a_legacy_memory_is_forgotten_alone_and_its_old_key_is_gone(scope_a):
     assert len(after) == len(before)
     subject.refresh_from_db()
     assert subject.key_generation == 2
-    new_subject_key = crypto.unwrap(bytes(subject.wrapped_key), wrapped_by=subject.master_key_id,
+    new_subject_key = crypto.unwrap(bytes(subject.wrapped_key), wrapped_by=subject.wrapped_by,
                                     aad=crypto.subject_key_aad("dana", scope_a.pk))
     assert new_subject_key != old_subject_key
     # the forgotten row's ciphertext was sealed with the old key, which no row holds any more

@@ -46,9 +46,9 @@ def test_it_keeps_every_memory_openable_across_a_master_key_rotation(settings, s
     # The old key is retired: everything opens with the new one alone.
     settings.MNESIO_MASTER_KEY_OLD = None
     new_id = crypto.master_key_id(NEW_KEY)
-    assert set(Subject.objects.filter(shredded_at__isnull=True).values_list("master_key_id", flat=True)) == {new_id}
-    assert set(ScopeKey.objects.values_list("master_key_id", flat=True)) == {new_id}
-    assert set(SearchIndex.objects.values_list("master_key_id", flat=True)) == {new_id}
+    assert set(Subject.objects.filter(shredded_at__isnull=True).values_list("wrapped_by", flat=True)) == {new_id}
+    assert set(ScopeKey.objects.values_list("wrapped_by", flat=True)) == {new_id}
+    assert set(SearchIndex.objects.values_list("wrapped_by", flat=True)) == {new_id}
     after = {s.name: scope_memories_open(scope=s) for s in (scope_a, scope_c)}
     assert after == before
     assert sum(not m.erased for ms in after.values() for m in ms) == 12
@@ -142,7 +142,7 @@ def test_it_rewraps_a_key_whose_transaction_commits_after_the_rotation_wait(sett
         try:
             with transaction.atomic():
                 aad = crypto.subject_key_aad("late", scope_a.pk)
-                Subject.objects.create(scope=scope_a, external_id="late", master_key_id=crypto.master_key_id(old),
+                Subject.objects.create(scope=scope_a, external_id="late", wrapped_by=crypto.master_key_id(old),
                                        wrapped_key=crypto.seal_box(old, os.urandom(32), aad=aad))
                 held.set()
                 time.sleep(hold_s)
@@ -159,7 +159,7 @@ def test_it_rewraps_a_key_whose_transaction_commits_after_the_rotation_wait(sett
     took = time.monotonic() - started
     thread.join(timeout=30)
     assert done.is_set()
-    assert Subject.objects.get(external_id="late").master_key_id == crypto.master_key_id(NEW_KEY)
+    assert Subject.objects.get(external_id="late").wrapped_by == crypto.master_key_id(NEW_KEY)
     assert took >= hold_s - 0.5  # it waited for the transaction, not for a fixed time
     settings.MNESIO_MASTER_KEY_OLD = None
     from memories import keyring

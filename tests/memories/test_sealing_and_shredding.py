@@ -99,7 +99,7 @@ def test_it_binds_a_wrapped_key_to_its_owner(scope_a):
     memory_append(scope=scope_a, subject="p-2", content="two")
     p1 = Subject.objects.get(external_id="p-1")
     with pytest.raises(crypto.InvalidTag):
-        crypto.unwrap(p1.wrapped_key, wrapped_by=p1.master_key_id, aad=crypto.subject_key_aad("p-2"))
+        crypto.unwrap(p1.wrapped_key, wrapped_by=p1.wrapped_by, aad=crypto.subject_key_aad("p-2"))
 
 
 def test_a_wrapped_key_is_one_type_that_opens_itself_and_sealed_values_are_one_shape():
@@ -108,7 +108,7 @@ def test_a_wrapped_key_is_one_type_that_opens_itself_and_sealed_values_are_one_s
 
     data_key = crypto.new_data_key()
     wrapped = crypto.wrap(data_key, aad=b"test", verify=False)
-    assert isinstance(wrapped, crypto.WrappedKey) and wrapped.master_key_id == crypto.master_key_id(crypto.master_key())
+    assert isinstance(wrapped, crypto.WrappedKey) and wrapped.wrapped_by == crypto.master_key_id(crypto.master_key())
     assert wrapped.open(aad=b"test") == data_key
     with pytest.raises(crypto.InvalidTag):
         wrapped.open(aad=b"another row")

@@ -49,7 +49,7 @@ def test_rows_stored_before_normalization_are_found_in_either_spelling(scope_a):
 
     key = crypto.new_data_key()
     wrapped, kid = crypto.wrap(key, aad=crypto.subject_key_aad(NFD, scope_a.pk))
-    old = Subject.objects.create(scope=scope_a, external_id=NFD, wrapped_key=wrapped, master_key_id=kid)
+    old = Subject.objects.create(scope=scope_a, external_id=NFD, wrapped_key=wrapped, wrapped_by=kid)
     from memories.models import Memory
     from memories.services import memory_append
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from django.db import connection
 
-from cartridges.models import CartridgeBlob, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeVersion
 from cartridges.selectors import version_state
 from cartridges.services import cartridge_compile
 from cartridges.services import compile as compile_module
@@ -62,7 +62,7 @@ def _assert_no_live_version_holds_the_erased_text(scope: Scope, blob_root) -> di
         if holds_bob:
             assert version_state(version=version) == "destroyed", version.pk
             assert not blob_exists(storage_name=version.storage_name)
-            assert not CartridgeBlob.objects.filter(storage_name=version.storage_name).exists()
+            assert not BlobKey.objects.filter(storage_name=version.storage_name).exists()
             destroyed += 1
         elif version_state(version=version) != "destroyed":
             assert b"4417" not in blob_read(version=version)  # the fake engine stores the texts it compiled

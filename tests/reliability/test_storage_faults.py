@@ -9,7 +9,7 @@ import logging
 import pytest
 from django.core.files.storage import FileSystemStorage
 
-from cartridges.models import CartridgeBlob, CartridgeEvaluation, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeEvaluation, CartridgeVersion
 from cartridges.selectors import active_version
 from cartridges.services import GateFailed, cartridge_activate, cartridge_answer, cartridge_compile
 from cartridges.storage import BlobStorageUnavailable, BlobTampered, BlobUnavailable, blob_storage
@@ -67,7 +67,7 @@ def test_an_unwritable_blob_storage_fails_the_compile_and_leaves_no_row_or_bytes
     # the failure says what the storage said
     assert exc.value.extra["errno"] in ("ENOTDIR", "ENOSPC") and exc.value.__cause__.errno in (errno.ENOTDIR, errno.ENOSPC)
     assert CartridgeVersion.objects.count() == 0  # no version row pointing at nothing
-    assert CartridgeBlob.objects.count() == 0  # nor a blob key for bytes that were never (fully) written
+    assert BlobKey.objects.count() == 0  # nor a blob key for bytes that were never (fully) written
     assert _files(root) == []  # the half-written file is gone too
 
 
@@ -81,7 +81,7 @@ def _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for):
 
 def test_the_api_says_blob_storage_is_unavailable(settings, tmp_path, alice, scope_a, api_client_for, fake_row, eager_tasks):
     response = _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for)
-    assert CartridgeVersion.objects.count() == 0 and CartridgeBlob.objects.count() == 0
+    assert CartridgeVersion.objects.count() == 0 and BlobKey.objects.count() == 0
     assert response["Content-Type"].startswith("application/json"), response.content[:300]  # not Django's HTML 500
     assert response.json()["message"].startswith("blob storage unavailable: No space left on device")
     assert response.json()["extra"]["kind"] == "BlobStorageUnavailable"

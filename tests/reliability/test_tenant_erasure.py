@@ -107,7 +107,7 @@ def test_a_client_cannot_erase_a_legacy_global_subject_that_also_lives_in_a_fore
 
     data_key = crypto.new_data_key()
     wrapped, kid = crypto.wrap(data_key, aad=crypto.subject_key_aad("eve"))
-    legacy = Subject.objects.create(external_id="eve", wrapped_key=wrapped, master_key_id=kid)
+    legacy = Subject.objects.create(external_id="eve", wrapped_key=wrapped, wrapped_by=kid)
     for scope, text in ((scope_a, "eve in A"), (scope_c, "eve in C")):
         seq = memory_append(scope=scope, content="placeholder").seq + 1000  # a seq no append will take here
         nonce, ciphertext = crypto.seal(
@@ -134,7 +134,7 @@ def _legacy(external_id, scopes_texts):
 
     data_key = crypto.new_data_key()
     wrapped, kid = crypto.wrap(data_key, aad=crypto.subject_key_aad(external_id))
-    legacy = Subject.objects.create(external_id=external_id, wrapped_key=wrapped, master_key_id=kid)
+    legacy = Subject.objects.create(external_id=external_id, wrapped_key=wrapped, wrapped_by=kid)
     for scope, text in scopes_texts:
         seq = memory_append(scope=scope, content="placeholder").seq + 1000
         nonce, ct = crypto.seal(data_key, text.encode(), aad=crypto.memory_aad(seq=seq, scope_id=scope.pk, subject_id=legacy.pk))

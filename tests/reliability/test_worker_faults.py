@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cartridges.models import CartridgeBlob, CartridgeVersion
+from cartridges.models import BlobKey, CartridgeVersion
 from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_compile
 from memories.models import ErasureEvent, ErasureStatus
@@ -86,7 +86,7 @@ def test_an_erasure_whose_worker_was_killed_is_delivered_again_and_finishes(fake
     assert len(versions) == 2 and versions[0] == old
     rebuilt = versions[1]
     assert active_version(scope=scope) == rebuilt and rebuilt.manifest["left_out"] == [dana.seq]
-    assert CartridgeBlob.objects.count() == 1 and len(_files(blob_root)) == 1
+    assert BlobKey.objects.count() == 1 and len(_files(blob_root)) == 1
     assert "signal 9" in worker.output() or "SIGKILL" in worker.output()
     record_figures(
         scenario="kill -9 mid-erasure", killed_pid=child, redelivered_pid=redelivered["pid"],
@@ -129,9 +129,9 @@ def test_a_task_delivered_twice_past_a_visibility_timeout_makes_one_version(fake
     assert outcome["version"] == version.pk
     result.backend.get_task_meta(result.id)  # the stored result is the first delivery's now
     assert result.backend.get_task_meta(result.id)["result"] == {"ok": True, "version": version.pk}
-    assert CartridgeBlob.objects.count() == 1 and len(_files(blob_root)) == 1
+    assert BlobKey.objects.count() == 1 and len(_files(blob_root)) == 1
     record_figures(scenario="double delivery past the visibility timeout", num_deliveries=2, num_versions=1,
-                   num_blobs=CartridgeBlob.objects.count())
+                   num_blobs=BlobKey.objects.count())
 
 
 def test_settings_refuse_a_time_limit_at_or_above_the_visibility_timeout():
@@ -146,7 +146,7 @@ def _blocks_consistent() -> None:
     record; every live version links only live blocks; every stored file has a key row."""
     from cartridges.models import CartridgeBlock, CartridgeBlockDestruction, CartridgeDestruction, CartridgeVersionBlock
 
-    keys = set(CartridgeBlob.objects.values_list("storage_name", flat=True))
+    keys = set(BlobKey.objects.values_list("storage_name", flat=True))
     destroyed = set(CartridgeBlockDestruction.objects.values_list("block_id", flat=True))
     for block in CartridgeBlock.objects.all():
         assert (block.storage_name in keys) != (block.pk in destroyed), f"block {block.pk} is neither live nor recorded destroyed"
@@ -166,13 +166,13 @@ def test_a_worker_killed_between_writing_blocks_and_recording_the_version_leaves
     first = cartridge_compile(scope=scope)  # blocks 0 and 1 stored, memory 8 in the tail
     for i in range(9, 13):
         memory_append(scope=scope, content=f"Fact {i}: locker {i} holds item {i * 7}.")
-    blobs_before = CartridgeBlob.objects.count()
+    blobs_before = BlobKey.objects.count()
     # the incremental compile writes its tail and one new block, then pauses before recording the version
     # grace 0: the redelivered compile's sweep (before it writes anything) removes the dead one's intents at once
     worker = start_worker(MNESIO_CARTRIDGE_STORE_PAUSE_S="4", MNESIO_ORPHAN_BLOB_GRACE_S="0")
     result = cartridge_compile_task.delay(scope.pk)
     started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=worker)
-    _wait(lambda: CartridgeBlob.objects.count() == blobs_before + 2, timeout=TIMEOUT_S, what="the blobs to be written", worker=worker)
+    _wait(lambda: BlobKey.objects.count() == blobs_before + 2, timeout=TIMEOUT_S, what="the blobs to be written", worker=worker)
     os.kill(started["pid"], signal.SIGKILL)
     assert CartridgeVersion.objects.filter(scope=scope).count() == 1  # nothing recorded: the version never existed
     outcome = result.get(timeout=TIMEOUT_S)  # delivered again; its compile first sweeps the dead one's blobs
@@ -184,7 +184,7 @@ def test_a_worker_killed_between_writing_blocks_and_recording_the_version_leaves
     assert CartridgeBlock.objects.filter(scope=scope).count() == 3
     _blocks_consistent()
     claimed = set(CartridgeVersion.objects.values_list("storage_name", flat=True)) | set(CartridgeBlock.objects.values_list("storage_name", flat=True))
-    assert set(CartridgeBlob.objects.values_list("storage_name", flat=True)) == claimed  # the dead compile's intents are gone
+    assert set(BlobKey.objects.values_list("storage_name", flat=True)) == claimed  # the dead compile's intents are gone
     assert len(_files(blob_root)) == len(claimed)
     record_figures(scenario="kill -9 between block writes and the version row", num_blobs=len(claimed))
 
@@ -213,7 +213,7 @@ def test_a_block_level_erasure_whose_worker_was_killed_finishes_on_redelivery(fa
     rebuilt = active_version(scope=scope)
     assert rebuilt is not None and rebuilt != old
     kept = [link.block.storage_name for link in old_links[:2]]
-    assert set(CartridgeBlob.objects.filter(storage_name__in=kept).values_list("storage_name", flat=True)) == set(kept)
+    assert set(BlobKey.objects.filter(storage_name__in=kept).values_list("storage_name", flat=True)) == set(kept)
     assert CartridgeBlockDestruction.objects.filter(block=old_links[2].block).count() == 1
     assert [link.block_id for link in CartridgeVersionBlock.objects.filter(version=rebuilt).order_by("index")][:2] == [
         link.block_id for link in old_links[:2]
