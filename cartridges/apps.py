@@ -47,8 +47,14 @@ def _purge_on_every_request_and_task() -> None:
     task_prerun.connect(_purge, dispatch_uid="cartridges-purge-task")
 
 
-def _purge(**_: object) -> None:
+def _purge(environ: dict | None = None, scope: dict | None = None, **_: object) -> None:
     from django.db import DatabaseError
+
+    # The liveness probe touches nothing but the process (mnesio_site/health.py answers /healthz first): a cached
+    # cartridge must not make it query the database. A Celery task and an ASGI request pass no environ.
+    path = (environ or {}).get("PATH_INFO") or (scope or {}).get("path")
+    if path == "/healthz":
+        return
 
     from .engine import cartridges_purge_destroyed
 

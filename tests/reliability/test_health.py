@@ -63,6 +63,15 @@ def test_healthz_answers_without_touching_the_database(probe_client):
     assert probe_client.head("/healthz").status_code == 200
 
 
+def test_healthz_touches_no_database_while_the_process_holds_cached_cartridges(probe_client, monkeypatch):
+    # every other request first checks the process's cached blobs against the database (cartridges_purge_destroyed)
+    from cartridges import engine
+
+    monkeypatch.setattr(engine, "block_cache_names", lambda: ["a-cached-block"])
+    response = probe_client.get("/healthz")  # no django_db mark: a query would raise
+    assert response.status_code == 200, response.content
+
+
 @pytest.mark.django_db
 def test_health_endpoints_refuse_writes_as_json(probe_client):
     response = probe_client.post("/readyz", {})
