@@ -299,6 +299,28 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
     return answer_record(scope=scope, version=None, mode=mode, answer=answer, actor=actor, note=note)
 
 
+def cartridge_answer_choices(*, scope, question: Prompt, num_choices: int, actor=None,
+                             options: AskOptions = DEFAULT_OPTIONS) -> list[AnswerResult]:
+    """``num_choices`` answers of ``question`` from the scope's cartridge (mode "cartridge"), each recorded: sampled,
+    each its own draw (choice i with seed + i), decoded together over the cartridge and the question computed once
+    (kvengine/choices.py); greedy, one answer that is every choice (recorded once)."""
+    question = question_validate(question)
+    config = active_configuration()
+    greedy = options.decoding.temperature <= 0
+    if greedy or num_choices == 1 or scope_layout(scope=scope, config=config) == Layout.ROUTED:
+        if greedy:  # argmax is deterministic: one decode is every choice
+            return [cartridge_answer(scope=scope, question=question, actor=actor, options=options)] * num_choices
+        # one choice, or a routed scope (which refuses sampling, saying so)
+        each = [replace(options, decoding=options.decoding.for_choice(i)) for i in range(num_choices)]
+        return [cartridge_answer(scope=scope, question=question, actor=actor, options=choice) for choice in each]
+    serving = cartridge_serving(scope=scope, config=config)
+    with _context_too_long_as_422():
+        answers = serving.backend.answer_choices(serving.cartridge, question, num_choices=num_choices,
+                                                 max_new_tokens=options.length(), **options.engine_kwargs())
+    return [answer_record(scope=scope, version=serving.version, mode="cartridge", answer=answer, actor=actor, serving=serving)
+            for answer in answers]
+
+
 def _routed_answer(*, scope, config, question: Prompt, max_new: int, actor=None) -> AnswerResult:
     """Answer from the scope's routed layout (services/routed_answer.py); recorded as mode "routed"."""
     with _context_too_long_as_422():
