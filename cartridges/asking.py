@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 from core.errors import MnesioError
 from core.jobs import job_dispatch
@@ -23,7 +24,13 @@ from kvengine.conversation import Prompt
 from . import conf
 from .channels import answer_channel, message_read, redis_client
 from .models import AnswerRequest
-from .services import AnswerResult, answer_request_collect, answer_request_file, cartridge_answer
+from .services import (
+    AnswerResult,
+    answer_request_collect,
+    answer_request_file,
+    cartridge_answer,
+    cartridge_answer_choices,
+)
 from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release, async_ask_admit
 from .services.answer import _request_key, answer_request_delta_aad
 from .services.ask import DEFAULT_OPTIONS, AskOptions
@@ -54,6 +61,21 @@ def answer_ask(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
         if conf.web_loads_model():
             return cartridge_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
         return _remote_answer(scope=scope, question=question, mode=mode, actor=actor, options=options)
+
+
+def answer_ask_choices(*, scope, question: Prompt, num_choices: int, actor=None,
+                       options: AskOptions = DEFAULT_OPTIONS) -> list[AnswerResult]:
+    """``num_choices`` answers of one question in mode "cartridge", holding one slot: with this process's engine, decoded
+    together (services.cartridge_answer_choices); on a model-free web tier, one worker request per choice (choice i
+    with seed + i), one after another."""
+    with answer_slot():
+        if conf.web_loads_model():
+            return cartridge_answer_choices(scope=scope, question=question, num_choices=num_choices, actor=actor,
+                                            options=options)
+        if options.decoding.temperature <= 0:  # greedy: one decode is every choice
+            return [_remote_answer(scope=scope, question=question, mode="cartridge", actor=actor, options=options)] * num_choices
+        return [_remote_answer(scope=scope, question=question, mode="cartridge", actor=actor,
+                               options=replace(options, decoding=options.decoding.for_choice(i))) for i in range(num_choices)]
 
 
 def answer_ask_stream(*, scope, question: Prompt, mode: str = "cartridge", actor=None,

@@ -2,7 +2,7 @@
 
 A mixin of TransformersKvBackend (transformers_backend.py holds the model, compile and the cartridge bytes): the
 batched greedy path (batching.py), the one-at-a-time path, sampling and the other decoding options
-(decoding.py, sampling.py), stop strings, and re-reading the memories as text (the baseline). Thread safety is
+(decoding.py, sampling.py), the n choices of one question decoded together (choices.py), stop strings, and re-reading the memories as text (the baseline). Thread safety is
 the backend's (its module docstring).
 """
 from __future__ import annotations
@@ -15,8 +15,10 @@ from transformers import DynamicCache
 
 from .base import Answer, Cartridge
 from .batching import MAX_ROW_ROOM, Batcher
+from .choices import decode_choices
 from .conversation import Prompt
-from .decoding import GREEDY, Decoding, StopWatcher, TokenLogprob
+from .decoding import GREEDY, Decoding, StopWatcher, TextStream, TokenLogprob
+from .errors import ConfigError
 from .format import (
     check_compatible,
 )
@@ -78,6 +80,29 @@ class AnsweringMixin:
         yield self._answer(ids, "cartridge", state.num_tokens, len(suffix), ttft, time.perf_counter() - start,
                            watcher=watcher, max_new_tokens=max_new_tokens)
 
+    def answer_choices(self, cartridge: Cartridge, question: Prompt, *, num_choices: int, max_new_tokens: int = 32,
+                       decoding: Decoding | None = None, stop_at_eos: bool = True) -> list[Answer]:
+        """``num_choices`` answers of ``question`` (KvBackend.answer_choices). Greedy: one decode, every choice. Sampled:
+        the question computed once on top of the cartridge, then the choices decoded together as a batch of rows over
+        that shared prefix, each with its own sampler (choice i: seed + i), stops and budget (choices.py)."""
+        decoding = decoding or GREEDY
+        if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 1:
+            raise ConfigError(f"`num_choices` has to be a whole number >= 1 but got {num_choices!r}")
+        if decoding.temperature <= 0 or num_choices == 1:  # argmax is deterministic: n decodes would be n copies
+            return [self.answer(cartridge, question, max_new_tokens=max_new_tokens, decoding=decoding,
+                                stop_at_eos=stop_at_eos)] * num_choices
+        start = time.perf_counter()
+        check_compatible(cartridge.header, self._description)
+        state = self._payload(cartridge).state
+        suffix = self.layout.encode(self.layout.suffix_text(self.layout.clean_question(question)))
+        self._check_room(state.num_tokens + len(suffix), max_new_tokens, "memories plus the question and answer")
+        choices, ttft = decode_choices(
+            self.model, self.tokenizer, state, suffix, [decoding.for_choice(i) for i in range(num_choices)],
+            max_new_tokens=max_new_tokens, eos_ids=self._eos_ids, device=self.device, stop_at_eos=stop_at_eos, start=start,
+        )
+        return [self._answer(c.ids, "cartridge", state.num_tokens, len(suffix), ttft, c.total_s, watcher=c.watcher,
+                             max_new_tokens=max_new_tokens, logprobs=c.logprobs) for c in choices]
+
     def batcher(self) -> Batcher:
         """The model's batcher (made on first use; its worker thread starts with the first question)."""
         box = self._batching
@@ -138,29 +163,16 @@ class AnsweringMixin:
             yield step.token
 
     def _text_deltas(self, tokens: Iterator[int], ids: list[int], watcher: StopWatcher | None = None) -> Iterator[str]:
-        """Decode ``tokens`` as they come, appending each to ``ids``: yield the text each one adds (a token that
-        ends inside a UTF-8 character waits for the next), then what the last tokens completed. With ``watcher``,
-        the text ends before its first stop string (no more tokens are taken)."""
-        shown = ""
+        """Decode ``tokens`` as they come, appending each to ``ids``: yield the text each one adds (decoding.TextStream),
+        then what the last tokens completed. With ``watcher``, the text ends before its first stop string (no more
+        tokens are taken)."""
+        text = TextStream(self.tokenizer, ids, watcher)
         for token in tokens:
-            ids.append(token)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if text.endswith("\ufffd"):
-                continue  # a multi-byte character split across tokens: wait for its end
-            if len(text) > len(shown) and text.startswith(shown):
-                delta, shown = text[len(shown):], text
-                if watcher is None:
-                    yield delta
-                    continue
-                if out := watcher.feed(delta):
-                    yield out
-                if watcher.hit:
-                    return
-        full = self.tokenizer.decode(ids, skip_special_tokens=True)
-        tail = full[len(shown):] if len(full) > len(shown) and full.startswith(shown) else ""
-        if watcher is not None:
-            tail = watcher.feed(tail) + ("" if watcher.hit else watcher.flush())
-        if tail:
+            if delta := text.push(token):
+                yield delta
+            if text.stopped:
+                return
+        if tail := text.end():
             yield tail
 
     def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,

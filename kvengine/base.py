@@ -235,6 +235,12 @@ class KvBackend(abc.ABC):
         yield answer
 
     @abc.abstractmethod
+    def answer_choices(self, cartridge: Cartridge, question: Prompt, *, num_choices: int, max_new_tokens: int = 32,
+                       decoding: Decoding | None = None) -> list[Answer]:
+        """``num_choices`` answers of ``question`` from ``cartridge``: choice i is what answer() gives under
+        ``decoding.for_choice(i)`` (its seed + i when a seed was given); a greedy decoding is one answer, every choice."""
+
+    @abc.abstractmethod
     def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,
                          decoding: Decoding | None = None) -> Answer:
         """Answer by re-reading ``texts`` for this one question (the baseline)."""

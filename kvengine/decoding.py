@@ -3,11 +3,13 @@
 Plain values only (no torch): the Django apps build a Decoding from an OpenAI request and the fake backend reads
 it. The default (greedy, nothing else) is decoded in the model's batch (batching.py), bit for bit as before; stop
 strings also apply there (they only end the text). Anything needing the distribution at each step (sampling,
-log-probs, a constraint) is decoded one question at a time on top of the cartridge (sampling.py).
+log-probs, a constraint) is decoded one question at a time on top of the cartridge (sampling.py), the ``n`` choices
+of one question together (choices.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 MAX_STOPS = 4  # OpenAI's bound
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
@@ -29,6 +31,13 @@ class Decoding:
     def per_step(self) -> bool:
         """Whether decoding needs each step's distribution (not the batched greedy path)."""
         return self.temperature > 0 or self.logprobs or self.json_schema is not None
+
+    def for_choice(self, index: int) -> Decoding:
+        """The decoding of choice ``index`` of an ``n``-choice answer: seed + index (mod 2**63) when a seed was given,
+        so choice i of a seeded request is the answer of one request with seed + i."""
+        if not index or self.seed is None:
+            return self
+        return replace(self, seed=(self.seed + index) % 2**63)
 
     def as_dict(self) -> dict:
         return {"temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "stop": list(self.stop),
@@ -84,3 +93,34 @@ class StopWatcher:
     def _show(self, text: str) -> str:
         self.text += text
         return text
+
+
+class TextStream:
+    """An answer's text as its tokens come: ``push`` a token, get the text it adds (a token that ends inside a UTF-8
+    character waits for the next); ``stopped`` once the text reached a stop string (take no more tokens); ``end``
+    gives what the last tokens completed. Appends each token to ``ids``; the watcher holds the shown text."""
+
+    def __init__(self, tokenizer: Any, ids: list[int], watcher: StopWatcher | None = None):
+        self.tokenizer, self.ids, self.watcher = tokenizer, ids, watcher
+        self.shown = ""
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") or not (len(text) > len(self.shown) and text.startswith(self.shown)):
+            return ""  # a multi-byte character split across tokens: wait for its end
+        delta, self.shown = text[len(self.shown):], text
+        if self.watcher is None:
+            return delta
+        out = self.watcher.feed(delta)
+        self.stopped = self.watcher.hit
+        return out
+
+    def end(self) -> str:
+        """The tokens ended without a stop string: the rest of the text."""
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        tail = full[len(self.shown):] if len(full) > len(self.shown) and full.startswith(self.shown) else ""
+        if self.watcher is not None:
+            tail = self.watcher.feed(tail) + ("" if self.watcher.hit else self.watcher.flush())
+        return tail

@@ -31,7 +31,7 @@ from .base import (
 from .blocks import BlockLookup, CartridgeParts, TrustedPart, block_id, key_digest, parts_write
 from .config import DTYPES, QUANTS, check_choice
 from .conversation import Prompt
-from .decoding import Decoding, StopWatcher
+from .decoding import GREEDY, Decoding, StopWatcher
 from .divergence import AnswerDivergence
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError, EmptyInputError
 from .fake_model import UNKNOWN  # noqa: F401 - the fake's "no answer", which tests compare with
@@ -183,6 +183,13 @@ class FakeKvBackend(KvBackend):
         for match in re.finditer(r"\s*\S+", answer.text):
             yield match.group(0)
         yield answer
+
+    def answer_choices(self, cartridge: Cartridge, question: Prompt, *, num_choices: int, max_new_tokens: int = 32,
+                       decoding: Decoding | None = None) -> list[Answer]:
+        """answer() per choice, under each choice's decoding (the fake does not sample: the choices are alike)."""
+        decoding = decoding or GREEDY
+        return [self.answer(cartridge, question, max_new_tokens=max_new_tokens, decoding=decoding.for_choice(i))
+                for i in range(num_choices)]
 
     def answer_from_text(self, texts: Sequence[str], question: Prompt, *, max_new_tokens: int = 32,
                          decoding: Decoding | None = None) -> Answer:

@@ -2,7 +2,8 @@
 
 The batched path (batching.py) decodes greedily and hands back token ids only. An answer that samples
 (``temperature`` > 0, ``top_p``, ``seed``), reports log-probs or must match a JSON schema is decoded here, one
-question at a time on top of the cartridge's scratch tail, like TransformersKvBackend.answer_stream_unbatched.
+question at a time on top of the cartridge's scratch tail, like TransformersKvBackend.answer_stream_unbatched; the
+``n`` choices of one such question are decoded together, each row with its own Sampler (choices.py).
 Sampling draws from a torch.Generator seeded with ``seed`` (a fresh random seed without one) on the CPU, so the
 same seed on the same prompt gives the same answer. Reported log-probs are the model's (log-softmax of its
 logits, before temperature and top_p), as vLLM reports them by default.
@@ -102,30 +103,47 @@ def _logprob(tokenizer: Any, logp: torch.Tensor, token: int, top: int) -> TokenL
     return TokenLogprob(token=tokenizer.decode([token]), logprob=float(logp[token]), top=alternatives)
 
 
+class Sampler:
+    """One answer's choice of each next token: its generator (seeded with ``seed``, else a fresh random seed), its JSON
+    constraint, log-prob entries; decode_steps and the batched choices (choices.py) share it, so a row of a batch
+    draws exactly what the same answer decoded alone draws from the same logits."""
+
+    def __init__(self, tokenizer: Any, decoding: Decoding, *, eos_ids: set[int], stop_at_eos: bool = True):
+        self.tokenizer, self.decoding, self.eos_ids, self.stop_at_eos = tokenizer, decoding, eos_ids, stop_at_eos
+        self.generator = None
+        if decoding.temperature > 0:
+            self.generator = torch.Generator(device="cpu")
+            if decoding.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(decoding.seed)
+        self.constraint = JsonConstraint(tokenizer, decoding.json_schema, eos_ids) if decoding.json_schema is not None else None
+        self.generated: list[int] = []
+
+    def choose(self, logits: torch.Tensor) -> Step | None:
+        """The next token from ``logits`` (vocab,) float32, or None at the end of the turn."""
+        shaped = self.constraint.mask(self.generated, logits) if self.constraint is not None else logits
+        token = _choose(shaped, self.decoding, self.generator)
+        if self.stop_at_eos and token in self.eos_ids:
+            return None
+        entry = None
+        if self.decoding.logprobs:
+            entry = _logprob(self.tokenizer, torch.log_softmax(logits, dim=-1), token, self.decoding.top_logprobs)
+        self.generated.append(token)
+        return Step(token, entry)
+
+
 def decode_steps(model: Any, tokenizer: Any, ids: list[int], cache: Any, *, max_new_tokens: int, decoding: Decoding,
                  eos_ids: set[int], device: str, stop_at_eos: bool = True) -> Iterator[Step]:
     """Run ``ids`` on top of ``cache``, then decode up to ``max_new_tokens`` tokens as ``decoding`` says."""
-    generator = None
-    if decoding.temperature > 0:
-        generator = torch.Generator(device="cpu")
-        if decoding.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(decoding.seed)
-    constraint = JsonConstraint(tokenizer, decoding.json_schema, eos_ids) if decoding.json_schema is not None else None
+    sampler = Sampler(tokenizer, decoding, eos_ids=eos_ids, stop_at_eos=stop_at_eos)
     input_ids = torch.tensor([ids], device=device)  # (1, num_ids)
     logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
-    generated: list[int] = []
     while True:
-        shaped = constraint.mask(generated, logits) if constraint is not None else logits
-        token = _choose(shaped, decoding, generator)
-        if stop_at_eos and token in eos_ids:
+        step = sampler.choose(logits)
+        if step is None:
             return
-        entry = None
-        if decoding.logprobs:
-            entry = _logprob(tokenizer, torch.log_softmax(logits, dim=-1), token, decoding.top_logprobs)
-        yield Step(token, entry)
-        generated.append(token)
-        if len(generated) >= max_new_tokens:
+        yield step
+        if len(sampler.generated) >= max_new_tokens:
             return
-        logits = model(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True).logits[0, -1].float()
+        logits = model(input_ids=torch.tensor([[step.token]], device=device), cache=cache, use_cache=True).logits[0, -1].float()

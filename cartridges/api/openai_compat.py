@@ -11,7 +11,6 @@ Design (messages, parameters, usage, streaming, errors): docs/design/openai-comp
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from typing import Any
@@ -222,22 +221,15 @@ def _answers(ask: dict[str, Any], parsed: params.Parsed) -> list[AnswerResult]:
     agree to float rounding, tests/kvengine/test_batching.py, noise and not a distribution to draw from); no
     seed or top_p changes an argmax.
 
-    Sampled: each choice is its own draw, with its own seed (seed + i) when one was given, asked one after
-    another. Not concurrently: the model's batcher (kvengine/batching.py) decodes greedily only, so a sampled
-    answer is decoded one at a time on the cartridge's scratch tail behind its lock (kvengine/answering.py,
-    answer_stream_unbatched); n concurrent asks would wait for that lock in turn anyway, while holding n of
-    this process's answer slots.
+    Sampled: each choice is its own draw, with its own seed (seed + i) when one was given, so choice i is the answer
+    of one request with seed + i. The question is computed once on top of the cartridge and the n choices are
+    decoded together as a batch of rows over that shared prefix, each with its own sampler, stops and length
+    (asking.answer_ask_choices, kvengine/choices.py), holding one of this process's answer slots.
     """
-    decoding = parsed.options.decoding
-    if decoding.temperature <= 0:
+    if parsed.options.decoding.temperature <= 0:
         return [asking.answer_ask(**ask, options=parsed.options)] * parsed.n
-    results = []
-    for i in range(parsed.n):
-        options = parsed.options
-        if i and decoding.seed is not None:
-            options = dataclasses.replace(options, decoding=dataclasses.replace(decoding, seed=(decoding.seed + i) % 2**63))
-        results.append(asking.answer_ask(**ask, options=options))
-    return results
+    return asking.answer_ask_choices(scope=ask["scope"], question=ask["question"], actor=ask["actor"],
+                                     num_choices=parsed.n, options=parsed.options)
 
 
 def _respond(request: Request, data: dict[str, Any], *, chat: bool) -> Any:

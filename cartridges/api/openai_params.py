@@ -18,7 +18,7 @@ from kvengine.decoding import MAX_STOPS, MAX_TOP_LOGPROBS, Decoding
 
 from .. import services
 
-MAX_N = 4  # choices per request, on the shared cartridge prefix (a sampled choice is one more decode each)
+MAX_N = 4  # choices per request, on the shared cartridge prefix (sampled ones are decoded together, a batch row each)
 COMMON = ("model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "user", "seed", "stop",
           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 CHAT = (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",

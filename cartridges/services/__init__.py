@@ -9,6 +9,7 @@ from .answer import (
     answer_request_file,
     answer_requests_sweep,
     cartridge_answer,
+    cartridge_answer_choices,
     evaluation_case_add,
     evaluation_case_subjects_resolve,
     question_validate,
@@ -24,7 +25,7 @@ from .scope_settings import scope_settings_update
 
 __all__ = [
     "AskOptions", "prompt_build", "AnswerResult", "answer_request_answer", "answer_request_collect", "answer_request_file", "ContextTooLong", "GateFailed", "GateResult", "NoActiveCartridge", "NothingToCompile",
-    "RebuildResult", "cartridge_activate", "cartridge_answer", "cartridge_compile", "cartridge_destroy",
+    "RebuildResult", "cartridge_activate", "cartridge_answer", "cartridge_answer_choices", "cartridge_compile", "cartridge_destroy",
     "cartridge_evaluate", "cartridge_is_committable", "cartridge_rebuild", "cartridge_rollback",
     "cartridge_views_rebuild", "evaluation_case_add", "head_validate", "kv_configuration_switch",
     "question_validate", "answer_requests_discard", "answer_requests_sweep", "evaluation_case_subjects_resolve",

@@ -8,7 +8,9 @@ hold the question, and an AnswerRecord keeps the version, mode and timings, neve
 Fresh answers: an ask never misses a committed memory. When the scope's head is past the serving version's,
 ``cartridge_serving`` compiles the scope at its head in memory (never stored) on the scope's stored blocks,
 the answer the refreshed version will give. Past MNESIO_FRESH_MAX_MEMORIES memories after the version (or
-the model's window) the version answers alone and says how many it did not read.
+the model's window) the version answers alone and says how many it did not read. A scope with no version yet
+(new, or after a configuration switch) is compiled the same way from nothing when it holds at most
+MNESIO_FRESH_MAX_MEMORIES memories; past that, or with none, the ask is NoActiveCartridge (409).
 """
 from __future__ import annotations
 
@@ -110,24 +112,13 @@ def mode_validate(mode: object) -> str:
     return str(mode)
 
 
-def active_version_for_answer(*, scope, config):
-    """The version that serves ``scope`` under ``config``, or NoActiveCartridge (409) saying what to do."""
-    version = active_version(scope=scope, configuration=config)
-    if version is None:
-        raise NoActiveCartridge(
-            f"`scope` '{scope.name}' has no active cartridge under the configuration {config.key()}; "
-            "compile, evaluate and activate one, or ask with mode='text' to re-read the memories",
-            extra={"field": "scope"},
-        )
-    return version
-
-
 @dataclass(frozen=True)
 class Serving:
     """What an ask in mode "cartridge" reads: the serving version's cartridge, or that version's blocks with the
-    memories appended after it compiled on top, in memory (module docstring, "Fresh answers")."""
+    memories appended after it compiled on top, in memory (module docstring, "Fresh answers"); without a version
+    (None), the scope's memories compiled in memory."""
 
-    version: CartridgeVersion
+    version: CartridgeVersion | None
     cartridge: Cartridge
     backend: KvBackend
     num_memories_after_version: int = 0  # surviving memories after version.log_head compiled on top of it
@@ -136,6 +127,9 @@ class Serving:
 
     @property
     def note(self) -> str:
+        if self.version is None:
+            return (f"read the scope's {self.num_memories_after_version} memories in memory: it has no active version "
+                    "yet (its refresh compiles one)")
         if self.num_memories_unread:
             return (f"answered from version {self.version.pk} without the {self.num_memories_unread} memories appended "
                     f"after it ({self.unread_reason}); the refresh catches up")
@@ -147,8 +141,11 @@ class Serving:
 
 def cartridge_serving(*, scope, config) -> Serving:
     """The cartridge that answers for ``scope``: the active version's, extended in memory (never stored) with the
-    memories appended after it, up to MNESIO_FRESH_MAX_MEMORIES of them; NoActiveCartridge (409) without a version."""
-    version = active_version_for_answer(scope=scope, config=config)
+    memories appended after it, up to MNESIO_FRESH_MAX_MEMORIES of them; without a version, the scope's memories
+    compiled in memory (_serving_from_nothing)."""
+    version = active_version(scope=scope, configuration=config)
+    if version is None:
+        return _serving_from_nothing(scope=scope, config=config)
     head = scope_head(scope=scope)
     if head <= version.log_head:
         cartridge, backend = engine.cartridge_load(version=version, config=config)
@@ -183,6 +180,60 @@ def cartridge_serving(*, scope, config) -> Serving:
     log.info("fresh answer scope=%s version=%s num_memories_after_version=%d blocks_reused=%s computed_tokens=%s",
              scope.pk, version.pk, num_fresh, cartridge.stats.get("blocks_reused"), cartridge.stats.get("computed_tokens"))
     return Serving(version=version, cartridge=cartridge, backend=backend, num_memories_after_version=num_fresh)
+
+
+def _serving_from_nothing(*, scope, config) -> Serving:
+    """A scope without an active version under ``config``: all its memories compiled in memory (never stored), what a
+    compile at its head computes, when they are at most MNESIO_FRESH_MAX_MEMORIES; else NoActiveCartridge (409) saying
+    what to do, and FreshCompilesBusy (429) while the process's fresh-compile slots are all taken."""
+    head = scope_head(scope=scope)
+    num_memories = Memory.objects.filter(scope=scope, seq__lte=head).count()  # erased ones too: opened only below
+    limit = conf.fresh_max_memories()
+    if num_memories > limit:
+        raise _no_cartridge(scope=scope, config=config, why=f", and its {num_memories} memories are more than "
+                            f"MNESIO_FRESH_MAX_MEMORIES={limit} to read in memory", num_memories=num_memories)
+    if not num_memories:
+        raise _no_cartridge(scope=scope, config=config, why=" and no memories; append memories first (an ask reads "
+                            "them at once)", num_memories=0)
+    if not _fresh_slot_take():  # before opening the scope: a refused ask must not decrypt it for nothing
+        raise FreshCompilesBusy(scope=scope)
+    try:
+        try:
+            data = compile_input(scope=scope, head=head)  # leaves out every memory whose key is shredded, as a compile does
+        except NothingToCompile:  # every memory was forgotten
+            raise _no_cartridge(scope=scope, config=config, why=" and no memories left (all were forgotten); append "
+                                "memories first", num_memories=0) from None
+        backend = engine.backend_for(config)
+        cartridge = compile_cartridge(backend=backend, data=data, blocks=block_lookup(scope=scope, live=scope_blocks_live(scope=scope)),
+                                      block_secret=scope_block_secret(scope=scope))
+    finally:
+        _fresh_slot_give()
+    log.info("fresh answer scope=%s version=None num_memories=%d computed_tokens=%s", scope.pk, len(data.seqs),
+             cartridge.stats.get("computed_tokens"))
+    return Serving(version=None, cartridge=cartridge, backend=backend, num_memories_after_version=len(data.seqs))
+
+
+def _no_cartridge(*, scope, config, why: str, num_memories: int) -> NoActiveCartridge:
+    return NoActiveCartridge(
+        f"`scope` '{scope.name}' has no active cartridge under the configuration {config.key()}{why}; compile and "
+        "activate one (a refresh does), or ask with mode='text' to re-read the memories",
+        extra={"field": "scope", "num_memories": num_memories},
+    )
+
+
+class FreshCompilesBusy(MnesioError):
+    """A scope without a version to fall back on found every fresh-compile slot taken: ask again shortly (429)."""
+
+    status_code = 429
+
+    def __init__(self, *, scope):
+        self.retry_after_s = max(1, conf.ask_retry_after_s())
+        super().__init__(
+            f"`scope` '{scope.name}' has no active cartridge yet and this process's "
+            f"MNESIO_FRESH_MAX_CONCURRENT={conf.fresh_max_concurrent()} fresh compiles are running; ask again in "
+            f"{self.retry_after_s} s",
+            extra={"field": "scope", "kind": "overloaded", "retry_after_s": self.retry_after_s},
+        )
 
 
 _fresh_lock = threading.Lock()
@@ -241,6 +292,28 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
                                                              **options.engine_kwargs())
     note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
     return answer_record(scope=scope, version=None, mode=mode, answer=answer, actor=actor, note=note)
+
+
+def cartridge_answer_choices(*, scope, question: Prompt, num_choices: int, actor=None,
+                             options: AskOptions = DEFAULT_OPTIONS) -> list[AnswerResult]:
+    """``num_choices`` answers of ``question`` from the scope's cartridge (mode "cartridge"), each recorded: sampled,
+    each its own draw (choice i with seed + i), decoded together over the cartridge and the question computed once
+    (kvengine/choices.py); greedy, one answer that is every choice (recorded once)."""
+    question = question_validate(question)
+    config = active_configuration()
+    greedy = options.decoding.temperature <= 0
+    if greedy or num_choices == 1 or scope_layout(scope=scope, config=config) == Layout.ROUTED:
+        if greedy:  # argmax is deterministic: one decode is every choice
+            return [cartridge_answer(scope=scope, question=question, actor=actor, options=options)] * num_choices
+        # one choice, or a routed scope (which refuses sampling, saying so)
+        each = [replace(options, decoding=options.decoding.for_choice(i)) for i in range(num_choices)]
+        return [cartridge_answer(scope=scope, question=question, actor=actor, options=choice) for choice in each]
+    serving = cartridge_serving(scope=scope, config=config)
+    with _context_too_long_as_422():
+        answers = serving.backend.answer_choices(serving.cartridge, question, num_choices=num_choices,
+                                                 max_new_tokens=options.length(), **options.engine_kwargs())
+    return [answer_record(scope=scope, version=serving.version, mode="cartridge", answer=answer, actor=actor, serving=serving)
+            for answer in answers]
 
 
 def _routed_answer(*, scope, config, question: Prompt, max_new: int, actor=None) -> AnswerResult:

@@ -34,11 +34,10 @@ def test_it_re_reads_the_memories_as_text_when_asked_and_says_so(alice, scope_a,
     assert "re-reading" in body["note"]
 
 
-def test_it_refuses_cartridge_mode_without_an_active_cartridge(alice, scope_a, append, api_client_for):
-    append(scope_a, TEA)
+def test_it_refuses_cartridge_mode_for_a_scope_with_nothing_to_answer_from(alice, scope_a, api_client_for):
     response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "What does Ada drink?"}, format="json")
     body = assert_error(response, 409, "scope")
-    assert "mode='text'" in body["message"]
+    assert "append memories first" in body["message"] and body["code"] == "no_active_cartridge"
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ def test_anyone_authenticated_reads_the_active_configuration(alice, api_client_f
 
 
 def test_switching_stops_old_cartridges_from_serving_and_queues_recompiles(
-    operator, alice, charlie, scope_a, scope_c, served, api_client_for, django_capture_on_commit_callbacks
+    operator, alice, charlie, scope_a, scope_c, served, api_client_for, django_capture_on_commit_callbacks, settings
 ):
     old_a = served(scope_a, ["The spare key is under the blue flowerpot."])
     old_c = served(scope_c, ["Miso the cat sleeps on the piano."])
@@ -36,7 +36,11 @@ def test_switching_stops_old_cartridges_from_serving_and_queues_recompiles(
     row = KvConfiguration.objects.get()
     assert row.created_by == operator
 
-    # before any recompile ran: the old cartridges no longer serve (their key does not match)
+    # before any recompile ran: the old cartridges no longer serve (their key does not match); the scope's memories
+    # are read in memory under the new configuration, or, with that off, nothing serves
+    fresh = api_client_for(alice).post("/api/scopes/scope-a/ask/", ask, format="json").json()
+    assert fresh["version_id"] is None and fresh["num_memories_after_version"] == 1 and "flowerpot" in fresh["answer"]
+    settings.MNESIO_FRESH_MAX_MEMORIES = 0
     refused = api_client_for(alice).post("/api/scopes/scope-a/ask/", ask, format="json")
     assert_error(refused, 409, "scope")
     assert "fake:fake-model:bf16:q8" in refused.json()["message"]

@@ -74,8 +74,7 @@ def _scenarios():
     def nothing_to_compile(c, w):
         return c(w.alice).post("/api/scopes/scope-a/cartridges/compile/", {}, format="json")
 
-    def no_active_cartridge(c, w):
-        w.append(w.scope_a, KEY)
+    def no_active_cartridge(c, w):  # a scope with no memories: nothing to compile in memory either
         return c(w.alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
 
     def gate_failed(c, w):

@@ -39,7 +39,7 @@ def test_it_refuses_an_unknown_configuration_value_naming_the_field(db, field, v
 
 
 def test_it_stops_old_cartridges_and_queues_recompiles_on_a_switch(
-    scope_a, scope_c, append, fake_engine, eager_tasks, django_capture_on_commit_callbacks
+    scope_a, scope_c, append, fake_engine, eager_tasks, django_capture_on_commit_callbacks, settings
 ):
     append(scope_a, "The spare key is under the blue flowerpot.")
     append(scope_c, "The cat is called Miso.")
@@ -48,8 +48,11 @@ def test_it_stops_old_cartridges_and_queues_recompiles_on_a_switch(
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         row = kv_configuration_switch_enqueue(backend="fake", model="fake-model", dtype="bf16", quant="q8", actor=None)
     assert active_configuration().row == row
-    # the old cartridge no longer serves, before any recompile ran
+    # the old cartridge no longer serves, before any recompile ran: the scope is read in memory under the new one
     assert active_version(scope=scope_a) is None and version_state(version=old) == "superseded"
+    fresh = cartridge_answer(scope=scope_a, question="Where is the spare key?")
+    assert fresh.version_id is None and fresh.num_memories_after_version == 1 and "flowerpot" in fresh.answer
+    settings.MNESIO_FRESH_MAX_MEMORIES = 0  # no reading in memory: nothing serves until the recompile
     with pytest.raises(NoActiveCartridge) as exc:
         cartridge_answer(scope=scope_a, question="Where is the spare key?")
     assert "fake:fake-model:bf16:q8" in exc.value.message and exc.value.status_code == 409
@@ -78,9 +81,9 @@ def test_it_routes_compile_and_evaluate_to_the_gpu_queue():
 
 
 def test_it_answers_by_re_reading_only_when_asked_and_says_so(scope_a, append, fake_engine):
-    append(scope_a, "The spare key is under the blue flowerpot.")
-    with pytest.raises(NoActiveCartridge):
+    with pytest.raises(NoActiveCartridge):  # nothing to answer from
         cartridge_answer(scope=scope_a, question="Where is the spare key?")
+    append(scope_a, "The spare key is under the blue flowerpot.")
     result = cartridge_answer(scope=scope_a, question="Where is the spare key?", mode="text")
     assert result.mode == "text" and result.version_id is None and "re-reading" in result.note
     assert "flowerpot" in result.answer

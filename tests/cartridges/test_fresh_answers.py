@@ -110,3 +110,48 @@ def test_an_ask_that_finds_every_fresh_compile_slot_taken_is_answered_by_its_ver
     assert "MNESIO_FRESH_MAX_CONCURRENT" in result.note
     again = cartridge_answer(scope=scope_a, question="Where is the car parked?")  # the slot is free again
     assert again.answer == CAR and again.num_memories_after_version == 1
+
+
+def test_a_scope_without_a_version_is_read_whole_in_memory_and_stores_nothing(scope_a, fake_engine, append):
+    append(scope_a, KEY)
+    append(scope_a, CAR)
+
+    result = cartridge_answer(scope=scope_a, question="Where is the car parked?")
+
+    assert result.answer == CAR and result.version_id is None and result.mode == "cartridge"
+    assert (result.num_memories_after_version, result.num_memories_unread) == (2, 0)
+    assert (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), CartridgeBlob.objects.count()) == (0, 0, 0)
+    assert AnswerRecord.objects.get().version_id is None
+    items = list(cartridge_answer_stream(scope=scope_a, question="Where is the spare key?"))
+    assert "".join(items[:-1]).strip() == KEY == items[-1].answer and items[-1].num_memories_after_version == 2
+
+
+def test_a_scope_without_a_version_never_reads_a_forgotten_memory(scope_a, fake_engine, append):
+    from cartridges.services import NoActiveCartridge
+
+    car = append(scope_a, CAR)
+    secret = append(scope_a, CODE)
+    memory_forget_file(scope=scope_a, seq=secret.seq, requested_by=None)
+
+    result = cartridge_answer(scope=scope_a, question="What is the vault code?")
+
+    assert "4417" not in result.answer and result.num_memories_after_version == 1
+    memory_forget_file(scope=scope_a, seq=car.seq, requested_by=None)
+    with pytest.raises(NoActiveCartridge) as caught:  # every memory forgotten: nothing to answer from
+        cartridge_answer(scope=scope_a, question="Where is the car parked?")
+    assert "forgotten" in caught.value.message and caught.value.status_code == 409
+
+
+def test_a_scope_without_a_version_that_finds_the_fresh_slots_taken_is_told_to_retry(scope_a, fake_engine, append):
+    from cartridges.services import answer
+
+    append(scope_a, CAR)
+    assert answer._fresh_slot_take()  # another ask's fresh compile is running; there is no version to fall back on
+    try:
+        with pytest.raises(answer.FreshCompilesBusy) as caught:
+            cartridge_answer(scope=scope_a, question="Where is the car parked?")
+    finally:
+        answer._fresh_slot_give()
+    assert caught.value.status_code == 429 and caught.value.retry_after_s >= 1
+    assert "MNESIO_FRESH_MAX_CONCURRENT" in caught.value.message
+    assert cartridge_answer(scope=scope_a, question="Where is the car parked?").answer == CAR  # the slot is free again

@@ -44,3 +44,21 @@ def test_the_fresh_answer_is_token_for_token_the_answer_of_a_version_compiled_at
     assert backend.answer(serving.cartridge, QUESTION, max_new_tokens=12).token_ids == expected.token_ids
     assert fresh.answer == expected.text and "4417" in fresh.answer, fresh.answer
     assert fresh.version_id == version.pk and fresh.num_memories_after_version == 2
+
+
+def test_a_scope_without_a_version_answers_what_a_version_compiled_at_its_head_answers(scope_a, append, real_engine, settings):
+    settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 12
+    for text in NEW:
+        append(scope_a, text)
+
+    config = active_configuration()
+    serving = cartridge_serving(scope=scope_a, config=config)
+    fresh = cartridge_answer(scope=scope_a, question=QUESTION)
+    at_head = cartridge_compile(scope=scope_a)  # what the first refresh compiles (not activated)
+    compiled, backend = engine.cartridge_load(version=at_head, config=config)
+
+    assert serving.version is None and serving.num_memories_after_version == 2
+    assert backend.dump_parts(serving.cartridge).digest == at_head.sha256  # the same bytes as the stored version
+    expected = backend.answer(compiled, QUESTION, max_new_tokens=12)
+    assert fresh.answer == expected.text and "4417" in fresh.answer, fresh.answer
+    assert fresh.version_id is None and fresh.num_memories_after_version == 2

@@ -21,7 +21,7 @@ def _concrete_backends() -> list[type[KvBackend]]:
 
 def test_the_contract_declares_every_method_the_apps_call():
     assert CONTRACT == sorted([
-        "answer", "answer_from_text", "answer_stream", "compile", "count_tokens", "describe", "dump_parts", "dumps", "fidelity", "load_parts",
+        "answer", "answer_choices", "answer_from_text", "answer_stream", "compile", "count_tokens", "describe", "dump_parts", "dumps", "fidelity", "load_parts",
         "loads", "variant", "verify_extension",
     ])
     fidelity = inspect.signature(KvBackend.fidelity).parameters["max_new_tokens"]

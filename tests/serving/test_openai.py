@@ -83,7 +83,7 @@ def test_errors_have_openais_shape_and_the_apis_statuses(alice, charlie, scope_a
     with pytest.raises(openai.NotFoundError) as caught:  # not granted: as unknown as a missing scope
         client_for(server_url, charlie).chat.completions.create(model="scope-a", messages=messages)
     assert caught.value.body["code"] == "model_not_found" and caught.value.body["param"] == "model"
-    append(scope_a, FACTS[0])  # no active cartridge
+    # no memories yet, so no cartridge to answer from
     with pytest.raises(openai.ConflictError) as caught:
         client_for(server_url, alice).chat.completions.create(model="scope-a", messages=messages)
     assert caught.value.body["type"] == "invalid_request_error" and "mode='text'" in caught.value.body["message"]
@@ -94,6 +94,11 @@ def test_errors_have_openais_shape_and_the_apis_statuses(alice, charlie, scope_a
     with pytest.raises(openai.ConflictError) as caught:
         client_for(server_url, alice).completions.create(model="scope-a", prompt="Where?")
     assert caught.value.body["code"] == "no_active_cartridge"
+    append(scope_a, FACTS[0])  # still no version: the memory is read in memory, at once
+    fresh = client_for(server_url, alice).chat.completions.create(
+        model="scope-a", messages=[{"role": "user", "content": QUESTIONS[0]}])
+    assert fresh.choices[0].message.content == FACTS[0] and fresh.model_extra["mnesio"]["version_id"] is None
+    assert fresh.model_extra["mnesio"]["num_memories_after_version"] == 1
     # a raw client sees the same shape for a bad token, in either scheme (Token is accepted as on /api/)
     raw = EventStream(server_url, "/v1/chat/completions", {"model": "scope-a", "messages": messages},
                       auth="Token " + "0" * 64)

@@ -104,3 +104,18 @@ def test_sampling_stop_length_logprobs_and_json_do_what_they_say(served_real, as
         assert isinstance(json.loads(loose.choices[0].message.content), dict)
     else:  # cut at max_tokens: still the beginning of an object
         assert loose.choices[0].message.content.startswith("{")
+
+
+def test_n_sampled_choices_are_the_single_requests_with_seed_plus_i(served_real, asgi_server):
+    scope, token = served_real
+    client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": "Tell me a short story about Lena."}]
+    sampled = {"temperature": 0.9, "seed": 11, "max_tokens": 8}
+    three = client.chat.completions.create(model=scope, messages=messages, n=3, **sampled)
+    alone = [client.chat.completions.create(model=scope, messages=messages, **{**sampled, "seed": 11 + i}) for i in range(3)]
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.message.content for c in three.choices] == [a.choices[0].message.content for a in alone]
+    assert len({c.message.content for c in three.choices}) > 1  # three draws
+    assert three.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    completions = client.completions.create(model=scope, prompt=messages[0]["content"], n=2, **sampled)
+    assert [c.text for c in completions.choices] == [a.choices[0].message.content for a in alone[:2]]

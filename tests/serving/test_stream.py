@@ -62,7 +62,7 @@ def test_a_client_that_goes_away_closes_the_engine_stream(alice, scope_a, served
 
 
 def test_refusals_before_the_first_token_keep_their_status(alice, charlie, scope_a, append, served, server_url):
-    append(scope_a, TEA)  # no active cartridge yet
+    # no memories yet: no cartridge to answer from
     stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "What does Ada drink?", "stream": True},
                          auth=f"Token {token_for(alice)}")
     assert stream.status == 409 and json.loads(stream.body())["extra"]["field"] == "scope"
