@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .batching import merge_states, prefix_attention_lse
+from .cascade import merge_states, prefix_attention_lse
 from .decoding import Decoding, StopWatcher, TextStream, TokenLogprob
 from .kvcache import CartridgeCache, KvState
 from .sampling import Sampler

@@ -120,7 +120,7 @@ def test_a_scope_without_a_version_is_read_whole_in_memory_and_stores_nothing(sc
 
     assert result.answer == CAR and result.version_id is None and result.mode == "cartridge"
     assert (result.num_memories_after_version, result.num_memories_unread) == (2, 0)
-    assert (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), CartridgeBlob.objects.count()) == (0, 0, 0)
+    assert (CartridgeVersion.objects.count(), CartridgeBlock.objects.count(), BlobKey.objects.count()) == (0, 0, 0)
     assert AnswerRecord.objects.get().version_id is None
     items = list(cartridge_answer_stream(scope=scope_a, question="Where is the spare key?"))
     assert "".join(items[:-1]).strip() == KEY == items[-1].answer and items[-1].num_memories_after_version == 2
