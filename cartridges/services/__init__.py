@@ -16,7 +16,8 @@ from .answer import (
 from .ask import AskOptions, prompt_build
 from .compile import RebuildResult, cartridge_compile, cartridge_rebuild, head_validate
 from .config import kv_configuration_switch
-from .erase import cartridge_destroy, cartridge_views_rebuild
+from .destroy import cartridge_destroy
+from .erase import cartridge_views_rebuild
 from .errors import ContextTooLong, GateFailed, NoActiveCartridge, NothingToCompile
 from .forget import answer_requests_discard, evaluation_cases_forget
 from .gate import GateResult, cartridge_evaluate, cartridge_is_committable, is_committable
