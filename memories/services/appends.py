@@ -45,8 +45,8 @@ from memories.selectors import memories_open, subject_id_variants
 from .validation import (
     MAX_BATCH_ITEMS,
     MAX_IDEMPOTENCY_KEY_CHARS,
-    _token_validate,
     content_validate,
+    identifier_validate,
     metadata_encode,
     metadata_validate,
     subject_id_validate,
@@ -136,7 +136,7 @@ def _items_validate(raw_items: object, *, single: bool) -> list[_Item]:
             subject = subject_id_validate(subject) if subject is not None else None
             key = raw.get("idempotency_key")
             if key is not None:
-                key = _token_validate(key, field="idempotency_key", max_chars=MAX_IDEMPOTENCY_KEY_CHARS)
+                key = identifier_validate(key, field="idempotency_key", max_chars=MAX_IDEMPOTENCY_KEY_CHARS)
             metadata = metadata_validate(raw.get("metadata"))
         except MnesioError as exc:
             errors.append((index, exc))
