@@ -18,7 +18,7 @@ from kvengine.errors import ConfigError
 from .locomo import CATEGORIES, LocomoConversation, LocomoData, LocomoQuestion, question_prompt, sample_questions
 from .metrics import evidence_recall, locomo_resolve_choice, locomo_score
 from .retrieval import RETRIEVERS, DenseEncoder, Retrievers
-from .runner import QUESTION_ROOM_TOKENS, BackendPool, _median_p95, machine_info
+from .runner import QUESTION_ROOM_TOKENS, BackendPool, Progress, machine_info, median_p95
 
 LOCOMO_MODES = ("bm25", "dense", "hybrid", "closed_book", "cartridge")
 SCORED_CATEGORIES = (1, 2, 3, 4)  # token F1; category 5 (adversarial) is an abstention accuracy, reported apart
@@ -129,8 +129,8 @@ def summarize_answers(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "f1_1_4": 100.0 * sum(r["score"] for r in scored) / len(scored) if scored else None,
         "adversarial_accuracy": 100.0 * sum(r["score"] for r in adversarial) / len(adversarial) if adversarial else None,
         "evidence_recall": 100.0 * sum(recalls) / len(recalls) if recalls else None,
-        "ttft_s": _median_p95([r["ttft_s"] for r in records]),
-        "total_s": _median_p95([r["total_s"] for r in records]),
+        "ttft_s": median_p95([r["ttft_s"] for r in records]),
+        "total_s": median_p95([r["total_s"] for r in records]),
         "mean_prompt_tokens": sum(r["num_prompt_tokens"] for r in records) / len(records) if records else None,
     }
 
@@ -201,8 +201,6 @@ def run_locomo(config: LocomoConfig, data: LocomoData, *, pool: BackendPool | No
 def _answer_conversation(config: LocomoConfig, modes: Sequence[str], main: Any, conversation: LocomoConversation,
                          retrievers: Retrievers, asked: Sequence[LocomoQuestion], row: dict[str, Any], *,
                          progress: bool) -> list[dict[str, Any]]:
-    from .runner import _Progress
-
     memories = list(conversation.memories)
     cartridge = None
     window = 0
@@ -217,7 +215,7 @@ def _answer_conversation(config: LocomoConfig, modes: Sequence[str], main: Any, 
         row["cartridge"] = {"num_memories": window, "num_tokens": main.count_tokens(memories[:window]),
                             "compile_s": round(time.perf_counter() - start, 3)}
     records = []
-    bar = _Progress(len(asked), conversation.sample_id, progress)
+    bar = Progress(len(asked), conversation.sample_id, progress)
     for question in asked:
         prompt, options = prompts[question.qid]
         base = {"qid": question.qid, "conversation": conversation.sample_id, "category": question.category,

@@ -150,7 +150,7 @@ class _Titled:
     article: str
 
 
-def _median_p95(values: Sequence[float]) -> dict[str, float | None]:
+def median_p95(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "p95": None}
     ordered = sorted(values)
@@ -166,8 +166,8 @@ def summarize_mode(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "num_questions": n,
         "em": 100.0 * sum(r["em"] for r in records) / n if n else None,
         "f1": 100.0 * sum(r["f1"] for r in records) / n if n else None,
-        "ttft_s": _median_p95([r["ttft_s"] for r in records]),
-        "total_s": _median_p95([r["total_s"] for r in records]),
+        "ttft_s": median_p95([r["ttft_s"] for r in records]),
+        "total_s": median_p95([r["total_s"] for r in records]),
         "mean_prompt_tokens": sum(r["num_prompt_tokens"] for r in records) / n if n else None,
         "gold_recall": (sum(r["gold_retrieved"] for r in records) / n
                         if n and all("gold_retrieved" in r for r in records) else None),
@@ -253,7 +253,7 @@ def _load() -> list[float] | None:
         return None
 
 
-class _Progress:
+class Progress:
     """A tqdm bar when tqdm is installed and wanted, else nothing."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
@@ -331,7 +331,7 @@ def run_budget(config: EvalConfig, pool: BackendPool, encoder: DenseEncoder | No
     records: list[dict[str, Any]] = []
     scope_rows: list[dict[str, Any]] = []
     agreement_rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in config.variants()}
-    bar = _Progress(len(picked), f"{budget:>5} tok", progress)
+    bar = Progress(len(picked), f"{budget:>5} tok", progress)
     for scope in scopes:
         questions = [q for s, q in picked if s is scope]
         if not questions:
@@ -460,7 +460,7 @@ def summarize_budget(config: EvalConfig, budget: int, scope_rows: list[dict[str,
             "first_token": sum(r["first_token"] for r in rows) / n if n else None,
             "token_agreement": sum(r["token_agreement"] for r in rows) / n if n else None,
             "f1": 100.0 * sum(r["f1"] for r in rows) / n if n else None,
-            "ttft_s": _median_p95([r["ttft_s"] for r in rows]),
+            "ttft_s": median_p95([r["ttft_s"] for r in rows]),
             "divergence": divergence_summary(rows),
         }
     total_tokens = sum(s["num_tokens"] for s in scope_rows)
