@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .base import BackendDescription, CartridgeHeader, canonical_json
 from .errors import CorruptCartridgeError, IncompatibleCartridgeError
+from .header import BackendDescription, CartridgeHeader, canonical_json
 
 FORMAT_VERSION = 8  # 2: q8/q4 keep their first positions exact ("exact" parts); 3: rotated q8/q4, q4 in 32-value groups; 4: blocks; 5: q8 in 16-value groups (quant.py); 6: q4 with 5-bit keys and 64-value groups (quant.py), bf16r with exact matmul outputs (precision.py); 7: q4's bits per layer from a calibrated plan (quant.bit_plan); 8: per KV head (quant.bit_plan)
 # (quant.py); 4: KV in blocks computed one on top of the other (blocks.py), quantized per block
