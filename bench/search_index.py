@@ -141,8 +141,8 @@ def _explain(scope, query: str) -> dict:
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
         plans["weights"] = [row[0] for row in cursor.fetchall()]
-        # what a process that holds nothing of the scope reads with them (memories.search_index._read)
-        delta, delta_params = search_index._delta_statement(scope, search_index._empty(0), list(counts), None)
+        # what a process that holds nothing of the scope reads with them (memories.search_index.ranking._read)
+        delta, delta_params = search_index.ranking._delta_statement(scope, search_index.ranking._empty(0), list(counts), None)
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql} UNION ALL {delta}", [*params, *delta_params])
         plans["first_read_of_a_process"] = [row[0] for row in cursor.fetchall()]
     return {"query": query, "plans": plans}
@@ -199,7 +199,7 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
     def measure(label: str) -> None:
         from memories import search_index
 
-        search_index._cache.clear()  # as a new process: the first searches read their terms' postings
+        search_index.ranking._cache.clear()  # as a new process: the first searches read their terms' postings
         cold = []
         for i in range(10):
             started = time.perf_counter()
@@ -250,8 +250,8 @@ def run(*, num_memories: int, num_queries: int, top_k: int, seed: int = 11, batc
 
     cached = sum(held.seqs.nbytes + held.lengths.nbytes + held.subjects.nbytes + held.created.nbytes
                  + sum(term.docs.nbytes + term.tfs.nbytes for term in held.terms.values())
-                 for held in search_index._cache.values())
-    figures["process_cache"] = {"terms": sum(len(c.terms) for c in search_index._cache.values()),
+                 for held in search_index.ranking._cache.values())
+    figures["process_cache"] = {"terms": sum(len(c.terms) for c in search_index.ranking._cache.values()),
                                 "mb": round(cached / 2**20, 1)}
     # searches right after appends: each reads the postings appended past what it held (a delta)
     after_append = []

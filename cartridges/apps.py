@@ -13,7 +13,7 @@ class CartridgesConfig(AppConfig):
         from memories.registry import register_view_rebuilder
 
         from .selectors import evaluation_case_aad
-        from .services.answer import answer_request_aad
+        from .services.answer_requests import answer_request_aad
         from .services.blocksecret import block_secret_aad
         from .services.erase import cartridge_views_rebuild
         from .storage import blob_key_aad

@@ -32,7 +32,7 @@ from .services import (
     cartridge_answer_choices,
 )
 from .services.admission import answer_slot, answer_slot_acquire, answer_slot_release, async_ask_admit
-from .services.answer import _request_key, answer_request_delta_aad
+from .services.answer_requests import answer_request_delta_aad, answer_request_key
 from .services.ask import DEFAULT_OPTIONS, AskOptions
 from .services.stream import AnswerStream, cartridge_answer_stream
 from .tasks import cartridge_answer_task
@@ -218,7 +218,7 @@ def _remote_answer(*, scope, question: Prompt, mode: str, actor, options: AskOpt
 def _remote_stream(*, scope, question: Prompt, mode: str, actor, options: AskOptions) -> Iterator[str | AnswerResult]:
     """File, subscribe, send; the generator yields the opened deltas, then the collected AnswerResult."""
     request = answer_request_file(scope=scope, question=question, mode=mode, actor=actor, options=options)
-    key = _request_key(request)
+    key = answer_request_key(request)
     client, pubsub = _subscribe(request.pk)
     try:
         job_dispatch(cartridge_answer_task, args=[request.pk, True], robust=True)

@@ -21,6 +21,7 @@ from core.errors import MnesioError
 from kvengine import Cartridge, CorruptCartridgeError, IncompatibleCartridgeError, KvBackend, KvConfig, make_backend
 
 from . import conf
+from .chunk_cache import routed_chunks_cache_clear, routed_chunks_purge_destroyed
 from .models import BlobKey, CartridgeEvaluation, CartridgeVersion
 from .storage import BlobTampered, BlobUnavailable, block_cache_drop, block_cache_names, version_parts_read
 
@@ -170,12 +171,10 @@ def cartridges_purge_destroyed() -> list[int]:
     prune) leaves this process's memory within one request. A blob is destroyed when its key row (BlobKey)
     is gone, which destruction and pruning do first: one query over the cached names while either cache holds
     anything, none when both are empty; a routed chunk when its row is gone: one more query while the chunk LRU
-    holds anything (services/routed_chunks.py). (Whether a cached version may still serve is decided per answer
+    holds anything (chunk_cache.py). (Whether a cached version may still serve is decided per answer
     by active_version, manifest included.)
     """
     from memories.search_dense import dense_purge_stale
-
-    from .services.routed_chunks import routed_chunks_purge_destroyed  # the services import this module
 
     chunks = routed_chunks_purge_destroyed()
     if chunks:
@@ -210,8 +209,6 @@ def cartridge_forget(*, version_id: int) -> None:
 
 def cache_clear(*, backends: bool = False) -> None:
     """Empty the cartridge LRU and the routed chunk LRU (and the backends when asked)."""
-    from .services.routed_chunks import routed_chunks_cache_clear  # the services import this module
-
     routed_chunks_cache_clear()
     with _lock:
         _cartridges.clear()

@@ -17,6 +17,7 @@ from django.db.models.functions import Coalesce, Length
 from django.utils import timezone
 
 from cartridges import conf, engine, selectors
+from cartridges.chunk_cache import routed_chunk_cache_stats
 from cartridges.models import (
     AnswerRecord,
     CartridgeActivation,
@@ -27,7 +28,6 @@ from cartridges.models import (
     ScopeSettings,
 )
 from cartridges.services.admission import asks_summary
-from cartridges.services.routed_chunks import routed_chunk_cache_stats
 from kvengine import ANSWER_MODES
 from memories.models import ErasureEvent, ErasureRequest, ErasureStatus, Memory, Scope
 from memories.selectors import log_head

@@ -99,7 +99,7 @@ class CartridgeVersion(AppendOnlyModel):
 
     class Meta:
         ordering = ["-id"]
-        # the one change allowed: an erasure blanks the digests of a version it destroyed (services/erase.py)
+        # the one change allowed: an erasure blanks the digests of a version it destroyed (services/destroy.py)
         triggers = [
             blank_only_trigger("cartridgeversion_protect_update", blanked=["sha256", "payload_sha256"]),
             *[t for t in append_only_triggers("cartridgeversion_") if t.name != "cartridgeversion_protect_update"],
@@ -165,7 +165,7 @@ class CartridgeBlock(AppendOnlyModel):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        # the one change allowed: destruction blanks the id and digests (services/erase.py block_destroy)
+        # the one change allowed: destruction blanks the id and digests (services/destroy.py block_destroy)
         triggers = [
             blank_only_trigger("cartridgeblock_protect_update", blanked=["block_id", "part_sha256", "sha256"]),
             *[t for t in append_only_triggers("cartridgeblock_") if t.name != "cartridgeblock_protect_update"],

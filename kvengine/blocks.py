@@ -18,8 +18,8 @@ import struct
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
-from .base import CartridgeHeader, canonical_json
 from .format import FORMAT_VERSION, BlockRef, write_block_part, write_tail_part
+from .header import CartridgeHeader, canonical_json
 from .plans import calibrated_plan
 
 BLOCK_SIZE = 64  # tokens per full block (transformers backend); a multiple of every quantization group length

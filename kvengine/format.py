@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .base import BackendDescription, CartridgeHeader, canonical_json
 from .errors import CorruptCartridgeError, IncompatibleCartridgeError
+from .header import BackendDescription, CartridgeHeader, canonical_json
 
 # The cartridge file layout this engine reads and writes: a change to the stored tensors' names, dtypes, shapes or
 # arithmetic bumps it, and a cartridge of another version is refused with "recompile it" (docs/design/cartridge-format.md).

@@ -17,6 +17,7 @@ import base64
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +32,26 @@ NONCE_BYTES = 12  # the GCM standard nonce size; random per encryption (2^-32 co
 KEY_BYTES = 32  # AES-256
 
 __all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES", "MasterKeyUnavailable"]
+
+
+class WrapGuard(NamedTuple):
+    """What runs around wraps and unwraps, installed by the keyring (it reads the tables; this module reads none).
+
+    ``before_wrap(master_key_id)`` raises MasterKeyUnavailable to refuse a wrap with the current key;
+    ``unknown_key_met()`` runs when an unwrap meets a key id this process does not know.
+    """
+
+    before_wrap: Callable[[str], None]
+    unknown_key_met: Callable[[], None]
+
+
+_guard: WrapGuard | None = None
+
+
+def wrap_guard_install(guard: WrapGuard) -> None:
+    """Install the guard every verified wrap runs (MemoriesConfig.ready installs memories.keyring's)."""
+    global _guard
+    _guard = guard
 
 
 class WrappedKey(NamedTuple):
@@ -136,18 +157,18 @@ def unseal(key: bytes, nonce: bytes, ciphertext: bytes, *, aad: bytes) -> bytes:
 def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> WrappedKey:
     """Wrap a data key with the current master key; return ``(nonce + ciphertext, wrapped_by)``.
 
-    The first wrap of a process (per set of configured keys) verifies that the master key opens the keys
-    already stored (memories.keyring): a process started with the wrong key refuses to write rather than
-    wrap keys the right process could never open. Every wrap checks that no rotation retired the key
-    (memories.models.MasterKeyRotation), so a process left behind by a rotation elsewhere refuses too. ``verify=False`` only for migrations, which run before
-    every holder's table exists.
+    Each wrap first runs the installed guard (memories.keyring.master_key_wrap_check): the first wrap of a
+    process verifies that the master key opens the keys already stored, so a process started with the wrong key
+    refuses to write rather than wrap keys the right process could never open, and every wrap checks that no
+    rotation retired the key. With no guard installed a wrap refuses. ``verify=False`` only for migrations, which
+    run before every holder's table exists.
     """
     current = master_key()
     if verify:
-        from memories.keyring import master_key_retired_check, master_key_verify_once  # keyring imports this module
-
-        master_key_verify_once()
-        master_key_retired_check(master_key_id(current))
+        if _guard is None:
+            raise MasterKeyUnavailable("no master-key check is installed, so nothing is wrapped; the memories app "
+                                       "installs it when Django starts (memories.apps.MemoriesConfig.ready)")
+        _guard.before_wrap(master_key_id(current))
     return WrappedKey(seal_box(current, data_key, aad=aad), master_key_id(current))
 
 
@@ -157,9 +178,8 @@ def unwrap(wrapped: bytes, *, wrapped_by: str, aad: bytes) -> bytes:
     keys = known_master_keys()
     if wrapped_by not in keys:
         # a key rotated elsewhere since this process verified: verify again before its next wrap
-        from memories.keyring import master_key_verify_forget
-
-        master_key_verify_forget()
+        if _guard is not None:
+            _guard.unknown_key_met()
         raise MasterKeyUnavailable(
             f"a data key was wrapped by master key id {wrapped_by!r}, but only {sorted(keys)} are configured; "
             "set `MNESIO_MASTER_KEY_OLD` to the previous key and run `manage.py rotate_master_key`"

@@ -8,8 +8,9 @@ Two things run over the registry, so a new holder cannot be forgotten by either:
 - ``keys_rewrap()``: the one re-wrap loop ``manage.py rotate_master_key`` runs after a rotation;
 - ``master_key_verify()``: every master-key id among live wrapped keys has to be one this process knows
   (MNESIO_MASTER_KEY or MNESIO_MASTER_KEY_OLD). A process started with a wrong key sees an unknown id on
-  every stored row; ``crypto.wrap`` calls ``master_key_verify_once()`` before its first wrap, so such a
-  process refuses to write instead of wrapping new keys that the right process could never open.
+  every stored row; ``crypto.wrap`` runs ``master_key_wrap_check()`` (installed as its guard by
+  MemoriesConfig.ready) before each wrap, so such a process refuses to write instead of wrapping new keys that
+  the right process could never open.
 
 A live row is one whose wrapped bytes are not NULL and whose key id is not empty (a shredded subject or an
 erased evaluation case has no key bytes left; an answer request is wrapped right after its insert).
@@ -174,6 +175,12 @@ def master_key_retired_check(key_id: str) -> None:
     _retired_checked[key_id] = time.monotonic()
 
 
+def master_key_wrap_check(key_id: str) -> None:
+    """What ``crypto.wrap`` runs before wrapping with ``key_id``: verify once, then the retirement check."""
+    master_key_verify_once()
+    master_key_retired_check(key_id)
+
+
 def master_key_verify_forget() -> None:
     """Drop this process's verified key sets (``crypto.unwrap`` calls it when it meets an unknown key id).
 
@@ -182,6 +189,9 @@ def master_key_verify_forget() -> None:
     """
     with _verified_lock:
         _verified.clear()
+
+
+WRAP_GUARD = crypto.WrapGuard(before_wrap=master_key_wrap_check, unknown_key_met=master_key_verify_forget)
 
 
 # ---------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def dense_ranking(*, scope: Scope, query: str, seqs: Sequence[int], generation: 
     """``seqs`` (memories of ``scope``) best first by cosine similarity to ``query``; equal ones earlier first."""
     import numpy as np
 
-    from memories.selectors import memories_open, scope_memories
+    from memories.selectors.log import memories_open, scope_memories
 
     if not seqs:
         return []

@@ -17,7 +17,7 @@ ACTIVATE_PERMISSION = "cartridges.activate_cartridge"  # activate and roll back
 SWITCH_PERMISSION = "cartridges.switch_kvconfiguration"
 
 
-def _reasons_html(reasons: list[str]) -> str:
+def reasons_html(reasons: list[str]) -> str:
     return format_html("<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((r,) for r in reasons)))
 
 

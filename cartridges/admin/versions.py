@@ -25,8 +25,8 @@ from .common import (
     COMPILE_PERMISSION,
     EVALUATE_PERMISSION,
     ReadOnlyInline,
-    _reasons_html,
     outcome_text,
+    reasons_html,
 )
 
 
@@ -53,7 +53,7 @@ class EvaluationInline(ReadOnlyInline):
 
     @admin.display(description="reasons")
     def reasons_list(self, obj: CartridgeEvaluation) -> str:
-        return _reasons_html(obj.reasons) if obj.reasons else "–"
+        return reasons_html(obj.reasons) if obj.reasons else "–"
 
 
 class ActivationInline(ReadOnlyInline):
@@ -127,7 +127,7 @@ def rollback_scopes(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
             activation = services.cartridge_rollback(scope=scope, actor=request.user)
         except GateFailed as exc:
             modeladmin.message_user(
-                request, format_html("Scope '{}': {}{}", scope.name, exc.message, _reasons_html(exc.reasons)),
+                request, format_html("Scope '{}': {}{}", scope.name, exc.message, reasons_html(exc.reasons)),
                 messages.ERROR,
             )
         except MnesioError as exc:
@@ -229,7 +229,7 @@ class CartridgeVersionAdmin(admin.ModelAdmin):
             try:
                 services.cartridge_activate(version=version, actor=request.user)
             except GateFailed as exc:
-                self.message_user(request, format_html("{}{}", exc.message, _reasons_html(exc.reasons)), messages.ERROR)
+                self.message_user(request, format_html("{}{}", exc.message, reasons_html(exc.reasons)), messages.ERROR)
             except MnesioError as exc:
                 self.message_user(request, f"Version {version.pk}: {exc.message}", messages.ERROR)
             else:

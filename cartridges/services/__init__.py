@@ -4,20 +4,18 @@ from __future__ import annotations
 from .activate import cartridge_activate, cartridge_rollback
 from .answer import (
     AnswerResult,
-    answer_request_answer,
-    answer_request_collect,
-    answer_request_file,
-    answer_requests_sweep,
     cartridge_answer,
     cartridge_answer_choices,
     evaluation_case_add,
     evaluation_case_subjects_resolve,
     question_validate,
 )
+from .answer_requests import answer_request_answer, answer_request_collect, answer_request_file, answer_requests_sweep
 from .ask import AskOptions, prompt_build
 from .compile import RebuildResult, cartridge_compile, cartridge_rebuild, head_validate
 from .config import kv_configuration_switch
-from .erase import cartridge_destroy, cartridge_views_rebuild
+from .destroy import cartridge_destroy
+from .erase import cartridge_views_rebuild
 from .errors import ContextTooLong, GateFailed, NoActiveCartridge, NothingToCompile
 from .forget import answer_requests_discard, evaluation_cases_forget
 from .gate import GateResult, cartridge_evaluate, cartridge_is_committable

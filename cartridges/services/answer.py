@@ -17,21 +17,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
-from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError
-from kvengine import ANSWER_MODES, ContextTooLongError
+from kvengine import ANSWER_MODES
 from kvengine.base import Cartridge, KvBackend
 from kvengine.conversation import Prompt
-from kvengine.errors import OverloadedError
 from kvengine.text import normalize_answer
 from memories import crypto
 from memories.models import Memory, Scope, Subject
@@ -46,14 +40,13 @@ from memories.selectors import (
 from memories.services import subject_id_validate
 
 from .. import conf, engine, prometheus
-from ..models import AnswerRecord, AnswerRequest, CartridgeVersion, EvaluationCase, Layout
+from ..models import AnswerRecord, CartridgeVersion, EvaluationCase, Layout
 from ..selectors import active_configuration, active_version, evaluation_case_aad
 from ..storage import block_lookup, scope_blocks_live
-from .admission import overloaded_from_engine
-from .ask import DEFAULT_OPTIONS, AskOptions, ask_open_payload, ask_seal_payload, prompt_validate
+from .ask import DEFAULT_OPTIONS, AskOptions, prompt_validate
 from .blocksecret import scope_block_secret
 from .compile import compile_cartridge, compile_input
-from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile
+from .errors import ContextTooLong, NoActiveCartridge, NothingToCompile, context_too_long_as_422
 from .routed_answer import routed_answer, scope_layout
 
 log = logging.getLogger("cartridges")
@@ -88,21 +81,6 @@ class AnswerResult:
 def question_validate(question: object) -> Prompt:
     """Return the question stripped (or the conversation checked), or raise naming the field."""
     return prompt_validate(question)
-
-
-@contextmanager
-def _context_too_long_as_422() -> Iterator[None]:
-    """The engine's refusals as application errors: over the window is ContextTooLong (422 on every path, as
-    for a compile), a full engine queue (kvengine OverloadedError, from the batcher) is Overloaded (429)."""
-    try:
-        yield
-    except OverloadedError as exc:
-        raise overloaded_from_engine(exc) from None
-    except ContextTooLongError as exc:
-        raise ContextTooLong(
-            f"{exc}; ask a shorter question, or split the scope", extra={"field": "question", "num_tokens": exc.num_tokens,
-                                                                       "limit": exc.limit, "kind": "context_too_long"},
-        ) from None
 
 
 def mode_validate(mode: object) -> str:
@@ -281,13 +259,13 @@ def cartridge_answer(*, scope, question: Prompt, mode: str = "cartridge", actor=
         return _routed_answer(scope=scope, config=config, question=question, max_new=max_new, actor=actor)
     if mode == "cartridge":
         serving = cartridge_serving(scope=scope, config=config)
-        with _context_too_long_as_422():
+        with context_too_long_as_422():
             answer = serving.backend.answer(serving.cartridge, question, max_new_tokens=max_new, **options.engine_kwargs())
         return answer_record(scope=scope, version=serving.version, mode=mode, answer=answer, actor=actor, serving=serving)
     texts = [m.text for m in scope_memories_open(scope=scope, as_of=log_head()) if not m.erased]
     if not texts:
         raise NothingToCompile(f"`scope` '{scope.name}' has no memories to re-read", extra={"field": "scope"})
-    with _context_too_long_as_422():
+    with context_too_long_as_422():
         answer = engine.backend_for(config).answer_from_text(texts, question, max_new_tokens=max_new,
                                                              **options.engine_kwargs())
     note = "answered by re-reading the memories as text (mode='text'), not from a cartridge"
@@ -309,7 +287,7 @@ def cartridge_answer_choices(*, scope, question: Prompt, num_choices: int, actor
         each = [replace(options, decoding=options.decoding.for_choice(i)) for i in range(num_choices)]
         return [cartridge_answer(scope=scope, question=question, actor=actor, options=choice) for choice in each]
     serving = cartridge_serving(scope=scope, config=config)
-    with _context_too_long_as_422():
+    with context_too_long_as_422():
         answers = serving.backend.answer_choices(serving.cartridge, question, num_choices=num_choices,
                                                  max_new_tokens=options.length(), **options.engine_kwargs())
     return [answer_record(scope=scope, version=serving.version, mode="cartridge", answer=answer, actor=actor, serving=serving)
@@ -318,7 +296,7 @@ def cartridge_answer_choices(*, scope, question: Prompt, num_choices: int, actor
 
 def _routed_answer(*, scope, config, question: Prompt, max_new: int, actor=None) -> AnswerResult:
     """Answer from the scope's routed layout (services/routed_answer.py); recorded as mode "routed"."""
-    with _context_too_long_as_422():
+    with context_too_long_as_422():
         answer, seqs = routed_answer(scope=scope, config=config, question=question, max_new_tokens=max_new)
     result = answer_record(scope=scope, version=None, mode="routed", answer=answer, actor=actor)
     return replace(result, mode="cartridge", layout=Layout.ROUTED.value, memory_seqs=seqs)
@@ -452,153 +430,3 @@ def evaluation_case_add(
     case.refresh_from_db()
     log.info("evaluation case added id=%s scope=%s num_subjects=%d", case.pk, scope.pk, len(linked))
     return case
-
-
-def answer_request_aad(request_id: int, part: str) -> bytes:
-    """Associated data of a request's wrapped key (``part="key"``), sealed question and sealed answer."""
-    return f"mnesio:answer-request:v1|{request_id}|{part}".encode()
-
-
-@sensitive_variables()
-def _request_key(request: AnswerRequest) -> bytes:
-    return crypto.unwrap(bytes(request.wrapped_key), wrapped_by=request.wrapped_by, aad=answer_request_aad(request.pk, "key"))
-
-
-@sensitive_variables()
-def answer_request_file(*, scope, question: Prompt, mode: str = "cartridge", actor=None,
-                        options: AskOptions = DEFAULT_OPTIONS) -> AnswerRequest:
-    """Seal a question (with its options) for a worker to answer (queue ``cartridge_answer_task`` with the row's id)."""
-    payload = ask_seal_payload(question_validate(question), options)
-    mode = mode_validate(mode)
-    key = crypto.new_data_key()
-    with transaction.atomic():
-        request = _request_create(scope=scope, mode=mode, actor=actor, key=key, payload=payload)
-    return request
-
-
-@sensitive_variables()
-def _request_create(*, scope, mode: str, actor, key: bytes, payload: bytes) -> AnswerRequest:
-    request = AnswerRequest.objects.create(
-        scope=scope,
-        mode=mode,
-        wrapped_key=b"",
-        wrapped_by="",
-        sealed_question=b"",
-        actor=actor if getattr(actor, "is_authenticated", False) else None,
-    )
-    # the associated data names the row, so the key and the question are sealed once the id exists
-    wrapped, wrapped_by = crypto.wrap(key, aad=answer_request_aad(request.pk, "key"))
-    AnswerRequest.objects.filter(pk=request.pk).update(
-        wrapped_key=wrapped,
-        wrapped_by=wrapped_by,
-        sealed_question=crypto.seal_box(key, payload, aad=answer_request_aad(request.pk, "question")),
-    )
-    request.refresh_from_db()
-    return request
-
-
-def answer_request_delta_aad(request_id: int, seq: int) -> bytes:
-    """Associated data of the ``seq``-th streamed delta of a request (services.stream; the order is bound in)."""
-    return answer_request_aad(request_id, f"delta:{seq}")
-
-
-@sensitive_variables()
-def answer_request_answer(
-    *, answer_request: AnswerRequest, publish: Callable[[int, bytes], bool] | None = None
-) -> AnswerRequest:
-    """Answer a filed request and seal the result into it (what the worker task runs); safe to run twice.
-
-    With ``publish`` (a streamed ask), each text delta is sealed with the request's own key and handed to
-    ``publish(seq, sealed)`` as it is decoded; when ``publish`` returns False nobody listens any more (the
-    asker went away), so decoding stops there and nothing is sealed.
-    """
-    request = AnswerRequest.objects.select_related("scope").filter(pk=answer_request.pk).first()
-    if request is None:  # collected, swept, or discarded by an erasure meanwhile
-        raise MnesioError(f"`answer_request` {answer_request.pk} does not exist (collected, expired or discarded)",
-                          extra={"field": "answer_request"}, status_code=404)
-    if request.answered_at is not None:
-        return request
-    key = _request_key(request)
-    try:
-        question, options = ask_open_payload(crypto.open_box(key, request.sealed_question, aad=answer_request_aad(request.pk, "question")))
-        if publish is None:
-            result = cartridge_answer(scope=request.scope, question=question, mode=request.mode, actor=request.actor,
-                                      options=options)
-        else:
-            result = _answer_published(request=request, key=key, question=question, publish=publish, options=options)
-            if result is None:  # the asker is gone (and has deleted the row): nothing to seal
-                return request
-    except MnesioError as exc:  # kept with its status and kind: collecting answers as the synchronous ask would
-        AnswerRequest.objects.filter(pk=request.pk).update(
-            error=exc.message[:1000], error_status=exc.status_code, error_kind=type(exc).__name__[:64],
-            answered_at=timezone.now(),
-        )
-    else:
-        sealed = crypto.seal_box(key, json.dumps(result.as_dict()).encode(), aad=answer_request_aad(request.pk, "answer"))
-        AnswerRequest.objects.filter(pk=request.pk).update(sealed_answer=sealed, answered_at=timezone.now())
-    # the asker may collect (and delete) the row the moment it is answered: then the row as it was is returned
-    return AnswerRequest.objects.filter(pk=request.pk).first() or request
-
-
-@sensitive_variables()
-def _answer_published(*, request: AnswerRequest, key: bytes, question: Prompt,
-                      publish: Callable[[int, bytes], bool], options: AskOptions) -> AnswerResult | None:
-    """Stream the answer through ``publish`` (sealed deltas); the AnswerResult, or None when nobody listened."""
-    from .stream import cartridge_answer_stream  # stream builds on this module
-
-    stream = cartridge_answer_stream(scope=request.scope, question=question, mode=request.mode, actor=request.actor,
-                                     options=options)
-    result = None
-    try:
-        for seq, item in enumerate(stream):
-            if isinstance(item, AnswerResult):
-                result = item
-            elif not publish(seq, crypto.seal_box(key, item.encode(), aad=answer_request_delta_aad(request.pk, seq))):
-                log.info("answer request %s: the asker went away; decoding stopped", request.pk)
-                return None
-    finally:
-        stream.close()
-    return result
-
-
-@sensitive_variables()
-def answer_request_collect(*, answer_request: AnswerRequest) -> AnswerResult:
-    """Open the answer of a request and delete the request with its key (a second collect is a 404-able error)."""
-    request = AnswerRequest.objects.filter(pk=answer_request.pk).first()
-    if request is None:
-        raise MnesioError(f"`answer_request` {answer_request.pk} does not exist or was collected", extra={"field": "answer_request"}, status_code=404)
-    ttl = conf.answer_request_ttl_s()
-    if request.created_at <= timezone.now() - timedelta(seconds=ttl):
-        request.delete()  # what the sweep would do: an expired answer is not handed out
-        raise MnesioError(
-            f"`answer_request` {request.pk} expired: it was not collected within {ttl} s (MNESIO_ANSWER_REQUEST_TTL_S)",
-            extra={"field": "answer_request"}, status_code=404,
-        )
-    if request.answered_at is None:
-        raise Conflict(f"`answer_request` {request.pk} is not answered yet; try again shortly", extra={"field": "answer_request"})
-    error, error_status, error_kind = request.error, request.error_status, request.error_kind
-    payload = None
-    if not error:
-        payload = json.loads(crypto.open_box(_request_key(request), request.sealed_answer, aad=answer_request_aad(request.pk, "answer")))
-    request.delete()
-    if error:
-        raise MnesioError(error, extra={"field": "answer_request", "kind": error_kind or None},
-                          status_code=error_status or Conflict.status_code)
-    return AnswerResult(**payload)
-
-
-def answer_requests_sweep(*, older_than_s: int) -> int:
-    """Delete answer requests (with their keys) filed more than ``older_than_s`` ago; return how many.
-
-    A request nobody collects would otherwise keep a sealed question and answer for ever, outliving an
-    erasure of what the answer quoted and a rotation that retires the key. Celery beat runs it
-    (``answer_requests_sweep_task``) with MNESIO_ANSWER_REQUEST_TTL_S.
-    """
-    if not isinstance(older_than_s, int) or isinstance(older_than_s, bool) or older_than_s < 0:
-        raise MnesioError(f"`older_than_s` has to be a whole number of seconds >= 0 but got {older_than_s!r}",
-                          extra={"field": "older_than_s"})
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    num, _ = AnswerRequest.objects.filter(created_at__lte=cutoff).delete()
-    if num:
-        log.info("swept %d answer request(s) never collected", num)
-    return num

@@ -20,6 +20,7 @@ from django.db import transaction
 from ..models import BlobKey, CartridgePrune, CartridgeVersion, CartridgeVersionBlock
 from ..selectors import latest_activation, scope_settings_get
 from ..storage import blob_destroy
+from .destroy import block_destroy
 
 log = logging.getLogger("cartridges")
 
@@ -39,8 +40,6 @@ def versions_prune(*, scope) -> list[CartridgePrune]:
 
 def version_prune(*, version: CartridgeVersion, keep: int) -> CartridgePrune | None:
     """Destroy ``version``'s blob and the blocks only it (and other pruned or destroyed versions) used."""
-    from .erase import block_destroy
-
     links = list(CartridgeVersionBlock.objects.filter(version=version).select_related("block"))
     freed = 0
     num_destroyed = 0

@@ -7,20 +7,14 @@ memory's key, its subject's key or its scope's keys leaves them unreadable. Ever
 erased memories' rows (``routed_chunks_destroy``, called by services/erase.py); no other chunk is touched: a
 chunk depends on its own memory's text only, so nothing is recomputed.
 
-Opened chunks are kept in a bounded per-process LRU keyed by row id. Whether a chunk may serve is decided from
-the database on every ask (its row must still exist), so a chunk destroyed by another process is never used from
-here. The erasing process drops the rows it deletes from its own LRU (routed_chunks_destroy); every other process
-drops them at the start of its next request or task (routed_chunks_purge_destroyed, run by
-engine.cartridges_purge_destroyed: one query over the LRU's row ids while it holds anything), so no decrypted
-chunk outlives its row by more than one request.
+Opened chunks are kept in this process's LRU (cartridges/chunk_cache.py); rows are read on every ask, so a
+destroyed chunk is never served from it.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,15 +28,12 @@ from memories.models import ErasureKind, ErasureRequest, Scope
 from memories.selectors import erasure_request_memories, memories_open, memory_own_keys, scope_memories
 
 from .. import conf, engine
+from ..chunk_cache import chunk_cache_get, chunk_cache_put, routed_chunks_forget
 from ..models import RoutedChunk
 from .blocksecret import scope_block_secret
 from .compile import SubjectErasedDuringCompile, manifest_memory_keys_lock, manifest_subjects_lock
 
 log = logging.getLogger("cartridges")
-
-_lock = threading.Lock()
-_opened: OrderedDict[int, Any] = OrderedDict()  # RoutedChunk.pk -> the backend's opened chunk
-_stats = {"hits": 0, "misses": 0, "evictions": 0, "dropped": 0}
 
 
 def repair_policy(name: str):
@@ -135,13 +126,8 @@ def routed_chunks_open(*, scope: Scope, config: Any, seqs: Iterable[int]) -> dic
         RoutedChunk.objects.filter(scope=scope, config_key=config_key, memory__seq__in=wanted)
         .select_related("memory", "memory__scope__key", "memory__subject", "memory__own_key")
     )
-    opened: dict[int, Any] = {}
-    with _lock:
-        for row in rows:
-            if row.pk in _opened:
-                _opened.move_to_end(row.pk)
-                opened[row.memory.seq] = _opened[row.pk]
-                _stats["hits"] += 1
+    held = chunk_cache_get(row.pk for row in rows)
+    opened: dict[int, Any] = {row.memory.seq: held[row.pk] for row in rows if row.pk in held}
     misses = [row for row in rows if row.memory.seq not in opened]
     if misses:
         keys = memory_own_keys([row.memory for row in misses])
@@ -152,47 +138,8 @@ def routed_chunks_open(*, scope: Scope, config: Any, seqs: Iterable[int]) -> dic
                 continue
             data = crypto.open_box(key, row.sealed, aad=chunk_aad(seq=row.memory.seq, scope_id=scope.pk, config_key=config_key))
             opened[row.memory.seq] = chunk = backend.chunk_loads(data)
-            _remember(row.pk, chunk)
+            chunk_cache_put(row.pk, chunk)
     return opened
-
-
-def _remember(pk: int, chunk: Any) -> None:
-    size = conf.routed_chunk_cache_size()
-    if size <= 0:
-        return
-    with _lock:
-        _stats["misses"] += 1
-        _opened[pk] = chunk
-        while len(_opened) > size:
-            _opened.popitem(last=False)
-            _stats["evictions"] += 1
-
-
-def routed_chunks_forget(*, pks: Iterable[int]) -> int:
-    """Drop the chunks with row ids ``pks`` from this process's LRU; how many were held."""
-    with _lock:
-        dropped = sum(_opened.pop(pk, None) is not None for pk in pks)
-        _stats["dropped"] += dropped
-    return dropped
-
-
-def routed_chunks_purge_destroyed() -> int:
-    """Drop the opened chunks whose row is gone (destroyed by another process); how many were dropped.
-
-    One query over the LRU's row ids while it holds anything, none when it is empty.
-    """
-    with _lock:
-        held = list(_opened)
-    if not held:
-        return 0
-    live = set(RoutedChunk.objects.filter(pk__in=held).values_list("pk", flat=True))
-    return routed_chunks_forget(pks=[pk for pk in held if pk not in live])
-
-
-def routed_chunks_cache_clear() -> None:
-    """Empty this process's chunk LRU."""
-    with _lock:
-        _opened.clear()
 
 
 def routed_chunks_destroy(*, erasure_request: ErasureRequest) -> int:
@@ -208,8 +155,3 @@ def routed_chunks_destroy(*, erasure_request: ErasureRequest) -> int:
     log.info("routed chunks destroyed erasure_request=%s chunks=%d", erasure_request.pk, deleted)
     return deleted
 
-
-def routed_chunk_cache_stats() -> dict[str, int]:
-    """This process's chunk LRU: size and counters (the KV metrics)."""
-    with _lock:
-        return {"size": len(_opened), **_stats}

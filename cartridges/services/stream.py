@@ -24,7 +24,6 @@ from ..selectors import active_configuration
 from .answer import (
     AnswerResult,
     Serving,
-    _context_too_long_as_422,
     answer_record,
     cartridge_answer,
     cartridge_serving,
@@ -32,6 +31,7 @@ from .answer import (
     question_validate,
 )
 from .ask import DEFAULT_OPTIONS, AskOptions
+from .errors import context_too_long_as_422
 from .routed_answer import scope_layout
 
 log = logging.getLogger("cartridges")
@@ -150,7 +150,7 @@ def cartridge_answer_stream(*, scope, question: Prompt, mode: str = "cartridge",
 def _recorded(items, *, scope, serving: Serving, actor) -> Iterator[StreamItem]:
     """Pass the engine's deltas on; record its final Answer and yield it as the AnswerResult; close the engine."""
     try:
-        with _context_too_long_as_422():
+        with context_too_long_as_422():
             for item in items:
                 if isinstance(item, str):
                     yield item

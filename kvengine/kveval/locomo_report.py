@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .labels import MODE_LABELS
 from .locomo import CATEGORIES
-from .report import MODE_LABELS
 
 _LABELS = {**MODE_LABELS, "hybrid": "hybrid (BM25 + dense, RRF) top-k text",
            "cartridge": "cartridge of the first window"}

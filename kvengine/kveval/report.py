@@ -6,15 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MODE_LABELS = {
-    "cartridge": "cartridge",
-    "text": "text re-reading",
-    "bm25": "BM25 top-k text",
-    "dense": "dense top-k text",
-    "closed_book": "no memory (floor)",
-    "hybrid": "hybrid top-k text",
-}
-
+from .labels import MODE_LABELS
+from .locomo_report import markdown_report as locomo_markdown
 
 # LoCoMo is CC BY-NC, for evaluation only: its files never hold the conversation's words, the questions or the gold
 # answers (nor the prompts and predictions, which quote them); records keep ids, categories, scores and timings.
@@ -41,8 +34,6 @@ def write_report(results: dict[str, Any], out_dir: Path, *, command: str | None 
     if command:
         results = {**results, "command": command}
     if results.get("dataset") == "locomo":  # per-category tables, no per-budget charts
-        from .locomo_report import markdown_report as locomo_markdown
-
         results = without_dataset_text(results)
         paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
         paths["json"].write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -25,14 +24,13 @@ from ..divergence import AnswerDivergence
 from ..kvcache import CartridgeCache
 from .assembly import Assembly, assemble
 from .chunks import MemoryChunk, shared_prefix, tail_token_ids
+from .host import RoutedHost
 from .repair import RepairPolicy
 from .repair import repair as apply_repair
 from .rotation import rotary_of
 
 NO_REPAIR = RepairPolicy.none()  # the default: chunks as compiled, keys moved
 
-if TYPE_CHECKING:
-    from ..transformers_backend import TransformersKvBackend
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class RoutedAnswer(Answer):
     repair_s: float = 0.0  # seconds spent assembling and repairing (within ttft_s)
 
 
-def _repaired(backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], tail: list[int], policy: RepairPolicy, room: int) -> tuple[Assembly, int]:
+def _repaired(backend: RoutedHost, chunks: Sequence[MemoryChunk], tail: list[int], policy: RepairPolicy, room: int) -> tuple[Assembly, int]:
     """The assembly of ``chunks`` with ``policy`` applied (a fresh state: stored chunks are never written)."""
     assembly = assemble(shared_prefix(backend), chunks, rotary_of(backend.model), room=len(tail) + room)
     backend._check_room(len(assembly.token_ids) + len(tail), room, "the chunks plus the question and answer")
@@ -52,7 +50,7 @@ def _repaired(backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], tai
 
 
 def answer_routed(
-    backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = NO_REPAIR,
+    backend: RoutedHost, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = NO_REPAIR,
     max_new_tokens: int = 32, stop_at_eos: bool = True,
 ) -> RoutedAnswer:
     """Assemble ``chunks`` (in the order given) after P, repair, prefill the question and decode greedily."""
@@ -67,7 +65,7 @@ def answer_routed(
     return RoutedAnswer(**answer.__dict__, repair=repair.name, num_recomputed_tokens=num_recomputed, repair_s=repair_s)
 
 
-def reread_token_ids(backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str) -> tuple[list[int], int]:
+def reread_token_ids(backend: RoutedHost, chunks: Sequence[MemoryChunk], question: str) -> tuple[list[int], int]:
     """The reference's prompt ids (P, the chunks' ids as assembled, the tail) and how many of them are memory tokens."""
     ids = list(shared_prefix(backend).token_ids)
     num_context = 0
@@ -79,7 +77,7 @@ def reread_token_ids(backend: TransformersKvBackend, chunks: Sequence[MemoryChun
 
 
 def answer_reread(
-    backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
+    backend: RoutedHost, chunks: Sequence[MemoryChunk], question: str, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
 ) -> Answer:
     """The reference: one plain prefill of P + the chunks' ids + the tail, then greedy decoding."""
     start = time.perf_counter()
@@ -90,14 +88,14 @@ def answer_reread(
     return backend._answer(out, "text", num_context, len(ids), ttft, time.perf_counter() - start)
 
 
-def _forced(backend: TransformersKvBackend, ids: list[int], answer_ids: list[int], cache: DynamicCache) -> torch.Tensor:
+def _forced(backend: RoutedHost, ids: list[int], answer_ids: list[int], cache: DynamicCache) -> torch.Tensor:
     """Feed ``ids`` + ``answer_ids`` on ``cache``: next-token log-probs [len(answer_ids) + 1, vocab] (float32)."""
     input_ids = torch.tensor([ids + answer_ids], device=backend.device)  # (1, n)
     logits = backend.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=len(answer_ids) + 1).logits[0]
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def reread_logprobs(backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, answer_ids: Sequence[int]) -> torch.Tensor:
+def reread_logprobs(backend: RoutedHost, chunks: Sequence[MemoryChunk], question: str, answer_ids: Sequence[int]) -> torch.Tensor:
     """The reference's next-token log-probs [len(answer_ids) + 1, vocab] along ``answer_ids``, teacher-forced (one prefill)."""
     ids, _ = reread_token_ids(backend, chunks, question)
     backend._check_room(len(ids) + len(answer_ids), 1, "the chunks plus the question and answer")
@@ -106,7 +104,7 @@ def reread_logprobs(backend: TransformersKvBackend, chunks: Sequence[MemoryChunk
 
 
 def routed_logprobs(
-    backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, answer_ids: Sequence[int], *, repair: RepairPolicy = NO_REPAIR,
+    backend: RoutedHost, chunks: Sequence[MemoryChunk], question: str, answer_ids: Sequence[int], *, repair: RepairPolicy = NO_REPAIR,
 ) -> torch.Tensor:
     """The routed next-token log-probs [len(answer_ids) + 1, vocab] along ``answer_ids``, teacher-forced over the repaired assembly."""
     tail = tail_token_ids(backend.layout, question)
@@ -116,7 +114,7 @@ def routed_logprobs(
 
 
 def routed_divergence(
-    backend: TransformersKvBackend, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = NO_REPAIR,
+    backend: RoutedHost, chunks: Sequence[MemoryChunk], question: str, *, repair: RepairPolicy = NO_REPAIR,
     max_new_tokens: int = 32, reference: Answer | None = None,
 ) -> AnswerDivergence:
     """KL(reference || routed) and top-1 agreement per position of the reference's answer, teacher-forced.
@@ -132,7 +130,7 @@ def routed_divergence(
 
 
 def divergence_of(
-    backend: TransformersKvBackend, logp_ref: torch.Tensor, logp_routed: torch.Tensor, answer_ids: Sequence[int], max_new_tokens: int
+    backend: RoutedHost, logp_ref: torch.Tensor, logp_routed: torch.Tensor, answer_ids: Sequence[int], max_new_tokens: int
 ) -> AnswerDivergence:
     """divergence.AnswerDivergence of two teacher-forced log-prob tables along the reference's ``answer_ids``."""
     greedy = logp_routed.argmax(dim=-1).tolist()

@@ -17,16 +17,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
 from ..errors import EmptyInputError, KvError
 from ..layout import SYSTEM_PREAMBLE, PromptLayout
-
-if TYPE_CHECKING:
-    from ..transformers_backend import TransformersKvBackend
+from .host import RoutedHost
 
 SEPARATOR = "\n"  # the layout's join between memories (PromptLayout.prefix_text)
 _SENTINEL = "\x00mnesio-memories\x00"  # marks where the memories go in the rendered system turn; never tokenized
@@ -121,7 +118,7 @@ def check_chunk_ids(layout: PromptLayout, texts: list[str], question: str) -> bo
 
 
 # -- KV ----------------------------------------------------------------------------------------------
-def _prefill(backend: TransformersKvBackend, ids: list[int], on_top: SharedPrefix | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _prefill(backend: RoutedHost, ids: list[int], on_top: SharedPrefix | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Prefill ``ids`` (after ``on_top``'s KV if given); the new positions' keys and values per layer [H, n, D]."""
     cache = DynamicCache(config=backend.model.config)
     begin = 0
@@ -139,7 +136,7 @@ def _prefill(backend: TransformersKvBackend, ids: list[int], on_top: SharedPrefi
     return keys, values
 
 
-def shared_prefix(backend: TransformersKvBackend) -> SharedPrefix:
+def shared_prefix(backend: RoutedHost) -> SharedPrefix:
     """P of ``backend`` (computed once per model and dtype, then reused)."""
     key = (id(backend.model), backend.dtype)
     with _PREFIXES_LOCK:
@@ -154,7 +151,7 @@ def shared_prefix(backend: TransformersKvBackend) -> SharedPrefix:
         return backend.__dict__["_routed_prefixes"].setdefault(key, prefix)
 
 
-def compile_chunk(backend: TransformersKvBackend, text: str) -> MemoryChunk:
+def compile_chunk(backend: RoutedHost, text: str) -> MemoryChunk:
     """Compile one memory into its chunk: prefill its ids on top of P's KV, keep the chunk's own K/V."""
     prefix = shared_prefix(backend)
     ids, num_sep = chunk_token_ids(backend.layout, text)

@@ -9,24 +9,13 @@ is memories.jobs' (services never import tasks).
 from __future__ import annotations
 
 from .appends import AppendOutcome, memories_append_batch, memory_append
-from .erasure import (
-    erasure_request_file,
-    erasure_request_process,
-    erasure_request_shred,
-    erasure_requeue_grace_s,
-    subject_shred,
-)
-from .forget import (
-    memory_forget_file,
-    memory_key_shred,
-    memory_keys_backfill,
-    memory_keys_backfill_parent,
-    scope_delete_file,
-    scope_keys_shred,
-)
+from .backfill import memory_keys_backfill, memory_keys_backfill_parent
+from .erasure import erasure_request_file, erasure_request_process, erasure_request_shred, erasure_requeue_grace_s
+from .forget import memory_forget_file, scope_delete_file
 from .rotation import RotationReport, master_key_rotate
 from .scopes import scope_create, scope_grant, scope_revoke
 from .search_index import search_index_backfill, search_index_erase
+from .shred import memory_key_shred, scope_keys_shred, subject_shred
 from .tokens import api_token_create, api_token_revoke, user_invite
 from .validation import (
     MAX_BATCH_ITEMS,

@@ -14,46 +14,25 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from core.errors import Conflict, MnesioError, NotFound
 from memories import crypto, registry, search_index
-from memories.models import LogHead, Memory, MemoryKey, Scope, ScopeKey, Subject
-from memories.selectors import memories_open, subject_id_variants
+from memories.models import Memory, MemoryKey, Scope, ScopeKey, Subject
+from memories.selectors import subject_id_variants
 
-from .validation import (
-    MAX_BATCH_ITEMS,
-    MAX_IDEMPOTENCY_KEY_CHARS,
-    _token_validate,
-    content_validate,
-    metadata_encode,
-    metadata_validate,
-    subject_id_validate,
-)
+from .append_items import AppendItem, batch_failure, existing_check, items_validate, repeat_errors
+from .locks import log_counter_advance
 
 logger = logging.getLogger("memories")
 
 # How often an append runs again after losing an idempotency key to a concurrent commit (it then finds it).
 _MAX_ATTEMPTS = 3
-
-
-@dataclass
-class _Item:
-    """One validated item of a batch."""
-
-    index: int
-    content: str
-    data: bytes
-    subject: str | None
-    idempotency_key: str | None
-    metadata: bytes | None
-    first: int | None = None  # index of an earlier item with the same idempotency key
 
 
 @dataclass(frozen=True)
@@ -62,106 +41,6 @@ class AppendOutcome:
 
     memory: Memory
     created: bool
-
-
-@dataclass
-class _BatchError(Exception):
-    """Bad items of a batch, collected so one error names them all."""
-
-    errors: list[tuple[int, MnesioError]] = field(default_factory=list)
-
-
-def _path(index: int | None, field_name: str) -> str:
-    return field_name if index is None else f"items[{index}].{field_name}"
-
-
-def _batch_failure(errors: list[tuple[int, MnesioError]], *, single: bool) -> MnesioError:
-    """One error for the whole batch: the single append's own error, or every item's named by path."""
-    if single:
-        return errors[0][1]
-    listed = []
-    for index, exc in errors:
-        name = exc.extra.get("field", "item")
-        listed.append({"index": index, "field": _path(index, name), "message": exc.message,
-                       "status": exc.status_code})
-    status = max(exc.status_code for _, exc in errors)  # a conflict (409) outranks a bad field (400)
-    message = f"{len(errors)} of the batch's items were refused and nothing was written: " + "; ".join(
-        f"`{e['field']}`: {e['message']}" for e in listed[:20]
-    ) + ("; ..." if len(listed) > 20 else "")
-    return MnesioError(message, extra={"field": listed[0]["field"], "errors": listed}, status_code=status)
-
-
-_ITEM_FIELDS = frozenset({"content", "subject", "idempotency_key", "metadata"})
-
-
-def _items_validate(raw_items: object, *, single: bool) -> list[_Item]:
-    """Validate every item (collecting every bad one) and link repeated idempotency keys within the batch."""
-    if not isinstance(raw_items, (list, tuple)):
-        raise MnesioError(f"`items` has to be a list but got {type(raw_items).__name__}", extra={"field": "items"})
-    if not 1 <= len(raw_items) <= MAX_BATCH_ITEMS:
-        raise MnesioError(
-            f"`items` has to hold 1 to {MAX_BATCH_ITEMS} memories but got {len(raw_items)}", extra={"field": "items"}
-        )
-    items: list[_Item] = []
-    errors: list[tuple[int, MnesioError]] = []
-    seen: dict[str, _Item] = {}
-    for index, raw in enumerate(raw_items):
-        if not isinstance(raw, Mapping):
-            errors.append((index, MnesioError(f"an item has to be an object but got {type(raw).__name__}",
-                                              extra={"field": "item"})))
-            continue
-        unknown = sorted(str(key) for key in raw if key not in _ITEM_FIELDS)
-        if unknown:
-            errors.append((index, MnesioError(f"unknown field; the accepted fields are {sorted(_ITEM_FIELDS)}",
-                                              extra={"field": unknown[0]})))
-            continue
-        try:
-            data = content_validate(raw.get("content"))
-            subject = raw.get("subject")
-            subject = subject_id_validate(subject) if subject is not None else None
-            key = raw.get("idempotency_key")
-            if key is not None:
-                key = _token_validate(key, field="idempotency_key", max_chars=MAX_IDEMPOTENCY_KEY_CHARS)
-            metadata = metadata_validate(raw.get("metadata"))
-        except MnesioError as exc:
-            errors.append((index, exc))
-            continue
-        item = _Item(index, raw["content"], data, subject, key, metadata)
-        if key is not None:
-            earlier = seen.get(key)
-            if earlier is None:
-                seen[key] = item
-            elif (earlier.subject, earlier.content, earlier.metadata) != (subject, item.content, metadata):
-                errors.append((index, Conflict(
-                    f"`idempotency_key` '{key}' is used by item {earlier.index} of this batch with other content, "
-                    "subject or metadata", extra={"field": "idempotency_key"})))
-                continue
-            else:
-                item.first = earlier.index
-        items.append(item)
-    if errors:
-        raise _batch_failure(errors, single=single)
-    return items
-
-
-def _counter_advance(num: int) -> int:
-    """Move the log head by ``num`` and return the new head; the counter row stays locked until commit.
-
-    The UPDATE comes first so it takes the lock (PostgreSQL's row lock, SQLite's write lock) before
-    anything else is read; the seqs of this transaction are ``head - num + 1 .. head``.
-    """
-    assert transaction.get_connection().in_atomic_block and num >= 1
-    table = LogHead._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET head = head + %s WHERE id = 1 RETURNING head", [num])
-        row = cursor.fetchone()
-        if row is None:
-            # First append (or a test database that was flushed): start the counter where the log ends.
-            start = Memory.objects.aggregate(head=Max("seq"))["head"] or 0
-            LogHead.objects.bulk_create([LogHead(pk=1, head=start)], ignore_conflicts=True)
-            cursor.execute(f"UPDATE {table} SET head = head + %s WHERE id = 1 RETURNING head", [num])
-            row = cursor.fetchone()
-    return int(row[0])
 
 
 def _scope_locked_view(scope: Scope) -> Scope:
@@ -211,7 +90,7 @@ class _ScopeChanged(Exception):
 
 
 @sensitive_variables()
-def _subjects_resolve(scope: Scope, items: list[_Item]) -> tuple[dict[str, Subject], dict[int, bytes], list[tuple[int, MnesioError]]]:
+def _subjects_resolve(scope: Scope, items: list[AppendItem]) -> tuple[dict[str, Subject], dict[int, bytes], list[tuple[int, MnesioError]]]:
     """The scope's subject row for each external id of the batch, created on its first memory, and their keys.
 
     Subject rows are locked until the append commits: a shred (an UPDATE of the row) then either comes first
@@ -268,45 +147,8 @@ def _subjects_resolve(scope: Scope, items: list[_Item]) -> tuple[dict[str, Subje
     return by_id, keys, errors
 
 
-def _existing_check(scope: Scope, items: list[_Item]) -> dict[str, Memory]:
-    """Rows already in the scope for the batch's idempotency keys (opened: a repeat is compared with its original)."""
-    keys = sorted({item.idempotency_key for item in items if item.idempotency_key is not None})
-    if not keys:
-        return {}
-    rows = list(
-        Memory.objects.filter(scope=scope, idempotency_key__in=keys).select_related("scope__key", "subject", "own_key")
-    )
-    return {row.idempotency_key: row for row in rows}
-
-
-def _repeat_errors(items: list[_Item], existing: dict[str, Memory]) -> list[tuple[int, MnesioError]]:
-    """409s for items whose idempotency key was used in this scope for another subject, content or metadata."""
-    if not existing:
-        return []
-    opened = {row.idempotency_key: o for row, o in zip(existing.values(), memories_open(existing.values()), strict=True)}
-    errors = []
-    for item in items:
-        row = existing.get(item.idempotency_key) if item.idempotency_key is not None else None
-        if row is None:
-            continue
-        existing_subject = unicodedata.normalize("NFC", row.subject.external_id) if row.subject_id else None
-        if existing_subject != item.subject:
-            errors.append((item.index, Conflict(
-                f"`idempotency_key` was already used in this scope for memory seq={row.seq} with another subject",
-                extra={"field": "idempotency_key", "seq": row.seq})))
-            continue
-        memory = opened[item.idempotency_key]
-        same_metadata = (metadata_encode(memory.metadata) if memory.metadata else None) == item.metadata
-        if not memory.erased and (memory.text != item.content or not same_metadata):
-            errors.append((item.index, Conflict(
-                f"`idempotency_key` was already used in this scope for memory seq={row.seq} with other content"
-                + ("" if same_metadata else " or metadata"),
-                extra={"field": "idempotency_key", "seq": row.seq})))
-    return errors
-
-
 @sensitive_variables()
-def _rows_build(scope: Scope, items: list[_Item], head: int, subjects: dict[str, Subject], keys: dict[int, bytes],
+def _rows_build(scope: Scope, items: list[AppendItem], head: int, subjects: dict[str, Subject], keys: dict[int, bytes],
                 scope_key: bytes | None) -> tuple[list[Memory], list[MemoryKey]]:
     """Seal each new item under a fresh own key, wrapped by its parent's key; seqs ``head - n + 1 .. head``."""
     memories, own_keys = [], []
@@ -391,17 +233,17 @@ def _rows_insert(memories: list[Memory], own_keys: list[MemoryKey], *, guard: tu
         memory._state.db = own._state.db = connection.alias
 
 
-def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: bool, reread: bool = False) -> list[AppendOutcome]:
+def _append_once(scope: Scope, items: list[AppendItem], *, single: bool, check_keys: bool, reread: bool = False) -> list[AppendOutcome]:
     """One attempt, in one transaction: (check keys,) take seqs, resolve keys, insert; all or nothing."""
     with transaction.atomic():
-        existing = _existing_check(scope, items) if check_keys else {}
+        existing = existing_check(scope, items) if check_keys else {}
         new_items = [i for i in items if i.first is None and (i.idempotency_key is None or i.idempotency_key not in existing)]
-        errors = _repeat_errors(items, existing)
+        errors = repeat_errors(items, existing)
         if errors:
-            raise _batch_failure(errors, single=single)
+            raise batch_failure(errors, single=single)
         created: dict[int, Memory] = {}
         if new_items:
-            head = _counter_advance(len(new_items))
+            head = log_counter_advance(len(new_items))
             need_scope_key = any(i.subject is None for i in new_items)
             cached = _scope_keys.get(scope.pk) if connection.vendor == "postgresql" else None
             known = frozenset(crypto.known_master_keys())
@@ -422,7 +264,7 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
                     _scope_keys[scope.pk] = _ScopeKeyCached(row, bytes(row.wrapped_key), scope_key, known)
             subjects, keys, errors = _subjects_resolve(scope, new_items)
             if errors:
-                raise _batch_failure(errors, single=single)
+                raise batch_failure(errors, single=single)
             memories, own_keys = _rows_build(scope, new_items, head, subjects, keys, scope_key)
             _rows_insert(memories, own_keys, guard=guard)
             search_index.memories_index(memories=memories, texts=[item.data.decode() for item in new_items])
@@ -441,7 +283,7 @@ def _append_once(scope: Scope, items: list[_Item], *, single: bool, check_keys: 
 
 
 def _append(*, scope: Scope, raw_items: Iterable[Mapping[str, Any]], single: bool, actor=None) -> list[AppendOutcome]:
-    items = _items_validate(list(raw_items), single=single)
+    items = items_validate(list(raw_items), single=single)
     keyed = any(i.idempotency_key is not None for i in items)
     reread = False
     for attempt in range(1, _MAX_ATTEMPTS + 1):

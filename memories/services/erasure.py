@@ -1,4 +1,4 @@
-"""Shredding and erasure requests: file a request, shred its subjects' keys, run every view rebuilder.
+"""Erasure requests: file a request, shred what it erases (services/shred.py), run every view rebuilder.
 
 Sending the processing task is memories.jobs' (erasure_request_enqueue, erasure_requests_requeue): services
 never import tasks.
@@ -9,11 +9,10 @@ import logging
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from core.errors import Conflict, MnesioError
 from memories import registry
-from memories.models import ErasureEvent, ErasureKind, ErasureRequest, ErasureStatus, Scope, Subject
+from memories.models import ErasureEvent, ErasureKind, ErasureRequest, ErasureStatus, Scope
 from memories.selectors import (
     erasure_request_status,
     erasure_request_subjects,
@@ -22,25 +21,15 @@ from memories.selectors import (
     subject_get,
 )
 
+from .locks import log_counter_lock
 from .search_index import search_index_erase
+from .shred import memory_key_shred, scope_keys_shred, subject_shred
 from .validation import MAX_REASON_CHARS, subject_id_validate
 
 logger = logging.getLogger("memories")
 
 
-def subject_shred(*, subject: Subject) -> bool:
-    """Destroy the subject's key material for good (one way); True if this call shredded it."""
-    now = timezone.now()
-    shredded = Subject.objects.filter(pk=subject.pk, shredded_at__isnull=True)._privileged_update(
-        wrapped_key=None, shredded_at=now
-    )
-    subject.refresh_from_db(fields=["wrapped_key", "shredded_at"])
-    if shredded:
-        logger.info("subject shredded subject_id=%s", subject.pk)
-    return bool(shredded)
-
-
-def _event_record(*, erasure_request: ErasureRequest, status: str, actor=None, detail: str = "") -> bool:
+def erasure_event_record(*, erasure_request: ErasureRequest, status: str, actor=None, detail: str = "") -> bool:
     """Append a status event; False if that step was already recorded (a concurrent or repeated run)."""
     try:
         with transaction.atomic():
@@ -87,7 +76,7 @@ def erasure_request_file(
         erasure_request = ErasureRequest.objects.create(
             subject=subject_row, scope=scope, requested_by=requested_by, reason=reason
         )
-        _event_record(erasure_request=erasure_request, status=ErasureStatus.REQUESTED, actor=requested_by)
+        erasure_event_record(erasure_request=erasure_request, status=ErasureStatus.REQUESTED, actor=requested_by)
     logger.info("erasure request filed id=%s subject_id=%s", erasure_request.pk, subject_row.pk)
     return erasure_request
 
@@ -110,8 +99,6 @@ def erasure_request_shred(*, erasure_request: ErasureRequest, actor=None) -> Non
     before storing a version (cartridges.services.compile), so once this commits no compile can store a
     version holding what it erased, and every earlier one is visible to the rebuild.
     """
-    from .forget import _counter_lock, memory_key_shred, scope_keys_shred  # forget imports this module
-
     if ErasureEvent.objects.filter(request=erasure_request, status=ErasureStatus.KEYS_SHREDDED).exists():
         return
     if erasure_request.kind == ErasureKind.MEMORY:
@@ -121,11 +108,11 @@ def erasure_request_shred(*, erasure_request: ErasureRequest, actor=None) -> Non
     with transaction.atomic():
         # The locks in the order an append takes them: the log counter (search_index_erase needs it), then the
         # subject rows. Shredding the subjects first deadlocked with an append for one of them.
-        _counter_lock()
+        log_counter_lock()
         for subject in erasure_request_subjects(erasure_request=erasure_request):
             subject_shred(subject=subject)
         search_index_erase(erasure_request=erasure_request)
-        _event_record(erasure_request=erasure_request, status=ErasureStatus.KEYS_SHREDDED, actor=actor)
+        erasure_event_record(erasure_request=erasure_request, status=ErasureStatus.KEYS_SHREDDED, actor=actor)
 
 
 def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> ErasureRequest:
@@ -147,14 +134,14 @@ def erasure_request_process(*, erasure_request: ErasureRequest, actor=None) -> E
             rebuilder(erasure_request)
         except Exception as exc:  # any failure is recorded, not lost; the task retries
             logger.exception("erasure view rebuilder failed id=%s rebuilder=%s", erasure_request.pk, name)
-            _event_record(
+            erasure_event_record(
                 erasure_request=erasure_request,
                 status=ErasureStatus.FAILED,
                 actor=actor,
                 detail=f"{name}: {type(exc).__name__}: {exc}"[:2000],
             )
             return erasure_request
-    _event_record(
+    erasure_event_record(
         erasure_request=erasure_request,
         status=ErasureStatus.VIEWS_REBUILT,
         actor=actor,

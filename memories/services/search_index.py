@@ -10,7 +10,6 @@ from memories.models import (
     SEARCH_TOKENIZER,
     ErasureKind,
     ErasureRequest,
-    LogHead,
     Memory,
     MemoryKey,
     Scope,
@@ -18,6 +17,8 @@ from memories.models import (
     Subject,
 )
 from memories.selectors import erasure_request_memories, memories_open, scope_memories
+
+from .locks import log_counter_lock
 
 logger = logging.getLogger("memories")
 
@@ -64,7 +65,7 @@ def _index_pending(scope: Scope, after: int) -> tuple[int, int] | None:
 def _locked_live(scope: Scope) -> bool:
     """Take the counter lock (it orders this against appends, which index their own rows, and a scope's deletion);
     whether the scope is still live."""
-    list(LogHead.objects.select_for_update().filter(pk=1).values_list("pk", flat=True))
+    log_counter_lock()
     return Scope.objects.filter(pk=scope.pk, deleted_at__isnull=True).exists()
 
 

@@ -44,7 +44,7 @@ def content_validate(content: object) -> bytes:
     return data
 
 
-def _token_validate(value: object, *, field: str, max_chars: int) -> str:
+def identifier_validate(value: object, *, field: str, max_chars: int) -> str:
     """Validate an identifier-like string (subject id, idempotency key): non-empty, printable, bounded."""
     if not isinstance(value, str):
         raise MnesioError(f"`{field}` has to be a string but got {type(value).__name__}", extra={"field": field})
@@ -66,7 +66,7 @@ def subject_id_validate(subject: object) -> str:
     either spelling covers memories filed with the other (memories.selectors.subject_id_variants also
     matches rows stored before this normalization).
     """
-    value = _token_validate(subject, field="subject", max_chars=MAX_SUBJECT_CHARS)
+    value = identifier_validate(subject, field="subject", max_chars=MAX_SUBJECT_CHARS)
     # invisible characters (zero-width space and joiners, bidi overrides, line/paragraph separators) would make
     # "bob" and "bob\u200b" two subjects that look the same, and an erasure of one would miss the other
     invisible = sorted({f"U+{ord(ch):04X}" for ch in value if unicodedata.category(ch) in ("Cf", "Zl", "Zp")})

@@ -114,9 +114,9 @@ def test_a_metadata_filter_over_more_memories_than_it_may_open_asks_to_narrow_th
     alice, notes, api_client_for, monkeypatch
 ):
     # every page of a metadata listing opens each memory the other filters keep: a bound on what one request opens
-    from memories import selectors
+    from memories.selectors import log
 
-    monkeypatch.setattr(selectors, "MAX_METADATA_FILTER_SCAN", 3)
+    monkeypatch.setattr(log, "MAX_METADATA_FILTER_SCAN", 3)
     client = api_client_for(alice)
     refused = _list(client, metadata={"kind": "note"})
     assert refused.status_code == 400 and refused.json()["extra"]["field"] == "metadata"

@@ -163,7 +163,7 @@ def test_in_process_a_scheduled_full_gate_runs_after_the_activation_not_before_i
 
 @pytest.mark.django_db
 def test_a_scheduled_full_gate_that_fails_rolls_the_scope_back(scope_a, append, fake_engine, settings, monkeypatch):
-    from cartridges.services import gate
+    from cartridges.services.gate import committable
     from cartridges.services.refresh import scope_full_gate
 
     _served_after_full_gate_due(scope_a, append, settings)
@@ -175,7 +175,7 @@ def test_a_scheduled_full_gate_that_fails_rolls_the_scope_back(scope_a, append, 
     def failing(*, result, **kwargs):
         result.fail("fidelity 0.000 (planted)")
 
-    monkeypatch.setattr(gate, "_model_checks", failing)
+    monkeypatch.setattr(committable, "full_checks", failing)
     audit = scope_full_gate(scope=scope_a)
     assert audit.status == "rolled_back" and not audit.as_dict()["ok"] and "planted" in audit.detail
     assert active_version(scope=scope_a) == before  # the version that served before serves again

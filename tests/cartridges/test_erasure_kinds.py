@@ -16,7 +16,7 @@ from cartridges import engine, storage
 from cartridges.models import AnswerRecord, AnswerRequest, BlobKey, CartridgeVersionBlock, EvaluationCase
 from cartridges.selectors import evaluation_case_open
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, evaluation_case_add
-from cartridges.services.answer import answer_request_file
+from cartridges.services.answer_requests import answer_request_file
 from memories.models import ErasureStatus
 from memories.selectors import erasure_request_status
 from memories.services import (

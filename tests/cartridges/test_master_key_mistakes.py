@@ -220,3 +220,20 @@ def test_a_celery_worker_started_with_another_master_key_refuses_to_start(scope_
     assert returncode not in (None, 0), output[-3000:]
     assert "refused to start" in output and "MNESIO_MASTER_KEY" in output
     assert key not in output
+
+
+def test_a_wrap_refuses_when_no_master_key_check_is_installed(monkeypatch):
+    monkeypatch.setattr(crypto, "_guard", None)
+    with pytest.raises(crypto.MasterKeyUnavailable, match="no master-key check is installed"):
+        crypto.wrap(crypto.new_data_key(), aad=b"mnesio:test")
+
+
+def test_the_memories_app_installs_the_keyring_check_around_every_wrap(monkeypatch):
+    from memories import keyring
+
+    checked = []
+    monkeypatch.setattr(crypto, "_guard", crypto.WrapGuard(before_wrap=checked.append, unknown_key_met=lambda: None))
+    wrapped = crypto.wrap(crypto.new_data_key(), aad=b"mnesio:test")
+    assert checked == [wrapped.wrapped_by]
+    monkeypatch.undo()
+    assert crypto._guard is keyring.WRAP_GUARD

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from cartridges import engine
+from cartridges.chunk_cache import routed_chunk_cache_stats
 from cartridges.models import Layout, RoutedChunk
 from cartridges.selectors import scope_settings_get
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile
 from cartridges.services.routed_answer import scope_layout
 from cartridges.services.routed_chunks import (
     chunk_aad,
-    routed_chunk_cache_stats,
     routed_chunks_compile,
     routed_chunks_open,
 )

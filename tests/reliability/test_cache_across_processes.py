@@ -195,11 +195,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mnesio_site.settings")
 django.setup()
 from django.test import Client
 from cartridges.services import cartridge_answer
-from cartridges.services import routed_chunks
+from cartridges.chunk_cache import chunk_cache_held
 from memories.models import Scope
 
 def cached():
-    return sorted(routed_chunks._opened)
+    return sorted(chunk_cache_held())
 
 scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is the vault code?")

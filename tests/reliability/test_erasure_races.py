@@ -236,7 +236,7 @@ def test_a_scope_shred_and_a_routed_chunk_store_take_their_locks_in_one_order(sc
     from cartridges.services import routed_chunks
     from core.models import AppendOnlyQuerySet
     from memories.models import MemoryKey
-    from memories.services.forget import scope_keys_shred
+    from memories.services.shred import scope_keys_shred
 
     _log(scope_a)
     memory_append(scope=scope_a, subject="bob", content="Bob's desk is by the window.")

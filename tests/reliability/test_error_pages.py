@@ -110,8 +110,8 @@ SENSITIVE = {
                         "seal_box", "open_box", "wrap", "unwrap"],
     "memories.selectors": ["memories_open"],
     "cartridges.storage": ["blob_reserve", "blob_write", "blob_read"],
-    "cartridges.services.answer": ["_request_key", "answer_request_file", "answer_request_answer",
-                                   "answer_request_collect"],
+    "cartridges.services.answer_requests": ["answer_request_key", "answer_request_file", "answer_request_answer",
+                                            "answer_request_collect"],
 }
 
 

@@ -1,4 +1,4 @@
-"""Give every memory appended before memories had own keys one of its own (memories.services.forget).
+"""Give every memory appended before memories had own keys one of its own (memories.services.backfill).
 
 Run once after upgrading; safe to repeat (a second run finds nothing to do). Forgetting a legacy memory or
 deleting a scope runs the same backfill for the parents concerned, so nothing breaks before it has run.

@@ -1,0 +1,86 @@
+"""Serializers for the cartridge API, one module per concern (versions, asking, configuration, metrics): every
+request body is validated here, unknown keys rejected. Every serializer is importable from
+``cartridges.api.serializers``."""
+from __future__ import annotations
+
+from .asking import (
+    MAX_ANSWER_CHARS,
+    MAX_ANSWERS_PER_CASE,
+    AnswerAcceptedSerializer,
+    AnswerSerializer,
+    AskSerializer,
+    EvaluationCaseSerializer,
+    TurnSerializer,
+)
+from .configuration import (
+    KvConfigurationSerializer,
+    KvConfigurationSwitchSerializer,
+    ScopeSettingsChangeSerializer,
+    ScopeSettingsSerializer,
+)
+from .metrics import (
+    ActiveVersionMetricsSerializer,
+    AskMetricsSerializer,
+    ErasureCountsSerializer,
+    GateMetricsSerializer,
+    GateResultMetricsSerializer,
+    KvMetricsSerializer,
+    LatencyMetricsSerializer,
+    LatencySummarySerializer,
+    QuantSizeSerializer,
+    ScopeMetricsSerializer,
+    VersionCountsSerializer,
+)
+from .versions import (
+    ActivationSerializer,
+    CompileAccepted,
+    CompileAcceptedSerializer,
+    CompileRequestSerializer,
+    EmptyRequestSerializer,
+    EvaluateAccepted,
+    EvaluateAcceptedSerializer,
+    HistoryEventSerializer,
+    VersionConfigurationSerializer,
+    VersionDetailSerializer,
+    VersionKeySerializer,
+    VersionPageSerializer,
+    VersionSerializer,
+)
+
+__all__ = [
+    "ActivationSerializer",
+    "ActiveVersionMetricsSerializer",
+    "AnswerAcceptedSerializer",
+    "AnswerSerializer",
+    "AskMetricsSerializer",
+    "AskSerializer",
+    "CompileAccepted",
+    "CompileAcceptedSerializer",
+    "CompileRequestSerializer",
+    "EmptyRequestSerializer",
+    "ErasureCountsSerializer",
+    "EvaluateAccepted",
+    "EvaluateAcceptedSerializer",
+    "EvaluationCaseSerializer",
+    "GateMetricsSerializer",
+    "GateResultMetricsSerializer",
+    "HistoryEventSerializer",
+    "KvConfigurationSerializer",
+    "KvConfigurationSwitchSerializer",
+    "KvMetricsSerializer",
+    "LatencyMetricsSerializer",
+    "LatencySummarySerializer",
+    "MAX_ANSWERS_PER_CASE",
+    "MAX_ANSWER_CHARS",
+    "QuantSizeSerializer",
+    "ScopeMetricsSerializer",
+    "ScopeSettingsChangeSerializer",
+    "ScopeSettingsSerializer",
+    "TurnSerializer",
+    "VersionConfigurationSerializer",
+    "VersionCountsSerializer",
+    "VersionDetailSerializer",
+    "VersionKeySerializer",
+    "VersionPageSerializer",
+    "VersionSerializer",
+]
