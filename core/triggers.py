@@ -7,7 +7,7 @@ trigger it installs, so after every ``migrate`` (post_migrate) it is replaced by
 first returns false unless the session's current role is a superuser (who could disable triggers anyway).
 The test-database flush runs as a superuser and keeps working. What remains: a superuser, and the role that
 owns the tables (``ALTER TABLE ... DISABLE TRIGGER``); run the application with a role that owns nothing it
-does not have to (README, "Only PostgreSQL").
+does not have to (docs/guarantees.md, "The log").
 """
 from __future__ import annotations
 

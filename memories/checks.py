@@ -20,4 +20,4 @@ def master_key_check(app_configs: Any = None, databases: Any = None, **kwargs: A
         return []
     if report.ok:
         return []
-    return [Error(report.message(), hint="see RELIABILITY.md, master-key rotation", id="memories.E001")]
+    return [Error(report.message(), hint="see docs/operating.md, Master-key rotation", id="memories.E001")]

@@ -1,7 +1,7 @@
 """A request body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is refused before anything reads it, as a JSON 413.
 
 The limit is derived in settings from the documented item limits (a batch of MNESIO_MAX_BATCH_ITEMS memories, each
-at every limit, in the worst JSON encoding), so a body within the README's limits always fits. Django itself refuses
+at every limit, in the worst JSON encoding), so a body within the documented limits (docs/guarantees.md, Limits) always fits. Django itself refuses
 a larger body only when something reads ``request.body``, with its HTML "Bad Request" page and no code (and a
 chunked one never); this middleware answers from ``Content-Length``, or from the received size of a chunked body: ``{"code": "body_too_large", ...}`` on /api/, OpenAI's error
 shape on /v1/. Elsewhere (the admin) Django's own refusal stays.

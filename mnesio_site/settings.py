@@ -2,7 +2,7 @@
 
 Every knob is an environment variable. The embedded default needs nothing running:
 SQLite in ``var/`` and Celery tasks executed in-process. Point ``DATABASE_URL`` at
-PostgreSQL and ``REDIS_URL`` at Redis for a real deployment (see README.md).
+PostgreSQL and ``REDIS_URL`` at Redis for a real deployment (see docs/operating.md).
 """
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ MNESIO_MASTER_KEY_DEV_FILE = DATA_DIR / "master.key"
 _old_raw = read("MNESIO_MASTER_KEY_OLD")
 MNESIO_MASTER_KEY_OLD: bytes | None = parse_master_key(_old_raw, name="MNESIO_MASTER_KEY_OLD") if _old_raw else None
 
-# Largest memory content accepted by the API, in UTF-8 bytes (documented in README).
+# Largest memory content accepted by the API, in UTF-8 bytes (docs/guarantees.md, Limits).
 MNESIO_MAX_MEMORY_BYTES = read("MNESIO_MAX_MEMORY_BYTES")
 # The optional metadata of one memory, as canonical JSON (memories.services.metadata_validate).
 MNESIO_MAX_METADATA_BYTES = read("MNESIO_MAX_METADATA_BYTES")

@@ -2,7 +2,7 @@
 
 One test per derived copy, each run for the three kinds: evaluation cases, answer requests, answer records,
 cartridge blocks and version blobs, and this process's caches (other processes' caches:
-tests/reliability/test_cache_across_processes.py). RELIABILITY.md's table maps each cell to its test.
+tests/reliability/test_cache_across_processes.py). docs/guarantees.md's table (Derived copies and erasure kinds) maps each cell to its test.
 
 The fake backend cuts blocks of 4 memories, so the erased memory (the 5th) starts the second block: the first
 block holds none of its tokens and survives a subject's or a memory's erasure, never a scope's deletion.

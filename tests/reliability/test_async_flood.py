@@ -22,7 +22,7 @@ FLOOD = 300
 REBUILD_BOUND_S = 60
 # The erasure request's own bound while the asks wait on the gpu queue. No worker runs until the request has
 # answered, so a shred queued behind the asks (or done by a worker after them) would never answer in time at all:
-# any finite bound shows it did not wait; 5 s is ~100x the 0.03-0.06 s measured (RELIABILITY.md): room for the
+# any finite bound shows it did not wait; 5 s is ~100x the 0.03-0.06 s measured (docs/guarantees.md, Reliability scenarios): room for the
 # shared 2-core test machine, and still a bound an erasure in the request path has to keep.
 SHRED_BOUND_S = 5.0
 

@@ -1,6 +1,6 @@
 """Load, at test size: concurrent appends with a follower (bench/reliability/append_load.py, 4 x 100 here,
-8 x 500 in RELIABILITY.md) and client threads asking one active cartridge of the real model
-(bench/reliability/answer_load.py, 4 x 3 here, 4 x 50 in RELIABILITY.md)."""
+8 x 500 in docs/guarantees.md) and client threads asking one active cartridge of the real model
+(bench/reliability/answer_load.py, 4 x 3 here, 4 x 50 in docs/guarantees.md)."""
 from __future__ import annotations
 
 import importlib.util

@@ -47,7 +47,7 @@ class ScopeSettingsSerializer(serializers.Serializer):
     auto_refresh = serializers.ChoiceField(
         choices=["manual", "on_append"],
         help_text="`manual` (default): compile when asked; `on_append`: compile, gate and activate after appends, once "
-        "per debounce window (README: auto-refresh).",
+        "per debounce window (docs/api.md, Cartridges).",
     )
     auto_refresh_debounce_s = serializers.IntegerField(help_text="Seconds to wait after an append (on_append only).")
     keep_previous_versions = serializers.IntegerField(

@@ -9,7 +9,7 @@ import httpx
 class MnesioError(Exception):
     """An error answered by the API: its stable ``code`` (switch on it), ``message``, ``extra`` and HTTP status.
 
-    The codes are the API's (README, "The API": ``invalid_input``, ``not_found``, ``authentication_failed``, ...).
+    The codes are the API's (docs/api.md, "Errors": ``invalid_input``, ``not_found``, ``authentication_failed``, ...).
     An error met in the middle of a streamed answer is raised the same way, with the status it would have had.
     """
 
