@@ -340,7 +340,7 @@ if MNESIO_KV_BACKEND == "fake" and not MNESIO_ALLOW_FAKE_BACKEND:
         "'transformers' unless `MNESIO_ALLOW_FAKE_BACKEND=true`"
     )
 MNESIO_KV_MODEL = env("MNESIO_KV_MODEL", "smollm2-135m-instruct")
-MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16", "bf16r"])
+MNESIO_KV_DTYPE = envchoice("MNESIO_KV_DTYPE", "f32", ["f32", "bf16", "f16", "bf16r", "f32w8"])
 MNESIO_KV_QUANT = envchoice("MNESIO_KV_QUANT", "none", ["none", "q8", "q4"])
 MNESIO_KV_DEVICE = env("MNESIO_KV_DEVICE", "auto")
 # Tokens per KV block (transformers backend, kvengine/blocks.py): an append recomputes the last partial block plus
