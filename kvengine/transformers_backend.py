@@ -5,7 +5,8 @@ compiles a cartridge, and the cartridge's bytes. Answering on top of a cartridge
 checks against re-reading the memories checking.py's. The prompt layout is layout.py's (the cartridge is the KV
 state of the prompt prefix before the question); the tensors a cartridge stores are payload.py's.
 
-Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16). In bf16 the accumulation that
+Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16; bf16r and f32w8 mix them, precision.py:
+f32w8 keeps f32 KV with weight-only int8 linear layers). In bf16 the accumulation that
 matters is already float32: CPU (oneDNN) and CUDA bf16 matmuls accumulate in float32, RMSNorm upcasts to
 float32 (LlamaRMSNorm, Qwen2RMSNorm), sdpa computes softmax in float32, and we cast the final logits to float32
 before argmax / log-softmax. We do not upcast whole layers: that would remove bf16's speed advantage.

