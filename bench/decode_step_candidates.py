@@ -210,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         import kvengine.precision as precision
 
         variants = {}
-        for label, head, act in (("int8pack bf16-act", False, torch.bfloat16), ("int8pack bf16-act +head", True, torch.bfloat16),
-                                 ("int8pack f32-act +head", True, torch.float32)):
+        candidates = (("int8pack bf16-act", False, torch.bfloat16), ("int8pack bf16-act +head", True, torch.bfloat16),
+                      ("int8pack f32-act +head", True, torch.float32))
+        for label, head, act in candidates if not only else [c for c in candidates if c[0] in only]:
             saved = precision.INT8_HEAD, precision.INT8_ACT_DTYPE
             precision.INT8_HEAD, precision.INT8_ACT_DTYPE = head, act
             try:
