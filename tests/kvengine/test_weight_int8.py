@@ -116,7 +116,7 @@ def test_an_int8_cartridge_and_re_reading_under_int8_weights_agree(real_backend,
     """Inside one configuration: with f32 activations the cartridge and re-reading answer token for token alike; with
     bf16 activations (f32w8's kernel) the first token agrees (the gate's fidelity check) and whole answers may part
     after it: the bf16 rounding of the matmuls' inputs and outputs magnifies the last-bit differences between the
-    prefix's and the re-reading's attention (one of these four questions parts at its third token)."""
+    prefix's and the re-reading's attention (one of these four parted at its third token with the head quantized too)."""
     import kvengine.precision as precision
     from kvengine.divergence import kl_divergence
 
