@@ -1,4 +1,4 @@
-"""Precision: bf16 with an f32 residual stream ("bf16r"), weight-only int8 ("f32w8", at the end), and the torch dtype of each engine dtype.
+"""Precision: bf16 with an f32 residual stream ("bf16r"), weight-only int8 ("f32w8"), and each engine dtype's torch dtype.
 
 bf16 with an f32 residual stream ("bf16r")
 ------------------------------------------

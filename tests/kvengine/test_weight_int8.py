@@ -8,7 +8,6 @@ from kvengine import DTYPES, KvConfig
 from kvengine.config import WEIGHT_PRECISIONS
 from kvengine.precision import Int8WeightLinear, cast_model, load_dtype, weight_int8
 
-
 MEMORIES = [
     "Alice lives in Lisbon and works as a baker.",
     "Bob keeps the spare key under the blue flower pot.",
