@@ -4,7 +4,8 @@ This module holds the model work: loading (models.py finds and converts the weig
 compiles a cartridge, and the cartridge's bytes. Answering is answering.py's (a mixin), the checks against
 re-reading checking.py's, the prompt layout layout.py's, the stored tensors payload.py's.
 
-Precision: weights and KV are held in the backend's dtype; in bf16 the accumulations that matter (matmuls,
+Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16; bf16r and f32w8 mix them: f32w8
+keeps f32 KV with weight-only int8 linear layers, precision.py); in bf16 the accumulations that matter (matmuls,
 RMSNorm, softmax, the final logits) are float32 already, so no whole layer is upcast (docs/design/precision.md).
 
 Thread safety: the model is read-only under torch.inference_mode() and may serve many threads. answer() and
