@@ -11,6 +11,7 @@ import openai
 import pytest
 from django.conf import settings as django_settings
 
+from cartridges.channels import answer_channel_prefix
 from cartridges.models import AnswerRecord, AnswerRequest
 from tests.cartridges.test_worker import _database_url, fake_row, redis_clean, start_worker  # noqa: F401
 
@@ -62,7 +63,7 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     import redis
 
     spy = redis.Redis.from_url(os.environ["REDIS_URL"]).pubsub()
-    spy.psubscribe("mnesio:answer-request:*")  # what travels through Redis for a streamed ask
+    spy.psubscribe(answer_channel_prefix() + "*")  # what travels through Redis for a streamed ask
     stream = EventStream(url, "/api/scopes/scope-a/ask/", {**question, "stream": True}, auth=auth)
     events = list(stream.events())
     seen = []
