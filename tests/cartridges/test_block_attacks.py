@@ -300,7 +300,8 @@ def _waiting_on_a_lock(query_prefix: str) -> int:
     """How many backends are blocked on a lock while running a statement starting with ``query_prefix``."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s", [query_prefix + "%"]
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE %s", [query_prefix + "%"]
         )
         return cursor.fetchone()[0]
 
