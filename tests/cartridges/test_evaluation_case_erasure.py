@@ -13,7 +13,7 @@ from memories.services import erasure_request_file, erasure_request_process
 pytestmark = pytest.mark.django_db
 
 MARKER = "quokka-lantern-9083"  # unique: quoted by bob's memory and by the case about it
-URL = "/api/scopes/scope-a/evaluation-cases/"
+URL = "/api/v1/scopes/scope-a/evaluation-cases/"
 
 
 def _erase(subject: str) -> None:

@@ -24,7 +24,7 @@ from memories.services import memory_append, scope_create
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-MEMORIES = "/api/scopes/scope-a/memories/"
+MEMORIES = "/api/v1/scopes/scope-a/memories/"
 
 
 def _counts() -> tuple[int, int, int]:
@@ -107,8 +107,8 @@ def test_api_calls_that_meet_an_unknown_master_key_answer_json_503(
     before = _counts()
     _assert_503(client.get(MEMORIES))
     _assert_503(client.post(MEMORIES, {"content": "written by the wrong process", "subject": "erin"}, format="json"))
-    _assert_503(client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json"))
-    _assert_503(client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "mode": "text"}, format="json"))
+    _assert_503(client.post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json"))
+    _assert_503(client.post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "mode": "text"}, format="json"))
     assert _counts() == before
 
 

@@ -51,7 +51,7 @@ scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
 print(json.dumps({"step": "loaded", "version": answer.version_id, "cached": cached(), "knows": "4417" in answer.answer}), flush=True)
 sys.stdin.readline()  # the other process erases meanwhile
-status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+status = Client().get("/api/v1/scopes/").status_code  # one request, any route, through the whole handler
 print(json.dumps({"step": "after_one_request", "status": status, "cached": cached()}), flush=True)
 answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
 print(json.dumps({"step": "answered", "version": answer.version_id, "cached": cached(), "knows": "4417" in answer.answer}), flush=True)
@@ -122,7 +122,7 @@ scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
 print(json.dumps({"step": "loaded", "version": answer.version_id, **cached()}), flush=True)
 sys.stdin.readline()  # the other process erases meanwhile
-status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+status = Client().get("/api/v1/scopes/").status_code  # one request, any route, through the whole handler
 print(json.dumps({"step": "after_one_request", "status": status, **cached()}), flush=True)
 """
 
@@ -205,7 +205,7 @@ scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is the vault code?")
 print(json.dumps({"step": "loaded", "layout": answer.layout, "cached": cached(), "knows": "5521" in answer.answer}), flush=True)
 sys.stdin.readline()  # the other process erases meanwhile
-status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+status = Client().get("/api/v1/scopes/").status_code  # one request, any route, through the whole handler
 print(json.dumps({"step": "after_one_request", "status": status, "cached": cached()}), flush=True)
 """
 

@@ -55,7 +55,7 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     url = model_free_web.url
     question = {"question": "Where is the spare key?"}
 
-    sync = EventStream(url, "/api/scopes/scope-a/ask/", question, auth=auth)
+    sync = EventStream(url, "/api/v1/scopes/scope-a/ask/", question, auth=auth)
     assert sync.status == 200, (sync.body(), worker.output()[-2000:], model_free_web.output()[-2000:])
     body = json.loads(sync.body())
     assert body["answer"] == KEY and body["version_id"] == version.pk
@@ -64,7 +64,7 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
 
     spy = redis.Redis.from_url(os.environ["REDIS_URL"]).pubsub()
     spy.psubscribe(answer_channel_prefix() + "*")  # what travels through Redis for a streamed ask
-    stream = EventStream(url, "/api/scopes/scope-a/ask/", {**question, "stream": True}, auth=auth)
+    stream = EventStream(url, "/api/v1/scopes/scope-a/ask/", {**question, "stream": True}, auth=auth)
     events = list(stream.events())
     seen = []
     while (message := spy.get_message(timeout=1)) is not None:
@@ -76,7 +76,7 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     assert len(deltas) == len(KEY.split()) and "".join(deltas).strip() == KEY, events
     assert events[-1][0] == "done" and json.loads(events[-1][1])["version_id"] == version.pk
 
-    filed = EventStream(url, "/api/scopes/scope-a/ask/", {**question, "async": True}, auth=auth)
+    filed = EventStream(url, "/api/v1/scopes/scope-a/ask/", {**question, "async": True}, auth=auth)
     assert filed.status == 202
     location = filed.headers["Location"]
     deadline = time.monotonic() + 60
