@@ -7,6 +7,9 @@ import os
 
 import pytest
 
+# redis_clean, start_worker and fake_row: the Celery worker harness's fixtures, for every package
+pytest_plugins = ["tests.support.worker"]
+
 
 # A test that requests one of these fixtures gets the marker, so that a marker expression (bin/test-fast) deselects
 # every test of that kind, marked by hand or not.

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from cartridges.services import cartridge_activate, cartridge_compile, cartridge_evaluate
-from tests.api.conftest import tamper
-from tests.api.helpers import assert_error
+from tests.support.blobs import tamper
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ import pytest
 from cartridges.models import CartridgeActivation, CartridgeEvaluation, CartridgeVersion
 from cartridges.selectors import active_version
 from cartridges.services import cartridge_compile
-from tests.api.conftest import tamper
-from tests.api.helpers import assert_error
+from tests.support.blobs import tamper
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 KEY = "The spare key is under the blue flowerpot."

@@ -6,7 +6,7 @@ import pytest
 
 from cartridges.models import CartridgeVersion, KvConfiguration
 from cartridges.selectors import active_version
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/kv/configuration/"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import ERROR_CODES, Conflict, MnesioError, error_code, exception_handler
-from tests.api.conftest import tamper
+from tests.support.blobs import tamper
 
 pytestmark = pytest.mark.django_db
 

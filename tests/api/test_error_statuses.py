@@ -8,8 +8,7 @@ from cartridges import engine
 from cartridges.services import answer_request_answer, answer_request_collect, answer_request_file
 from core.errors import MnesioError
 from kvengine import ContextTooLongError, make_backend
-
-from .helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cartridges.models import EvaluationCase
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/scopes/scope-a/evaluation-cases/"

@@ -15,8 +15,8 @@ from cartridges.metrics import MODES
 from cartridges.models import AnswerRecord
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, cartridge_evaluate
 from memories.services import erasure_request_file, erasure_request_process
-from tests.api.conftest import tamper
-from tests.api.helpers import assert_error
+from tests.support.blobs import tamper
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -20,8 +20,7 @@ import pytest
 import requests
 
 from cartridges.models import CartridgeVersion
-
-from .procs import FleetRun, fleet_stop, wait_for
+from tests.support.procs import FleetRun, fleet_stop, wait_for
 
 pytestmark = [
     pytest.mark.fleet,

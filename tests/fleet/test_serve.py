@@ -10,8 +10,7 @@ import requests
 
 from cartridges.services import cartridge_activate, cartridge_compile, kv_configuration_switch
 from memories.services import memory_append
-
-from .procs import ROOT, Proc, group_alive
+from tests.support.procs import ROOT, Proc, group_alive
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -27,8 +27,7 @@ from memories.services import (
     memory_forget_file,
     scope_delete_file,
 )
-
-from .conftest import _database_url
+from tests.support.procs import database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -68,7 +67,7 @@ def test_a_web_process_drops_a_version_destroyed_by_another_process_within_one_r
 
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": str(blob_root),
@@ -145,7 +144,7 @@ def test_a_web_process_drops_blocks_destroyed_by_another_process_within_one_requ
 
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": str(blob_root),
@@ -228,7 +227,7 @@ def test_a_web_process_drops_routed_chunks_destroyed_by_another_process_within_o
 
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": str(blob_root),

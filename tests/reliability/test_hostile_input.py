@@ -6,8 +6,8 @@ import pytest
 from django.db import transaction
 
 from memories.models import Memory
+from tests.support.endpoints import all_routes, classify
 
-from .endpoints import all_routes, classify
 from .test_isolation import BODIES
 
 pytestmark = pytest.mark.django_db

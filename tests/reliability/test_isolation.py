@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .endpoints import UNSCOPED_API, all_routes, classify
+from tests.support.endpoints import UNSCOPED_API, all_routes, classify
 
 pytestmark = pytest.mark.django_db
 

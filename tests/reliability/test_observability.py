@@ -12,8 +12,7 @@ import re
 import pytest
 
 from core.observability import JsonFormatter
-
-from .conftest import _wait
+from tests.support.worker import wait_for_worker
 
 MARKER = "zebra-quartz-7731"  # a memory text no log line may ever hold
 LOGGERS = ("", "mnesio", "memories", "cartridges", "kvengine", "django", "django.request", "celery")
@@ -164,15 +163,15 @@ def test_the_gpu_queue_depth_counts_waiting_model_work_and_the_request_id_reache
     assert redis_clean.llen("gpu") == 1
 
     worker = start_worker()
-    _wait(lambda: CartridgeVersion.objects.filter(scope=scope_a).exists(), timeout=120, what="the compile",
+    wait_for_worker(lambda: CartridgeVersion.objects.filter(scope=scope_a).exists(), timeout=120, what="the compile",
           worker=worker)
-    _wait(lambda: "cartridge compiled" in worker.output(), timeout=30, what="the compile's log line", worker=worker)
+    wait_for_worker(lambda: "cartridge compiled" in worker.output(), timeout=30, what="the compile's log line", worker=worker)
     compiled = [json.loads(line) for line in worker.output().splitlines()
                 if line.startswith("{") and "cartridge compiled" in line]
     assert compiled, worker.output()[-3000:]
     assert compiled[0]["request_id"] == "req-worker-42", compiled
     assert compiled[0]["task"] == "cartridges.tasks.cartridge_compile_task" and compiled[0]["task_id"]
-    _wait(lambda: redis_clean.llen("gpu") == 0, timeout=30, what="the queue to drain", worker=worker)
+    wait_for_worker(lambda: redis_clean.llen("gpu") == 0, timeout=30, what="the queue to drain", worker=worker)
     assert _sample(_scrape(api_client_for(operator)), "mnesio_queue_depth", queue="gpu") == 0
     assert "The bike is in the shed" not in worker.output()
 

@@ -9,8 +9,7 @@ import pytest
 
 from cartridges.models import AnswerRequest
 from cartridges.services.admission import answers_in_flight
-
-from .conftest import EventStream, token_for
+from tests.support.servers import EventStream, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,9 @@ from django.conf import settings as django_settings
 
 from cartridges.channels import answer_channel_prefix
 from cartridges.models import AnswerRecord, AnswerRequest
-from tests.cartridges.test_worker import _database_url, fake_row, redis_clean, start_worker  # noqa: F401
+from tests.support.procs import database_url
+from tests.support.servers import EventStream, token_for
 
-from .conftest import EventStream, token_for
 from .webproc import WebProcess
 
 pytestmark = [
@@ -32,7 +32,7 @@ KEY = "The spare key is under the blue flowerpot beside the green door."
 def model_free_web(tmp_path, blob_root):
     """A model-free web process on the test database (stopped at teardown)."""
     env = {
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "REDIS_URL": os.environ["REDIS_URL"],
         "MNESIO_WEB_LOADS_MODEL": "false",
         "MNESIO_KV_BACKEND": "transformers",  # the configured default: it still must not load

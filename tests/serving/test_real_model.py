@@ -9,8 +9,7 @@ import openai
 import pytest
 
 from cartridges import engine
-
-from .conftest import EventStream, token_for
+from tests.support.servers import EventStream, token_for
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
