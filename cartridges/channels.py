@@ -17,8 +17,18 @@ from django.conf import settings
 
 
 def answer_channel(request_id: int) -> str:
-    """The channel name of AnswerRequest ``request_id``."""
-    return f"mnesio:answer-request:{int(request_id)}"
+    """The channel name of AnswerRequest ``request_id``. Pub/sub channels are shared by every db of a Redis server
+    (SELECT does not scope them), so the name carries REDIS_URL's db: deployments on two dbs of one server, whose
+    request ids repeat, never read each other's deltas."""
+    return f"{answer_channel_prefix()}{int(request_id)}"
+
+
+def answer_channel_prefix() -> str:
+    """What every answer channel of this deployment's Redis db starts with."""
+    from urllib.parse import urlsplit
+
+    db = urlsplit(getattr(settings, "REDIS_URL", "") or "").path.strip("/") or "0"
+    return f"mnesio:{db}:answer-request:"
 
 
 def redis_client() -> Any | None:

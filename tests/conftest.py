@@ -7,6 +7,24 @@ import os
 
 import pytest
 
+# redis_clean, start_worker and fake_row: the Celery worker harness's fixtures, for every package
+pytest_plugins = ["tests.support.worker"]
+
+
+# A test that requests one of these fixtures gets the marker, so that a marker expression (bin/test-fast) deselects
+# every test of that kind, marked by hand or not.
+MARKING_FIXTURES = {
+    "real_backend": "model", "real_engine": "model", "small_blocks": "model", "long_blocks": "model",
+    "start_worker": "celery_worker", "browser_page": "browser",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for marker in sorted({MARKING_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in MARKING_FIXTURES}):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
 
 def pytest_runtest_setup(item):
     """Skip tests marked ``postgres`` when the database is not PostgreSQL."""
@@ -19,7 +37,7 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session")
 def real_backend():
-    """The real default model (SmolLM2-135M-Instruct, f32 on CPU), loaded once per session."""
+    """The real default model (SmolLM2-135M-Instruct, f32 on CPU), loaded once per session (once per xdist worker)."""
     from kvengine import make_backend
 
     return make_backend("transformers", dtype="f32", quant="none", device="cpu")

@@ -28,9 +28,38 @@ def _test_environment() -> dict[str, str]:
     return values
 
 
+def _worker_environment(worker: str, environ: dict[str, str]) -> dict[str, str]:
+    """What a pytest-xdist worker (``gw0``, ``gw1``, ...) changes so that no two workers share anything: the
+    Redis db (REDIS_URL's number plus the worker's index, and the Celery URLs alike; pub/sub channels carry the
+    db number, cartridges/channels.py), the private redis-server's port of the broker fault tests, and the data
+    directory (the demo's token and password files). pytest-django gives each worker its own test database."""
+    from pathlib import Path
+    from urllib.parse import urlsplit, urlunsplit
+
+    index = int(worker.removeprefix("gw"))
+
+    def shifted(url: str) -> str:
+        parts = urlsplit(url)
+        if not parts.scheme.startswith("redis"):
+            return url
+        db = int(parts.path.strip("/") or 0) + index
+        return urlunsplit(parts._replace(path=f"/{db}"))
+
+    values = {name: shifted(environ[name]) for name in ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
+              if environ.get(name)}
+    values["MNESIO_TEST_PRIVATE_REDIS_PORT"] = str(int(environ.get("MNESIO_TEST_PRIVATE_REDIS_PORT") or 6390) + index)
+    data_dir = Path(environ.get("MNESIO_DATA_DIR") or Path(__file__).resolve().parents[1] / "var")
+    values["MNESIO_DATA_DIR"] = str(data_dir / f"test-{worker}")
+    return values
+
+
 for _name, _value in _test_environment().items():
     if not os.environ.get(_name):
         os.environ[_name] = _value
+# Once per worker process: a worker's subprocesses (celery workers, manage.py, bin/serve) inherit the changed values.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("MNESIO_TEST_WORKER_ENV"):
+    os.environ.update(_worker_environment(os.environ["PYTEST_XDIST_WORKER"], dict(os.environ)))
+    os.environ["MNESIO_TEST_WORKER_ENV"] = os.environ["PYTEST_XDIST_WORKER"]
 # Subprocesses started by tests load the real settings module with the environment above.
 os.environ["DJANGO_SETTINGS_MODULE"] = "mnesio_site.settings"
 

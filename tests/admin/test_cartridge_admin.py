@@ -14,7 +14,7 @@ from cartridges.models import (
 )
 from cartridges.selectors import active_version
 from cartridges.services import cartridge_activate, cartridge_compile
-from tests.api.conftest import tamper
+from tests.support.blobs import tamper
 
 pytestmark = pytest.mark.django_db
 VERSIONS = "/admin/cartridges/cartridgeversion/"

@@ -52,7 +52,7 @@ def test_an_operator_with_only_the_everywhere_permission_files_for_every_scope(c
 def test_the_api_refuses_a_switch_to_the_fake_engine_unless_allowed(settings, operator, api_client_for):
     settings.MNESIO_ALLOW_FAKE_BACKEND = False
     before = KvConfiguration.objects.count()
-    response = api_client_for(operator).post("/api/kv/configuration/", data=SWITCH_TO_FAKE, format="json")
+    response = api_client_for(operator).post("/api/v1/kv/configuration/", data=SWITCH_TO_FAKE, format="json")
     assert response.status_code == 400, response.content
     body = response.json()
     assert body["extra"]["field"] == "backend" and body["extra"]["allowed"] == ["transformers"]
@@ -73,7 +73,7 @@ def test_the_admin_does_not_offer_the_fake_engine_unless_allowed(settings, admin
 
 def test_a_staff_user_without_the_switch_permission_is_refused_by_the_api(api_client_for, django_user_model):
     staff = _staff_with(django_user_model, "view_kvconfiguration")
-    response = api_client_for(staff).post("/api/kv/configuration/", data=SWITCH_TO_FAKE, format="json")
+    response = api_client_for(staff).post("/api/v1/kv/configuration/", data=SWITCH_TO_FAKE, format="json")
     assert response.status_code == 403 and "cartridges.switch_kvconfiguration" in response.json()["message"]
 
 

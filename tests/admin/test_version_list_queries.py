@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api import query_worlds
+from tests.support import query_worlds
 
 pytestmark = pytest.mark.django_db
 

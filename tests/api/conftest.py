@@ -41,13 +41,3 @@ def served(append):
         return version
 
     return do
-
-
-def tamper(version) -> None:
-    """Flip one byte of a version's stored blob in place (the gate must refuse it)."""
-    from cartridges.storage import blob_storage
-
-    path = blob_storage().path(version.storage_name)
-    data = bytearray(open(path, "rb").read())
-    data[-5] ^= 0xFF
-    open(path, "wb").write(bytes(data))

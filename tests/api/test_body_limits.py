@@ -42,7 +42,7 @@ def test_the_body_limit_covers_a_batch_at_its_limits_in_the_worst_json_encoding(
     assert worst <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE, (worst, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
 
 
-@pytest.mark.parametrize("path", ["/api/v1/scopes/scope-a/memories/batch/", "/api/scopes/scope-a/memories/",
+@pytest.mark.parametrize("path", ["/api/v1/scopes/scope-a/memories/batch/", "/api/v1/scopes/scope-a/memories/",
                                   "/v1/chat/completions"])
 def test_a_body_over_the_limit_is_a_json_413_with_a_stable_code(alice, scope_a, api_client_for, settings, path):
     from knox.models import AuthToken

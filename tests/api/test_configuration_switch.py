@@ -1,4 +1,4 @@
-"""/api/kv/configuration/: operators switch model + precision at runtime; old cartridges stop serving and
+"""/api/v1/kv/configuration/: operators switch model + precision at runtime; old cartridges stop serving and
 recompiles are queued for every scope; unknown values are 400s naming the field."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 
 from cartridges.models import CartridgeVersion, KvConfiguration
 from cartridges.selectors import active_version
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
-URL = "/api/kv/configuration/"
+URL = "/api/v1/kv/configuration/"
 SWITCH = {"backend": "fake", "model": "fake-model", "dtype": "bf16", "quant": "q8"}
 
 
@@ -26,7 +26,7 @@ def test_switching_stops_old_cartridges_from_serving_and_queues_recompiles(
     old_a = served(scope_a, ["The spare key is under the blue flowerpot."])
     old_c = served(scope_c, ["Miso the cat sleeps on the piano."])
     ask = {"question": "Where is the spare key?"}
-    assert api_client_for(alice).post("/api/scopes/scope-a/ask/", ask, format="json").json()["version_id"] == old_a.pk
+    assert api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", ask, format="json").json()["version_id"] == old_a.pk
 
     with django_capture_on_commit_callbacks(execute=False) as queued:
         response = api_client_for(operator).post(URL, SWITCH, format="json")
@@ -38,13 +38,13 @@ def test_switching_stops_old_cartridges_from_serving_and_queues_recompiles(
 
     # before any recompile ran: the old cartridges no longer serve (their key does not match); the scope's memories
     # are read in memory under the new configuration, or, with that off, nothing serves
-    fresh = api_client_for(alice).post("/api/scopes/scope-a/ask/", ask, format="json").json()
+    fresh = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", ask, format="json").json()
     assert fresh["version_id"] is None and fresh["num_memories_after_version"] == 1 and "flowerpot" in fresh["answer"]
     settings.MNESIO_FRESH_MAX_MEMORIES = 0
-    refused = api_client_for(alice).post("/api/scopes/scope-a/ask/", ask, format="json")
+    refused = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", ask, format="json")
     assert_error(refused, 409, "scope")
     assert "fake:fake-model:bf16:q8" in refused.json()["message"]
-    metrics = api_client_for(operator).get("/api/kv/metrics").json()
+    metrics = api_client_for(operator).get("/api/v1/kv/metrics").json()
     assert [s["serving"] for s in metrics["scopes"]] == [False, False]
     assert [s["activated_version_id"] for s in metrics["scopes"]] == [old_a.pk, old_c.pk]
 
@@ -57,7 +57,7 @@ def test_switching_stops_old_cartridges_from_serving_and_queues_recompiles(
         new = active_version(scope=scope)
         assert new is not None and new.configuration_id == row.pk and (new.dtype, new.quant) == ("bf16", "q8")
     assert CartridgeVersion.objects.count() == 4
-    answer = api_client_for(alice).post("/api/scopes/scope-a/ask/", ask, format="json").json()
+    answer = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", ask, format="json").json()
     assert answer["version_id"] == active_version(scope=scope_a).pk != old_a.pk and "flowerpot" in answer["answer"]
 
 

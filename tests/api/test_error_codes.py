@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from core.errors import ERROR_CODES, Conflict, MnesioError, error_code, exception_handler
-from tests.api.conftest import tamper
+from tests.support.blobs import tamper
 
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "The spare key is under the blue flowerpot."
-MEMORIES = "/api/scopes/scope-a/memories/"
+MEMORIES = "/api/v1/scopes/scope-a/memories/"
 
 # Codes produced by scenarios that need a harness of their own: the test that produces and asserts each.
 ELSEWHERE = {
@@ -42,27 +42,27 @@ def _scenarios():
     def not_authenticated(c, w):
         from rest_framework.test import APIClient
 
-        return APIClient().get("/api/scopes/")
+        return APIClient().get("/api/v1/scopes/")
 
     def authentication_failed(c, w):
         from rest_framework.test import APIClient
 
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION="Token " + "0" * 64)
-        return client.get("/api/scopes/")
+        return client.get("/api/v1/scopes/")
 
     def permission_denied(c, w):
-        return c(w.alice).post("/api/kv/configuration/", {"backend": "fake", "model": "fake-model", "dtype": "f32",
+        return c(w.alice).post("/api/v1/kv/configuration/", {"backend": "fake", "model": "fake-model", "dtype": "f32",
                                                           "quant": "none"}, format="json")
 
     def not_found(c, w):
-        return c(w.alice).get("/api/scopes/scope-c/head/")
+        return c(w.alice).get("/api/v1/scopes/scope-c/head/")
 
     def method_not_allowed(c, w):
-        return c(w.alice).get("/api/scopes/scope-a/ask/")
+        return c(w.alice).get("/api/v1/scopes/scope-a/ask/")
 
     def not_acceptable(c, w):
-        return c(w.alice).get("/api/scopes/", HTTP_ACCEPT="application/xml")
+        return c(w.alice).get("/api/v1/scopes/", HTTP_ACCEPT="application/xml")
 
     def unsupported_media_type(c, w):
         return c(w.alice).post(MEMORIES, data="content=hello", content_type="text/plain")
@@ -72,10 +72,10 @@ def _scenarios():
         return c(w.alice).post(MEMORIES, {"content": "other", "idempotency_key": "k-1"}, format="json")
 
     def nothing_to_compile(c, w):
-        return c(w.alice).post("/api/scopes/scope-a/cartridges/compile/", {}, format="json")
+        return c(w.alice).post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json")
 
     def no_active_cartridge(c, w):  # a scope with no memories: nothing to compile in memory either
-        return c(w.alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
+        return c(w.alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
 
     def gate_failed(c, w):
         from cartridges.services import cartridge_compile
@@ -83,7 +83,7 @@ def _scenarios():
         w.append(w.scope_a, KEY)
         version = cartridge_compile(scope=w.scope_a)
         tamper(version)
-        return c(w.alice).post(f"/api/scopes/scope-a/cartridges/{version.pk}/activate/", {}, format="json")
+        return c(w.alice).post(f"/api/v1/scopes/scope-a/cartridges/{version.pk}/activate/", {}, format="json")
 
     def _serving(w):
         from cartridges import engine
@@ -96,11 +96,11 @@ def _scenarios():
         from cartridges.storage import blob_storage
 
         blob_storage().delete(_serving(w).storage_name)
-        return c(w.alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
+        return c(w.alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
 
     def blob_tampered(c, w):
         tamper(_serving(w))
-        return c(w.alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
+        return c(w.alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
 
     def blob_storage_unavailable(c, w):
         w.append(w.scope_a, KEY)
@@ -108,7 +108,7 @@ def _scenarios():
         a_file.write_text("not a directory")
         w.settings.STORAGES = {**w.settings.STORAGES, "cartridges": {
             "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(a_file / "blobs")}}}
-        return c(w.alice).post("/api/scopes/scope-a/cartridges/compile/", {}, format="json")
+        return c(w.alice).post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json")
 
     def memory_integrity(c, w):
         from memories.models import Memory
@@ -131,7 +131,7 @@ def _scenarios():
             nonce, ciphertext = crypto.seal(
                 data_key, text.encode(), aad=crypto.memory_aad(seq=seq, scope_id=scope.pk, subject_id=legacy.pk))
             Memory.objects.create(seq=seq, scope=scope, subject=legacy, nonce=nonce, ciphertext=ciphertext)
-        return c(w.alice).post("/api/scopes/scope-a/erasure-requests/", {"subject": "eve", "reason": "asked"},
+        return c(w.alice).post("/api/v1/scopes/scope-a/erasure-requests/", {"subject": "eve", "reason": "asked"},
                                format="json")
 
     return {name: fn for name, fn in locals().items() if not name.startswith("_") and name in ERROR_CODES}
@@ -243,7 +243,7 @@ def test_the_api_guide_table_lists_every_code():
 
 
 def test_an_unmatched_api_path_is_a_json_404_with_a_code_and_other_paths_keep_the_html_page(alice, api_client_for):
-    response = api_client_for(alice).get("/api/scopes/scope-a/cartridges/not-a-number/")
+    response = api_client_for(alice).get("/api/v1/scopes/scope-a/cartridges/not-a-number/")
     assert response.status_code == 404 and response["Content-Type"] == "application/json"
     assert response.json()["code"] == "not_found" and "not-a-number" in response.json()["message"]
     page = api_client_for(alice).get("/no-such-page/")

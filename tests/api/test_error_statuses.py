@@ -8,8 +8,7 @@ from cartridges import engine
 from cartridges.services import answer_request_answer, answer_request_collect, answer_request_file
 from core.errors import MnesioError
 from kvengine import ContextTooLongError, make_backend
-
-from .helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +40,7 @@ def test_a_question_past_the_window_is_a_422_asked_directly_and_through_an_answe
         append(scope_a, text)
     long_question = "Where " + "and where " * 30 + "is the spare key?"
     response = api_client_for(alice).post(
-        "/api/scopes/scope-a/ask/", {"question": long_question, "mode": "text"}, format="json"
+        "/api/v1/scopes/scope-a/ask/", {"question": long_question, "mode": "text"}, format="json"
     )
     body = assert_error(response, 422, "question")
     assert body["extra"]["limit"] == 40
@@ -57,5 +56,5 @@ def test_a_question_past_the_window_is_a_422_asked_directly_and_through_an_answe
 def test_a_compile_past_the_window_is_a_422(scope_a, alice, api_client_for, append, small_window):
     for i in range(12):
         append(scope_a, f"{TEXTS[0]} number {i}")
-    response = api_client_for(alice).post("/api/scopes/scope-a/cartridges/compile/", {}, format="json")
+    response = api_client_for(alice).post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json")
     assert response.status_code == 422, response.content

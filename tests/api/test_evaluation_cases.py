@@ -1,13 +1,13 @@
-"""/api/scopes/<scope>/evaluation-cases/: attach and list the cases the gate scores, validated and scoped."""
+"""/api/v1/scopes/<scope>/evaluation-cases/: attach and list the cases the gate scores, validated and scoped."""
 from __future__ import annotations
 
 import pytest
 
 from cartridges.models import EvaluationCase
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
-URL = "/api/scopes/scope-a/evaluation-cases/"
+URL = "/api/v1/scopes/scope-a/evaluation-cases/"
 
 
 def test_it_attaches_a_case_attributed_to_the_client_and_lists_it(alice, bob, scope_a, api_client_for):

@@ -15,16 +15,16 @@ HOSTILE = [
     [[[[[]]]]], "' OR 1=1 --", "<script>alert(1)</script>", "../../etc/passwd",
 ]
 ROUTES = {
-    "/api/scopes/scope-a/ask/": ["question", "mode"],
-    "/api/scopes/scope-a/evaluation-cases/": ["question", "answers"],
-    "/api/scopes/scope-a/cartridges/compile/": ["log_head", "activate"],
-    "/api/kv/configuration/": ["backend", "model", "dtype", "quant"],
+    "/api/v1/scopes/scope-a/ask/": ["question", "mode"],
+    "/api/v1/scopes/scope-a/evaluation-cases/": ["question", "answers"],
+    "/api/v1/scopes/scope-a/cartridges/compile/": ["log_head", "activate"],
+    "/api/v1/kv/configuration/": ["backend", "model", "dtype", "quant"],
 }
 VALID = {
-    "/api/scopes/scope-a/ask/": {"question": "Where is the spare key?", "mode": "cartridge"},
-    "/api/scopes/scope-a/evaluation-cases/": {"question": "Where is the spare key?", "answers": ["flowerpot"]},
-    "/api/scopes/scope-a/cartridges/compile/": {"log_head": 1, "activate": False},
-    "/api/kv/configuration/": {"backend": "fake", "model": "fake-model", "dtype": "bf16", "quant": "q8"},
+    "/api/v1/scopes/scope-a/ask/": {"question": "Where is the spare key?", "mode": "cartridge"},
+    "/api/v1/scopes/scope-a/evaluation-cases/": {"question": "Where is the spare key?", "answers": ["flowerpot"]},
+    "/api/v1/scopes/scope-a/cartridges/compile/": {"log_head": 1, "activate": False},
+    "/api/v1/kv/configuration/": {"backend": "fake", "model": "fake-model", "dtype": "bf16", "quant": "q8"},
 }
 
 
@@ -61,21 +61,21 @@ def test_no_hostile_field_value_gets_a_500(world, operator, api_client_for):
 
 @pytest.mark.parametrize("raw", [b"{", b"\xff\xfe", b'{"question": "a"', b"1" * 10_000, b'{"question": "x"}' * 3])
 def test_malformed_bodies_are_400s(world, alice, api_client_for, raw):
-    response = api_client_for(alice).post("/api/scopes/scope-a/ask/", data=raw, content_type="application/json")
+    response = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", data=raw, content_type="application/json")
     assert response.status_code == 400 and set(response.json()) == {"code", "message", "extra"}
 
 
 def test_other_methods_are_405s(world, alice, api_client_for):
     client = api_client_for(alice)
-    assert client.get("/api/scopes/scope-a/ask/").status_code == 405
-    assert client.delete(f"/api/scopes/scope-a/cartridges/{world.pk}/").status_code == 405
-    assert client.put("/api/kv/metrics", {}).status_code == 405
+    assert client.get("/api/v1/scopes/scope-a/ask/").status_code == 405
+    assert client.delete(f"/api/v1/scopes/scope-a/cartridges/{world.pk}/").status_code == 405
+    assert client.put("/api/v1/kv/metrics", {}).status_code == 405
     assert CartridgeActivation.objects.count() == 1
 
 
 def test_asking_runs_a_bounded_number_of_queries(world, alice, api_client_for, django_assert_max_num_queries):
     client = api_client_for(alice)
-    client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")  # warm the LRU
+    client.post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")  # warm the LRU
     with django_assert_max_num_queries(13):  # 13: the scope's head, which tells whether memories follow the version
-        response = client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
+        response = client.post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"}, format="json")
     assert response.status_code == 200

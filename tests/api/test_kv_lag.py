@@ -1,4 +1,4 @@
-"""Each scope's lag behind its log, in memories and in seconds: /api/kv/metrics, Prometheus text and the dashboard."""
+"""Each scope's lag behind its log, in memories and in seconds: /api/v1/kv/metrics, Prometheus text and the dashboard."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -47,11 +47,11 @@ def test_a_served_scope_has_no_lag(scope_a, append, fake_engine):
 
 
 def test_a_client_sees_the_lag_of_its_own_scopes_only(alice, charlie, lagging, api_client_for):
-    a = api_client_for(alice).get("/api/kv/metrics").json()
+    a = api_client_for(alice).get("/api/v1/kv/metrics").json()
     assert [(s["scope"], s["lag"]) for s in a["scopes"]] == [("scope-a", 2)] and a["scopes"][0]["lag_s"] > 0
-    c = api_client_for(charlie).get("/api/kv/metrics").json()
+    c = api_client_for(charlie).get("/api/v1/kv/metrics").json()
     assert [(s["scope"], s["lag"]) for s in c["scopes"]] == [("scope-c", 1)]
-    text = api_client_for(charlie).get("/api/kv/metrics?format=prometheus").content.decode()
+    text = api_client_for(charlie).get("/api/v1/kv/metrics?format=prometheus").content.decode()
     assert 'mnesio_scope_lag_seconds{scope="scope-c"}' in text and "scope-a" not in text
 
 

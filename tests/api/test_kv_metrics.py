@@ -1,4 +1,4 @@
-"""GET /api/kv/metrics (and its Prometheus text) checked field by field against a scenario with known counts."""
+"""GET /api/v1/kv/metrics (and its Prometheus text) checked field by field against a scenario with known counts."""
 from __future__ import annotations
 
 import os
@@ -15,8 +15,8 @@ from cartridges.metrics import MODES
 from cartridges.models import AnswerRecord
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, cartridge_evaluate
 from memories.services import erasure_request_file, erasure_request_process
-from tests.api.conftest import tamper
-from tests.api.helpers import assert_error
+from tests.support.blobs import tamper
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +57,7 @@ def scenario(alice, charlie, operator, scope_a, scope_c, append):
 
 def test_operators_see_every_field_with_the_known_counts(operator, scenario, api_client_for):
     v1, v2 = scenario["v1"], scenario["v2"]
-    response = api_client_for(operator).get("/api/kv/metrics")
+    response = api_client_for(operator).get("/api/v1/kv/metrics")
     assert response.status_code == 200, response.content
     m = response.json()
     assert set(m) == {"generated_at", "log_head", "configuration", "scopes", "gate", "latency", "versions",
@@ -104,12 +104,12 @@ def test_operators_see_every_field_with_the_known_counts(operator, scenario, api
 
 
 def test_a_client_sees_only_its_own_scopes(alice, charlie, scenario, api_client_for):
-    a = api_client_for(alice).get("/api/kv/metrics").json()
+    a = api_client_for(alice).get("/api/v1/kv/metrics").json()
     assert [s["scope"] for s in a["scopes"]] == ["scope-a"]
     assert a["versions"] == {"compiled": 2, "failed": 1, "destroyed": 0, "active": 1}
     assert (a["latency"]["text"]["count"], a["latency"]["text"]["total_p95_s"]) == (10, 20.0)
     assert a["erasures"] == {"pending": 1, "done": 0, "failed": 0}
-    c = api_client_for(charlie).get("/api/kv/metrics/").json()
+    c = api_client_for(charlie).get("/api/v1/kv/metrics/").json()
     assert [s["scope"] for s in c["scopes"]] == ["scope-c"]
     assert (c["gate"]["passed"], c["gate"]["failed"], c["gate"]["recent"]) == (0, 0, [])
     assert c["versions"] == {"compiled": 1, "failed": 0, "destroyed": 1, "active": 0}
@@ -174,7 +174,7 @@ def _value(samples: dict, name: str, **labels: str) -> float:
 def test_it_serves_the_same_figures_as_prometheus_text(operator, scenario, api_client_for):
     v1 = scenario["v1"]
     client = api_client_for(operator)
-    for url in ("/api/kv/metrics?format=prometheus", "/metrics"):
+    for url in ("/api/v1/kv/metrics?format=prometheus", "/metrics"):
         response = client.get(url)
         assert response.status_code == 200, response.content
         assert response["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -234,7 +234,7 @@ def test_answers_in_this_process_show_up_as_histogram_counts(operator, alice, sc
     # the other mode is exposed, unchanged
     assert _histogram_counts(client, "mnesio_answer_total_seconds", "text")[0] == before[("mnesio_answer_total_seconds", "text")][0]
     # the API's own spelling serves the same histograms
-    s = _samples(_families(client.get("/api/kv/metrics?format=prometheus").content.decode()))
+    s = _samples(_families(client.get("/api/v1/kv/metrics?format=prometheus").content.decode()))
     assert _value(s, "mnesio_answer_total_seconds_count", mode="cartridge") == count
 
 
@@ -275,11 +275,11 @@ def test_it_escapes_label_values():
 def test_it_needs_authentication_and_rejects_unknown_parameters(alice, scenario, api_client_for):
     from rest_framework.test import APIClient
 
-    assert APIClient().get("/api/kv/metrics").status_code == 401
+    assert APIClient().get("/api/v1/kv/metrics").status_code == 401
     anonymous = APIClient().get("/metrics")
     assert anonymous.status_code == 401 and anonymous.content.startswith(b"# error:")
-    assert_error(api_client_for(alice).get("/api/kv/metrics?window=5"), 400, "window")
-    assert api_client_for(alice).get("/api/kv/metrics?format=xml").status_code == 404
+    assert_error(api_client_for(alice).get("/api/v1/kv/metrics?window=5"), 400, "window")
+    assert api_client_for(alice).get("/api/v1/kv/metrics?format=xml").status_code == 404
 
 
 def test_percentiles_use_the_nearest_rank():

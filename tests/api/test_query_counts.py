@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api import query_worlds
+from tests.support import query_worlds
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +23,7 @@ def test_the_version_list_runs_the_same_queries_for_2_or_12_versions(
     made = query_worlds.versions(scope=scope_a, append=append, num_versions=num_versions)
     client = api_client_for(alice)
     with django_assert_num_queries(VERSION_LIST_QUERIES):
-        body = client.get("/api/scopes/scope-a/cartridges/").json()
+        body = client.get("/api/v1/scopes/scope-a/cartridges/").json()
     states = [version["state"] for version in body["results"]]
     assert states == ["active", *["passed"] * (num_versions - 2), "superseded"]
     assert body["active_version"] == made[-1].pk and body["count"] == num_versions
@@ -36,10 +36,10 @@ def test_kv_metrics_run_the_same_queries_for_1_or_6_scopes(
     query_worlds.scopes(user=alice, append=append, num_scopes=num_scopes)
     client, operator_client = api_client_for(alice), api_client_for(operator)
     with django_assert_num_queries(KV_METRICS_CLIENT_QUERIES):
-        body = client.get("/api/kv/metrics").json()
+        body = client.get("/api/v1/kv/metrics").json()
     counted = [row for row in body["scopes"] if row["scope"].startswith("counted-")]
     assert [(row["serving"], row["lag"]) for row in counted] == [(True, 1)] * num_scopes
     with django_assert_num_queries(KV_METRICS_OPERATOR_QUERIES):
-        assert operator_client.get("/api/kv/metrics").json()["versions"]["active"] == num_scopes
+        assert operator_client.get("/api/v1/kv/metrics").json()["versions"]["active"] == num_scopes
     with django_assert_num_queries(KV_METRICS_OPERATOR_QUERIES):  # the Prometheus scrape reads the same
         assert operator_client.get("/metrics").status_code == 200

@@ -10,7 +10,7 @@ import pytest
 from cartridges import engine
 from cartridges.models import RoutedChunk
 from kvengine.fake import FakeKvBackend
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 

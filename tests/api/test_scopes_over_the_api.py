@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 

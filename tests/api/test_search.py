@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from tests.api.helpers import assert_error
+from tests.support.errors import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.memories.test_hybrid_search import ConceptEncoder
+from tests.support.encoders import ConceptEncoder
 
 pytestmark = pytest.mark.django_db
 

@@ -27,7 +27,7 @@ def test_the_stored_token_row_never_holds_the_secret(alice):
     from knox.models import AuthToken
 
     instance, secret = AuthToken.objects.create(user=alice)
-    assert _client(secret).get("/api/scopes/").status_code == 200
+    assert _client(secret).get("/api/v1/scopes/").status_code == 200
     rows = _token_rows()
     assert len(rows) == 1
     stored = " ".join(str(value) for value in rows[0])
@@ -40,10 +40,10 @@ def test_a_wrong_or_revoked_token_is_refused(alice):
 
     instance, secret = AuthToken.objects.create(user=alice)
     wrong = secret[:-1] + ("0" if secret[-1] != "0" else "1")
-    assert _client(wrong).get("/api/scopes/").status_code == 401
-    assert _client("not-a-token").get("/api/scopes/").status_code == 401
+    assert _client(wrong).get("/api/v1/scopes/").status_code == 401
+    assert _client("not-a-token").get("/api/v1/scopes/").status_code == 401
     instance.delete()
-    assert _client(secret).get("/api/scopes/").status_code == 401
+    assert _client(secret).get("/api/v1/scopes/").status_code == 401
 
 
 def test_a_legacy_plaintext_token_keeps_working_after_the_migration(alice, charlie):
@@ -60,9 +60,9 @@ def test_a_legacy_plaintext_token_keeps_working_after_the_migration(alice, charl
     assert not Token.objects.exists()  # the plaintext rows are gone
     stored = " ".join(str(value) for row in _token_rows() for value in row)
     assert len(_token_rows()) == 2 and not any(k in stored for k in keys)
-    alice_scopes = _client(keys[0]).get("/api/scopes/")
+    alice_scopes = _client(keys[0]).get("/api/v1/scopes/")
     assert alice_scopes.status_code == 200 and [s["name"] for s in alice_scopes.json()] == ["scope-a"]
-    assert [s["name"] for s in _client(keys[1]).get("/api/scopes/").json()] == ["scope-c"]
+    assert [s["name"] for s in _client(keys[1]).get("/api/v1/scopes/").json()] == ["scope-c"]
     migration.tokens_hash(apps, None)  # a second run finds nothing to convert
     assert len(_token_rows()) == 2
 
@@ -85,7 +85,7 @@ def test_the_token_command_prints_a_token_that_works_once_and_stores_its_digest(
     out = io.StringIO()
     call_command("api_token_create", "alice", stdout=out)
     key = out.getvalue().strip()
-    assert len(key) == 64 and _client(key).get("/api/scopes/").status_code == 200
+    assert len(key) == 64 and _client(key).get("/api/v1/scopes/").status_code == 200
     assert key not in " ".join(str(value) for row in _token_rows() for value in row)
     with pytest.raises(CommandError, match="`username` 'nobody' does not exist"):
         call_command("api_token_create", "nobody")

@@ -27,7 +27,7 @@ def test_v1_and_the_alias_answer_the_same_and_the_alias_says_it_is_deprecated(al
 
 
 def test_every_api_route_is_served_under_v1_and_the_alias():
-    from tests.reliability.endpoints import all_routes
+    from tests.support.endpoints import all_routes
 
     routes = {r.route for r in all_routes()}
     api = {r.route[len("api/"):] for r in all_routes() if r.route.startswith("api/") and not r.route.startswith("api/v1/")}

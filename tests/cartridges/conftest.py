@@ -1,4 +1,4 @@
-"""Fixtures of the cartridge tests: blobs in a temp dir, the fake engine by default, helpers to build logs."""
+"""Fixtures of the cartridge tests: blobs in a temp dir, the fake engine by default, the real model as the active configuration."""
 from __future__ import annotations
 
 import pytest
@@ -37,19 +37,3 @@ def real_engine(settings, real_backend):
     config = ("transformers", "smollm2-135m-instruct", "f32", "none")
     engine.register_backend(config, real_backend)
     return config
-
-
-def stored_files(root) -> list:
-    """Every blob file under the storage root."""
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
-
-
-def share_block_secret(*, source, target) -> None:
-    """Give ``target`` (before its first compile) the block-id secret of ``source``: the two scopes' block ids, and so
-    their cartridges' bytes, are then equal for equal logs (by design they differ between scopes)."""
-    from cartridges.models import ScopeBlockSecret
-    from cartridges.services.blocksecret import block_secret_aad, scope_block_secret
-    from memories import crypto
-
-    wrapped, wrapped_by = crypto.wrap(scope_block_secret(scope=source), aad=block_secret_aad(target.pk))
-    ScopeBlockSecret.objects.create(scope=target, wrapped_key=wrapped, wrapped_by=wrapped_by)

@@ -11,8 +11,7 @@ from cartridges.services import scope_settings_update
 from cartridges.services.refresh import refresh_marker
 from memories.models import Scope
 from memories.services import memories_append_batch, memory_append
-
-from .test_worker import _wait, fake_row, redis_clean, start_worker  # noqa: F401 - fixtures shared with the worker tests
+from tests.support.worker import wait_for_worker
 
 pytestmark = [
     pytest.mark.celery_worker,
@@ -32,7 +31,7 @@ def test_a_burst_of_appends_is_one_refresh_on_the_gpu_queue(fake_row, start_work
     memory_append(scope=scope, content="The car is parked on level 3.")
     memories_append_batch(scope=scope, items=[{"content": "Dana's locker code is 4417."}, {"content": "Eve likes tea."}])
     assert redis_clean.exists(refresh_marker(scope.pk))  # claimed by the first append; the others found it
-    served = _wait(lambda: active_version(scope=scope), timeout=60, what="the auto-refresh activation", worker=worker)
+    served = wait_for_worker(lambda: active_version(scope=scope), timeout=60, what="the auto-refresh activation", worker=worker)
     assert served.log_head == 4 and served.num_memories == 4
     assert CartridgeVersion.objects.filter(scope=scope).count() == 1  # the burst compiled once
     assert CartridgeEvaluation.objects.filter(version=served).count() == 1
@@ -40,6 +39,6 @@ def test_a_burst_of_appends_is_one_refresh_on_the_gpu_queue(fake_row, start_work
     assert not redis_clean.exists(refresh_marker(scope.pk))  # the task cleared it before reading the head
     # the next append, after the refresh, schedules the next one: the new memory is served too
     memory_append(scope=scope, content="Frank parks on level 5.")
-    _wait(lambda: (active_version(scope=scope) or served).log_head == 5, timeout=60, what="the second refresh", worker=worker)
+    wait_for_worker(lambda: (active_version(scope=scope) or served).log_head == 5, timeout=60, what="the second refresh", worker=worker)
     assert "cartridge_refresh_task" in worker.output()
     assert "flowerpot" not in worker.output()  # no memory text in the worker's logs

@@ -52,9 +52,8 @@ from cartridges.services.scope_settings import scope_settings_update
 from cartridges.storage import BlobTampered, blob_read, block_lookup, scope_blocks_live, version_parts_read
 from core.errors import MnesioError
 from memories.services import erasure_request_file, erasure_request_process, scope_create
-
-from .conftest import stored_files
-from .test_worker import _database_url
+from tests.support.blobs import stored_files
+from tests.support.procs import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120  # generous: the 2 cores are shared with other test runs
@@ -260,7 +259,7 @@ def _compile_process(scope, *, pause_s: float, pgoptions: str = "") -> subproces
     env = {
         **({"PGOPTIONS": pgoptions} if pgoptions else {}),
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": django_settings.STORAGES["cartridges"]["OPTIONS"]["location"],
@@ -300,7 +299,8 @@ def _waiting_on_a_lock(query_prefix: str) -> int:
     """How many backends are blocked on a lock while running a statement starting with ``query_prefix``."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s", [query_prefix + "%"]
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE %s", [query_prefix + "%"]
         )
         return cursor.fetchone()[0]
 
@@ -345,7 +345,7 @@ def test_a_prune_that_waits_for_a_compile_holding_the_reused_blocks_keeps_them(r
     b1 = _links(old)[1].block
     # hold the compile inside its transaction, after it locked the reused blocks' key rows: a SHARE lock on the
     # version table lets it lock but not insert its version row
-    holder = psycopg.connect(_database_url())
+    holder = psycopg.connect(database_url())
     try:
         holder.execute(f"LOCK TABLE {CartridgeVersion._meta.db_table} IN SHARE MODE")
         proc = _compile_process(scope_a, pause_s=0)
@@ -394,7 +394,7 @@ def test_a_prune_and_a_compile_that_scan_the_block_keys_in_other_orders_do_not_d
     monkeypatch.undo()
     b0, b1 = [link.block for link in _links(old)]
     assert b1.storage_name < b0.storage_name
-    holder = psycopg.connect(_database_url())
+    holder = psycopg.connect(database_url())
     errors: list[BaseException] = []
 
     def activate() -> None:

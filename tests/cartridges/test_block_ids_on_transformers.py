@@ -17,7 +17,7 @@ from cartridges.services.blocksecret import scope_block_secret
 from kvengine import make_backend
 from kvengine.blocks import chain, key_digest
 from memories.services import memory_append
-from tests.kvengine.conftest import build_tiny
+from tests.support.tiny_models import build_tiny
 
 pytestmark = pytest.mark.django_db
 

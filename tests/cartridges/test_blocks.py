@@ -21,7 +21,7 @@ from cartridges.services.scope_settings import scope_settings_update
 from cartridges.storage import blob_exists, blob_read, version_parts_read
 from core.errors import MnesioError
 from memories.services import erasure_request_file, erasure_request_process, scope_create
-from tests.cartridges.conftest import share_block_secret
+from tests.support.blobs import share_block_secret
 
 pytestmark = pytest.mark.django_db
 

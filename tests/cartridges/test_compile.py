@@ -12,8 +12,7 @@ from cartridges.storage import blob_read, version_parts_read
 from core.errors import MnesioError
 from kvengine.fake import FakeKvBackend
 from kvengine.format import read_header
-
-from .conftest import stored_files
+from tests.support.blobs import stored_files
 
 pytestmark = pytest.mark.django_db
 

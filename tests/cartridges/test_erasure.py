@@ -12,7 +12,7 @@ from memories.models import ErasureStatus
 from memories.registry import view_rebuilders
 from memories.selectors import erasure_request_status, log_head, scope_head
 from memories.services import erasure_request_file, erasure_request_process, scope_create
-from tests.cartridges.conftest import share_block_secret
+from tests.support.blobs import share_block_secret
 
 pytestmark = pytest.mark.django_db
 

@@ -94,7 +94,7 @@ def test_it_erases_every_evaluation_case_quoting_the_erased_memory(world, alice,
         assert evaluation_case_open(case=row).question is None
     assert MARKER not in _raw_text(EvaluationCase)
     if world.kind != "scope":  # a deleted scope is no longer listed to its clients at all
-        listed = api_client_for(alice).get("/api/scopes/scope-a/evaluation-cases/")
+        listed = api_client_for(alice).get("/api/v1/scopes/scope-a/evaluation-cases/")
         assert listed.status_code == 200 and MARKER not in listed.content.decode()
 
 

@@ -7,7 +7,7 @@ from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile, evaluation_case_add
 from cartridges.storage import blob_exists, blob_read
 from memories.services import erasure_request_file, erasure_request_process, scope_create
-from tests.cartridges.conftest import share_block_secret
+from tests.support.blobs import share_block_secret
 
 pytestmark = [pytest.mark.django_db, pytest.mark.model]
 

@@ -13,7 +13,7 @@ from memories.services import erasure_request_file, erasure_request_process
 pytestmark = pytest.mark.django_db
 
 MARKER = "quokka-lantern-9083"  # unique: quoted by bob's memory and by the case about it
-URL = "/api/scopes/scope-a/evaluation-cases/"
+URL = "/api/v1/scopes/scope-a/evaluation-cases/"
 
 
 def _erase(subject: str) -> None:
@@ -83,7 +83,7 @@ def test_the_gate_runs_without_erased_cases_and_records_them(scope_a, append, fa
 
 
 def test_it_links_the_given_subjects_and_refuses_ones_not_in_the_scope(alice, scope_a, scope_c, append, api_client_for):
-    from tests.api.helpers import assert_error
+    from tests.support.errors import assert_error
 
     append(scope_a, "Dana parks in bay 12.", subject="dana")
     append(scope_c, "Erin likes tea.", subject="erin")

@@ -24,7 +24,7 @@ from memories.services import memory_append, scope_create
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-MEMORIES = "/api/scopes/scope-a/memories/"
+MEMORIES = "/api/v1/scopes/scope-a/memories/"
 
 
 def _counts() -> tuple[int, int, int]:
@@ -107,8 +107,8 @@ def test_api_calls_that_meet_an_unknown_master_key_answer_json_503(
     before = _counts()
     _assert_503(client.get(MEMORIES))
     _assert_503(client.post(MEMORIES, {"content": "written by the wrong process", "subject": "erin"}, format="json"))
-    _assert_503(client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json"))
-    _assert_503(client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "mode": "text"}, format="json"))
+    _assert_503(client.post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json"))
+    _assert_503(client.post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "mode": "text"}, format="json"))
     assert _counts() == before
 
 
@@ -172,11 +172,11 @@ for name, subject in (("scope-a", "erin"), ("scope-a", None), ("scope-fresh", No
 
 
 def _other_key_env() -> dict[str, str]:
-    from tests.cartridges.test_worker import _database_url
+    from tests.support.procs import database_url
 
     return {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_DATA_DIR": str(django_settings.DATA_DIR),
         "MNESIO_MASTER_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
     }
@@ -205,7 +205,7 @@ def test_a_process_started_with_another_master_key_cannot_append(scope_a, append
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (set REDIS_URL)")
 def test_a_celery_worker_started_with_another_master_key_refuses_to_start(scope_a, append, blob_root, tmp_path):
-    from tests.cartridges.test_worker import Worker
+    from tests.support.worker import Worker
 
     append(scope_a, "Dana's locker code is 4417.", subject="dana")
     key = base64.urlsafe_b64encode(os.urandom(32)).decode()

@@ -21,7 +21,7 @@ from memories.services import (
     scope_create,
     scope_delete_file,
 )
-from tests.cartridges.conftest import share_block_secret
+from tests.support.blobs import share_block_secret
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,7 @@ from cartridges.storage import blob_keys_rewrap, blob_read, blob_reserve, blob_w
 from core.errors import Conflict
 from memories.models import Subject
 from memories.services import subject_shred
-
-from .conftest import stored_files
+from tests.support.blobs import stored_files
 
 pytestmark = pytest.mark.django_db
 

@@ -26,7 +26,7 @@ from cartridges.storage import (
 from memories.models import ErasureStatus
 from memories.selectors import erasure_request_status
 from memories.services import erasure_request_file, erasure_request_process, memory_append
-from tests.fleet.procs import MotoS3, free_port
+from tests.support.procs import MotoS3, free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
-from django.db import connection
 
 from cartridges.models import AnswerRequest, BlobKey, CartridgeVersion
 from cartridges.selectors import active_version, version_state
@@ -24,14 +18,13 @@ from cartridges.services import (
     answer_request_collect,
     answer_request_file,
     cartridge_answer,
-    kv_configuration_switch,
 )
 from cartridges.storage import blob_exists
 from memories.models import ErasureStatus
 from memories.selectors import erasure_request_status
 from memories.services import erasure_request_file, memory_append
-
-from .conftest import stored_files
+from tests.support.blobs import stored_files
+from tests.support.worker import wait_for_worker
 
 pytestmark = [
     pytest.mark.celery_worker,
@@ -42,91 +35,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK_TIMEOUT_S = 60
-
-
-def _database_url() -> str:
-    from urllib.parse import quote
-
-    s = connection.settings_dict
-    user = quote(s["USER"] or "postgres") + (f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else "")
-    return f"postgres://{user}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-class Worker:
-    """One celery worker process (prefork, one child); always killed at teardown."""
-
-    def __init__(self, *, blob_root: Path, log_path: Path, extra_env: dict[str, str] | None = None, queues: str = "gpu,default"):
-        self.log_path = log_path
-        env = {
-            **os.environ,
-            "DATABASE_URL": _database_url(),
-            "REDIS_URL": os.environ["REDIS_URL"],
-            "MNESIO_KV_BACKEND": "fake",
-            "MNESIO_KV_MODEL": "fake-model",
-            "MNESIO_BLOB_ROOT": str(blob_root),
-            "MNESIO_DATA_DIR": str(django_settings.DATA_DIR),  # same dev master key file as this process
-            "MNESIO_LOG_LEVEL": "INFO",
-            **(extra_env or {}),
-        }
-        self.name = f"cartridges-test-{uuid.uuid4().hex[:8]}@%h"
-        self.log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "mnesio_site", "worker", "-Q", queues, "-c", "1",
-             "--pool", "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat",
-             "-n", self.name, "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker's own process group: parent and pool children
-            self.proc.wait(timeout=10)
-        self.log.close()
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-@pytest.fixture
-def redis_clean():
-    """Empty this helper's Redis database (queues and results) before and after."""
-    import redis
-
-    client = redis.Redis.from_url(os.environ["REDIS_URL"])
-    client.flushdb()
-    yield client
-    client.flushdb()
-
-
-@pytest.fixture
-def start_worker(blob_root, redis_clean, tmp_path):
-    """Factory: start a worker (killed at teardown, whatever happens)."""
-    workers: list[Worker] = []
-
-    def start(queues: str = "gpu,default", **extra_env: str) -> Worker:
-        worker = Worker(blob_root=blob_root, log_path=tmp_path / f"worker-{len(workers)}.log", extra_env=extra_env, queues=queues)
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop()
-
-
-@pytest.fixture
-def fake_row(fake_engine):
-    """Make the fake engine the active configuration for both processes (a row both read)."""
-    return kv_configuration_switch(backend="fake", model="fake-model", dtype="f32", quant="none", actor=None)
-
-
-def _wait(predicate, *, timeout: float, what: str, worker: Worker):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; worker log:\n{worker.output()[-4000:]}")
 
 
 def test_it_runs_the_lifecycle_on_a_real_worker(fake_row, start_worker, blob_root):
@@ -186,13 +94,13 @@ def test_it_finishes_a_compile_whose_worker_was_killed_with_exactly_one_version(
     memory_append(scope=scope, content="The spare key is under the blue flowerpot.")
     result = cartridge_compile_task.delay(scope.pk)
 
-    started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TASK_TIMEOUT_S, what="the compile to start", worker=worker)
+    started = wait_for_worker(lambda: result.state == "STARTED" and result.info, timeout=TASK_TIMEOUT_S, what="the compile to start", worker=worker)
     child = started["pid"]
     assert child != worker.proc.pid
     os.kill(child, signal.SIGKILL)
 
     # the message returns to the queue (acks late + reject on worker lost) and a fresh child runs it again
-    _wait(
+    wait_for_worker(
         lambda: result.state == "STARTED" and result.info and result.info.get("pid") not in (None, child),
         timeout=TASK_TIMEOUT_S, what="the compile to be delivered again", worker=worker,
     )

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from .test_worker import _wait, fake_row, redis_clean, start_worker  # noqa: F401 - fixtures shared with the worker tests
+from tests.support.worker import wait_for_worker
 
 pytestmark = [
     pytest.mark.celery_worker,
@@ -20,12 +20,12 @@ WARMED = "gpu worker process warmed: model loaded for configuration fake:fake-mo
 
 def test_a_gpu_worker_process_loads_the_active_model_as_it_starts(fake_row, start_worker, redis_clean):  # noqa: F811
     worker = start_worker()
-    _wait(lambda: WARMED in worker.output(), timeout=60, what="the warm-up line", worker=worker)
+    wait_for_worker(lambda: WARMED in worker.output(), timeout=60, what="the warm-up line", worker=worker)
 
 
 @pytest.mark.parametrize("queues, env", [("default", {}), ("gpu", {"MNESIO_WORKER_WARMUP": "false"})])
 def test_a_default_worker_or_a_warmup_turned_off_loads_nothing(fake_row, start_worker, redis_clean, queues, env):  # noqa: F811
     worker = start_worker(queues=queues, **env)
-    _wait(lambda: " ready." in worker.output(), timeout=60, what="the worker to be ready", worker=worker)
+    wait_for_worker(lambda: " ready." in worker.output(), timeout=60, what="the worker to be ready", worker=worker)
     time.sleep(2)  # the pool's process starts around the main process's "ready": give its init the time it takes
     assert "gpu worker process warmed" not in worker.output() and "not warmed" not in worker.output()

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from mnesio_client import MnesioClient, MnesioError
 
-from tests.serving.conftest import LONG, token_for
+from tests.support.servers import LONG, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

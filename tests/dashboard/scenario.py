@@ -14,7 +14,7 @@ def build(*, alice, charlie, operator, scope_a, scope_c, append) -> dict[str, An
         cartridge_evaluate,
         kv_configuration_switch,
     )
-    from tests.api.conftest import tamper
+    from tests.support.blobs import tamper
 
     append(scope_a, "The spare key is under the blue flowerpot.")
     append(scope_a, "Ada drinks green tea every morning.", "ada")

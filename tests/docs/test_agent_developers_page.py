@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving.conftest import token_for
+from tests.support.servers import token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

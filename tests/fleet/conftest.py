@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from .procs import ROOT, Proc, database_url, free_port, port_open, wait_for
+from tests.support.procs import ROOT, Proc, database_url, free_port, port_open, wait_for
 
 
 @pytest.fixture

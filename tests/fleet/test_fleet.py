@@ -20,8 +20,7 @@ import pytest
 import requests
 
 from cartridges.models import CartridgeVersion
-
-from .procs import FleetRun, fleet_stop, wait_for
+from tests.support.procs import FleetRun, fleet_stop, wait_for
 
 pytestmark = [
     pytest.mark.fleet,
@@ -78,7 +77,7 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
     _, token = AuthToken.objects.create(user=alice)
     http = requests.Session()
     http.headers["Authorization"] = f"Token {token}"
-    scope_url = f"{base}/api/scopes/scope-a"
+    scope_url = f"{base}/api/v1/scopes/scope-a"
 
     def log() -> str:
         return proc.output()
@@ -90,7 +89,7 @@ def test_the_fleet_runs_append_compile_activate_ask_erase_across_its_processes(f
             return check()
         return predicate
 
-    wait_for(up(lambda: http.get(f"{base}/api/scopes/", timeout=5).status_code == 200), timeout=180,
+    wait_for(up(lambda: http.get(f"{base}/api/v1/scopes/", timeout=5).status_code == 200), timeout=180,
              what="the fleet's web server", log=log)
     s3 = boto3.client("s3", endpoint_url=fleet.s3_endpoint, region_name="us-east-1",
                       aws_access_key_id="local", aws_secret_access_key="local")

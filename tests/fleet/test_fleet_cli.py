@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from .procs import ROOT
+from tests.support.procs import ROOT
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:

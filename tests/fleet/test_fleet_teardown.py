@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from .procs import FleetRun, fleet_stop, tagged_pids, wait_for
+from tests.support.procs import FleetRun, fleet_stop, tagged_pids, wait_for
 
 pytestmark = [
     pytest.mark.fleet,

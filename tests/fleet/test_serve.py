@@ -10,8 +10,7 @@ import requests
 
 from cartridges.services import cartridge_activate, cartridge_compile, kv_configuration_switch
 from memories.services import memory_append
-
-from .procs import ROOT, Proc, group_alive
+from tests.support.procs import ROOT, Proc, group_alive
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -27,14 +26,14 @@ def test_it_serves_an_authenticated_ask_over_real_http(serve, alice, scope_a, ea
 
     proc, base = serve()
     auth = {"Authorization": f"Token {token}"}
-    response = requests.post(f"{base}/api/scopes/scope-a/ask/", json={"question": "What is Dana's locker code?"},
+    response = requests.post(f"{base}/api/v1/scopes/scope-a/ask/", json={"question": "What is Dana's locker code?"},
                              headers=auth, timeout=30)
     assert response.status_code == 200, (response.text, proc.output()[-3000:])
     body = response.json()
     assert "4417" in body["answer"] and body["version_id"] == version.pk
     assert response.headers["server"] == "uvicorn"  # a uvicorn worker under gunicorn, not runserver
 
-    anonymous = requests.post(f"{base}/api/scopes/scope-a/ask/", json={"question": "What is Dana's locker code?"}, timeout=30)
+    anonymous = requests.post(f"{base}/api/v1/scopes/scope-a/ask/", json={"question": "What is Dana's locker code?"}, timeout=30)
     assert anonymous.status_code == 401 and "4417" not in anonymous.text
     # the admin's stylesheet comes from STATIC_ROOT (collected by bin/serve, served by WhiteNoise)
     css = requests.get(f"{base}/static/admin/css/base.css", timeout=30)
@@ -117,7 +116,7 @@ def test_two_compiles_at_once_in_one_worker_both_succeed_in_the_embedded_mode(se
     results: dict[str, requests.Response] = {}
 
     def compile_scope(name: str) -> None:
-        results[name] = requests.post(f"{base}/api/scopes/{name}/cartridges/compile/", json={}, headers=auth, timeout=60)
+        results[name] = requests.post(f"{base}/api/v1/scopes/{name}/cartridges/compile/", json={}, headers=auth, timeout=60)
 
     threads = [threading.Thread(target=compile_scope, args=(name,)) for name in ("scope-a", "scope-c")]
     for thread in threads:

@@ -168,7 +168,7 @@ def test_kv_shape_is_the_cartridges_and_q4_refuses_a_head_dim_it_cannot_pack(tin
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from tests.kvengine.conftest import _tokenizer
+    from tests.support.tiny_models import _tokenizer
 
     torch.manual_seed(0)
     tok = _tokenizer(chat=True)

@@ -9,7 +9,7 @@ from memories.services import MAX_BATCH_ITEMS, memories_append_batch, memory_app
 
 pytestmark = pytest.mark.django_db
 
-URL = "/api/scopes/scope-a/memories/batch/"
+URL = "/api/v1/scopes/scope-a/memories/batch/"
 
 
 @pytest.fixture
@@ -126,10 +126,10 @@ def test_another_scopes_client_cannot_batch_into_it(charlie, api_client_for, sco
 
 
 def test_the_single_append_is_a_batch_of_one_with_its_own_field_names(client_a):
-    r = client_a.post("/api/scopes/scope-a/memories/", {"content": "   "}, format="json")
+    r = client_a.post("/api/v1/scopes/scope-a/memories/", {"content": "   "}, format="json")
     assert r.status_code == 400 and r.json()["extra"]["field"] == "content"
-    r = client_a.post("/api/scopes/scope-a/memories/", {"content": "x", "metadata": []}, format="json")
+    r = client_a.post("/api/v1/scopes/scope-a/memories/", {"content": "x", "metadata": []}, format="json")
     assert r.status_code == 400
-    r = client_a.post("/api/scopes/scope-a/memories/", {"content": "one", "metadata": {"tag": "t"}}, format="json")
+    r = client_a.post("/api/v1/scopes/scope-a/memories/", {"content": "one", "metadata": {"tag": "t"}}, format="json")
     assert r.status_code == 201 and r.json()["metadata"] == {"tag": "t"}
     assert MemoryKey.objects.filter(memory_id=r.json()["seq"]).exists()

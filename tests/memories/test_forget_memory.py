@@ -61,12 +61,12 @@ def test_forgetting_one_memory_shreds_its_own_key_and_nothing_else(client_a, sco
     memory_append(scope=scope_a, subject="dana", content="Dana's locker code is 4417.")
     memory_append(scope=scope_a, subject="dana", content="Dana parks in bay 12.")
     memory_append(scope=scope_a, content="The cat is called Miso.")
-    r = client_a.delete("/api/scopes/scope-a/memories/1/")
+    r = client_a.delete("/api/v1/scopes/scope-a/memories/1/")
     assert r.status_code == 202, r.json()
     assert r.json()["kind"] == "memory" and r.json()["seq"] == 1 and r.json()["subject"] is None
     assert r.json()["status"] in ("keys_shredded", "views_rebuilt")
     assert _texts(scope_a) == [(1, None, True), (2, "Dana parks in bay 12.", False), (3, "The cat is called Miso.", False)]
-    got = client_a.get("/api/scopes/scope-a/memories/1/").json()
+    got = client_a.get("/api/v1/scopes/scope-a/memories/1/").json()
     assert got["erased"] is True and got["text"] is None and got["metadata"] == {}
     key = MemoryKey.objects.get(memory_id=1)
     assert key.wrapped_key is None and key.shredded_at is not None and key.resealed is None
@@ -76,8 +76,8 @@ def test_forgetting_one_memory_shreds_its_own_key_and_nothing_else(client_a, sco
 
 def test_forgetting_twice_returns_the_first_request(client_a, scope_a):
     memory_append(scope=scope_a, content="Forget me.")
-    first = client_a.delete("/api/scopes/scope-a/memories/1/", {"reason": "asked"}, format="json").json()
-    second = client_a.delete("/api/scopes/scope-a/memories/1/")
+    first = client_a.delete("/api/v1/scopes/scope-a/memories/1/", {"reason": "asked"}, format="json").json()
+    second = client_a.delete("/api/v1/scopes/scope-a/memories/1/")
     assert second.status_code == 202 and second.json()["id"] == first["id"]
     assert ErasureRequest.objects.filter(kind=ErasureKind.MEMORY).count() == 1
 
@@ -96,7 +96,7 @@ def test_forgetting_an_erased_memory_over_the_api_is_a_409_with_its_code(client_
 
     memory_append(scope=scope_a, subject="dana", content="Dana's fact.")
     subject_shred(subject=Subject.objects.get(external_id="dana"))
-    response = client_a.delete("/api/scopes/scope-a/memories/1/")
+    response = client_a.delete("/api/v1/scopes/scope-a/memories/1/")
     assert response.status_code == 409 and response.json()["code"] == "already_erased"
 
 
@@ -105,11 +105,11 @@ def test_another_scopes_seq_looks_like_no_memory(client_a, charlie, api_client_f
     memory_append(scope=scope_c, content="C's fact.")
     client_c = api_client_for(charlie)
     # charlie cannot reach A at all, nor A's seq 1 through C
-    assert client_c.delete("/api/scopes/scope-a/memories/1/").status_code == 404
-    r = client_c.delete("/api/scopes/scope-c/memories/1/")
+    assert client_c.delete("/api/v1/scopes/scope-a/memories/1/").status_code == 404
+    r = client_c.delete("/api/v1/scopes/scope-c/memories/1/")
     assert r.status_code == 404 and r.json()["extra"]["field"] == "seq"
     # and alice cannot forget C's seq 2 through A
-    assert client_a.delete("/api/scopes/scope-a/memories/2/").status_code == 404
+    assert client_a.delete("/api/v1/scopes/scope-a/memories/2/").status_code == 404
     assert not MemoryKey.objects.filter(shredded_at__isnull=False).exists()
     with pytest.raises(NotFound):
         memory_forget_file(scope=scope_a, seq=2, requested_by=None)
@@ -220,7 +220,7 @@ def _grant_delete_scope(user) -> None:
 
 def test_a_client_without_the_permission_cannot_delete_its_scope(client_a, scope_a):
     memory_append(scope=scope_a, content="stay")
-    r = client_a.delete("/api/scopes/scope-a/")
+    r = client_a.delete("/api/v1/scopes/scope-a/")
     assert r.status_code == 403 and "memories.delete_scope" in r.json()["message"]
     assert _texts(scope_a) == [(1, "stay", False)]
     scope_a.refresh_from_db()
@@ -230,7 +230,7 @@ def test_a_client_without_the_permission_cannot_delete_its_scope(client_a, scope
 def test_the_permission_does_not_reach_a_scope_that_is_not_granted(charlie, api_client_for, scope_a, scope_c):
     _grant_delete_scope(charlie)
     memory_append(scope=scope_a, content="A's fact")
-    assert api_client_for(charlie).delete("/api/scopes/scope-a/").status_code == 404
+    assert api_client_for(charlie).delete("/api/v1/scopes/scope-a/").status_code == 404
     assert _texts(scope_a) == [(1, "A's fact", False)]
 
 
@@ -241,7 +241,7 @@ def test_deleting_a_scope_shreds_every_key_of_it_and_hides_it(alice, client_a, s
     ])
     legacy = _legacy_append(scope_a, "A legacy")
     memory_append(scope=scope_c, content="C stays", subject="dana")
-    r = client_a.delete("/api/scopes/scope-a/", {"reason": "the agent is retired"}, format="json")
+    r = client_a.delete("/api/v1/scopes/scope-a/", {"reason": "the agent is retired"}, format="json")
     assert r.status_code == 202, r.json()
     assert r.json()["kind"] == "scope"
     request = ErasureRequest.objects.get(kind="scope")
@@ -252,10 +252,10 @@ def test_deleting_a_scope_shreds_every_key_of_it_and_hides_it(alice, client_a, s
     assert not Subject.objects.filter(scope=scope_a, wrapped_key__isnull=False).exists()
     assert ScopeKey.objects.get(scope=scope_a).wrapped_key is None
     # gone for clients: reads, appends, listing, a second delete
-    assert client_a.get("/api/scopes/scope-a/memories/").status_code == 404
-    assert client_a.post("/api/scopes/scope-a/memories/", {"content": "more"}, format="json").status_code == 404
-    assert client_a.get("/api/scopes/").json() == []
-    assert client_a.delete("/api/scopes/scope-a/").status_code == 404
+    assert client_a.get("/api/v1/scopes/scope-a/memories/").status_code == 404
+    assert client_a.post("/api/v1/scopes/scope-a/memories/", {"content": "more"}, format="json").status_code == 404
+    assert client_a.get("/api/v1/scopes/").json() == []
+    assert client_a.delete("/api/v1/scopes/scope-a/").status_code == 404
     # and at the service level an append is refused too
     scope_a.refresh_from_db()
     with pytest.raises(NotFound):

@@ -8,26 +8,9 @@ import pytest
 from kvengine.retrieval import rrf_scores
 from memories import search_dense
 from memories.selectors import memories_search, memory_search
+from tests.support.encoders import ConceptEncoder
 
 pytestmark = pytest.mark.django_db
-
-CONCEPTS = [{"cat", "feline", "kitten", "luna"}, {"dog", "canine", "puppy"}, {"car", "vehicle", "garage"}]
-
-
-class ConceptEncoder:
-    """A stand-in for the dense encoder: one dimension per concept, so "feline" is near "cat" with no shared word."""
-
-    def __init__(self):
-        self.texts: list[str] = []
-
-    def encode(self, texts):
-        self.texts += list(texts)
-        rows = []
-        for text in texts:
-            words = set(text.lower().replace(".", " ").replace(",", " ").split())
-            row = np.array([len(words & c) for c in CONCEPTS] + [0.1], dtype=np.float32)
-            rows.append(row / np.linalg.norm(row))
-        return np.stack(rows)
 
 
 @pytest.fixture

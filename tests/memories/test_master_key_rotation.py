@@ -89,11 +89,11 @@ def test_it_refuses_a_wrap_with_the_retired_key_in_a_process_left_behind_by_a_ro
 
     from django.conf import settings as django_settings
 
-    from tests.cartridges.test_worker import _database_url
+    from tests.support.procs import database_url
 
     old = crypto.master_key()
     memory_append(scope=scope_a, subject="dana", content="Dana's locker code is 4417.")
-    env = {**os.environ, "DATABASE_URL": _database_url(), "MNESIO_DATA_DIR": str(django_settings.DATA_DIR),
+    env = {**os.environ, "DATABASE_URL": database_url(), "MNESIO_DATA_DIR": str(django_settings.DATA_DIR),
            "MNESIO_MASTER_KEY": base64.urlsafe_b64encode(old).decode()}
     env.pop("MNESIO_MASTER_KEY_OLD", None)
     log = tmp_path / "behind.log"  # a file, not a pipe: its log lines never fill a buffer and block it

@@ -53,12 +53,12 @@ def test_the_size_limit_is_a_setting(scope_a, settings):
 def test_metadata_is_never_stored_or_logged_in_plaintext(alice, api_client_for, caplog):
     client = api_client_for(alice)
     with caplog.at_level(logging.DEBUG):
-        r = client.post("/api/scopes/scope-a/memories/", {"content": "c", "metadata": {"secret": MARKER}}, format="json")
+        r = client.post("/api/v1/scopes/scope-a/memories/", {"content": "c", "metadata": {"secret": MARKER}}, format="json")
         assert r.status_code == 201 and r.json()["metadata"] == {"secret": MARKER}
-        batch = client.post("/api/scopes/scope-a/memories/batch/",
+        batch = client.post("/api/v1/scopes/scope-a/memories/batch/",
                             {"items": [{"content": "d", "metadata": {MARKER: 1}}]}, format="json")
         assert batch.status_code == 201
-        assert client.get("/api/scopes/scope-a/memories/").json()["results"][1]["metadata"] == {MARKER: 1}
+        assert client.get("/api/v1/scopes/scope-a/memories/").json()["results"][1]["metadata"] == {MARKER: 1}
     assert MARKER not in caplog.text
     with connection.cursor() as cursor:
         for table in ("memories_memory", "memories_memorykey"):

@@ -26,19 +26,19 @@ def test_an_erasure_in_one_spelling_erases_memories_filed_in_the_other(
 ):
     client = api_client_for(alice)
     for spelling, text in ((NFD, "José likes tea."), (NFC, "José lives in Porto.")):
-        r = client.post("/api/scopes/scope-a/memories/", {"content": text, "subject": spelling}, format="json")
+        r = client.post("/api/v1/scopes/scope-a/memories/", {"content": text, "subject": spelling}, format="json")
         assert r.status_code == 201 and r.json()["subject"] == NFC
     assert list(Subject.objects.values_list("external_id", flat=True)) == [NFC]  # one subject, stored in NFC
     with django_capture_on_commit_callbacks(execute=True):
-        filed = client.post("/api/scopes/scope-a/erasure-requests/", {"subject": NFC, "reason": "asked"}, format="json")
+        filed = client.post("/api/v1/scopes/scope-a/erasure-requests/", {"subject": NFC, "reason": "asked"}, format="json")
     assert filed.status_code == 201, filed.content
     assert [m.erased for m in scope_memories_open(scope=scope_a)] == [True, True]
 
 
 def test_a_repeated_idempotency_key_matches_across_spellings(scope_a, alice, api_client_for):
     client = api_client_for(alice)
-    first = client.post("/api/scopes/scope-a/memories/", {"content": "x", "subject": NFD, "idempotency_key": "k"}, format="json")
-    again = client.post("/api/scopes/scope-a/memories/", {"content": "x", "subject": NFC, "idempotency_key": "k"}, format="json")
+    first = client.post("/api/v1/scopes/scope-a/memories/", {"content": "x", "subject": NFD, "idempotency_key": "k"}, format="json")
+    again = client.post("/api/v1/scopes/scope-a/memories/", {"content": "x", "subject": NFC, "idempotency_key": "k"}, format="json")
     assert (first.status_code, again.status_code) == (201, 200) and again.json()["seq"] == first.json()["seq"]
 
 
@@ -65,7 +65,7 @@ def test_rows_stored_before_normalization_are_found_in_either_spelling(scope_a):
 
 def test_scope_names_resolve_the_same_in_either_spelling(alice, api_client_for):
     client = api_client_for(alice)
-    composed = client.get(f"/api/scopes/caf{unicodedata.normalize('NFC', 'é')}/head/")
-    decomposed = client.get(f"/api/scopes/caf{unicodedata.normalize('NFD', 'é')}/head/")
+    composed = client.get(f"/api/v1/scopes/caf{unicodedata.normalize('NFC', 'é')}/head/")
+    decomposed = client.get(f"/api/v1/scopes/caf{unicodedata.normalize('NFD', 'é')}/head/")
     assert composed.status_code == decomposed.status_code == 404
     assert composed.json() == decomposed.json()

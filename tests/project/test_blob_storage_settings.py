@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from tests.fleet.procs import MotoS3
+from tests.support.procs import MotoS3
 
 
 def test_blobs_default_to_local_files_under_the_data_dir(load, tmp_path):

@@ -1,5 +1,5 @@
 """Fixtures of the reliability tests: blobs in a temp dir, the fake engine, eager tasks on demand, a figures
-recorder, and the real Celery worker harness of tests/cartridges (imported, not copied)."""
+recorder (the real Celery worker harness: tests/support/worker.py)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,6 @@ import pytest
 
 # Blobs in a temp dir (autouse) and the fake engine: the cartridges tests' own (the empty LRU is tests/conftest's).
 from tests.cartridges.conftest import blob_root, fake_engine  # noqa: F401
-
-# The worker harness of the cartridges tests: a real ``celery worker`` process against the test database.
-from tests.cartridges.test_worker import Worker, _database_url, _wait, redis_clean, start_worker  # noqa: F401
 from tests.conftest import celery_eager  # noqa: E402
 
 FIGURES_FILE = "reliability-figures.jsonl"

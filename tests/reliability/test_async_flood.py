@@ -10,7 +10,7 @@ import pytest
 from cartridges.services import cartridge_activate, cartridge_compile
 from cartridges.services.admission import async_asks_pending
 from memories.services import memory_append
-from tests.cartridges.test_worker import _wait
+from tests.support.worker import wait_for_worker
 
 from .conftest import needs_redis
 
@@ -86,10 +86,10 @@ def test_it_bounds_async_asks_and_an_erasure_never_waits_behind_them(
     started = time.monotonic()
     worker = start_worker(queues="gpu,default")
     url = f"/api/v1/scopes/scope-c/erasure-requests/{filed.json()['id']}/"
-    _wait(lambda: clients["charlie"].get(url).json()["status"] == "views_rebuilt", timeout=REBUILD_BOUND_S,
+    wait_for_worker(lambda: clients["charlie"].get(url).json()["status"] == "views_rebuilt", timeout=REBUILD_BOUND_S,
           what="the erasure's rebuild", worker=worker)
     rebuild_s = time.monotonic() - started
-    _wait(lambda: (_flood(clients["bob"], "scope-a", 1)[0].status_code == 202), timeout=REBUILD_BOUND_S,
+    wait_for_worker(lambda: (_flood(clients["bob"], "scope-a", 1)[0].status_code == 202), timeout=REBUILD_BOUND_S,
           what="answered asks to free the bound", worker=worker)
     record_figures(scenario="async flood vs erasure", flood=FLOOD, flood_s=round(flood_s, 2),
                    shred_s=round(shred_s, 3), rebuild_after_worker_start_s=round(rebuild_s, 1))

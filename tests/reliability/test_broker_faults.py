@@ -21,8 +21,7 @@ import pytest
 import redis
 
 from cartridges.models import CartridgeVersion
-
-from .conftest import _wait
+from tests.support.worker import wait_for_worker
 
 pytestmark = [
     pytest.mark.usefixtures("real_broker"),
@@ -118,7 +117,7 @@ def test_waiting_tasks_survive_a_redis_crash_with_the_append_only_file(fake_row,
     assert server.client().llen("gpu") == NUM_TASKS  # still there after the crash
 
     worker = start_worker(REDIS_URL=URL, CELERY_BROKER_URL=URL, CELERY_RESULT_BACKEND=URL)
-    _wait(lambda: CartridgeVersion.objects.filter(scope__in=scopes).count() == NUM_TASKS, timeout=120,
+    wait_for_worker(lambda: CartridgeVersion.objects.filter(scope__in=scopes).count() == NUM_TASKS, timeout=120,
           what="every waiting compile to run", worker=worker)
     # and a crash with a worker connected: it reconnects and keeps consuming
     server.crash()
@@ -132,7 +131,7 @@ def test_waiting_tasks_survive_a_redis_crash_with_the_append_only_file(fake_row,
         memory_append(scope=scope, content=f"Later fact {i}.")
         more.append(scope)
     _queue_compiles(more)
-    _wait(lambda: CartridgeVersion.objects.filter(scope__in=more).count() == 2, timeout=120,
+    wait_for_worker(lambda: CartridgeVersion.objects.filter(scope__in=more).count() == 2, timeout=120,
           what="compiles sent after the second crash", worker=worker)
     for scope in scopes + more:
         assert CartridgeVersion.objects.filter(scope=scope).count() == 1
@@ -170,9 +169,9 @@ def _erasure_requeue(*args: str) -> str:
     """Run `manage.py erasure_requeue` as an operator (or celery beat) would: its own process, the private broker."""
     from django.conf import settings as django_settings
 
-    from .conftest import _database_url
+    from tests.support.procs import database_url
 
-    env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": URL, "CELERY_BROKER_URL": URL,
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": URL, "CELERY_BROKER_URL": URL,
            "CELERY_RESULT_BACKEND": URL, "MNESIO_DATA_DIR": str(django_settings.DATA_DIR)}
     done = subprocess.run([sys.executable, "manage.py", "erasure_requeue", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -212,9 +211,9 @@ def test_erasures_lost_by_a_redis_without_persistence_are_requeued_by_the_reconc
     assert server.client().llen("gpu") == 2 * NUM_TASKS
 
     worker = start_worker(REDIS_URL=URL, CELERY_BROKER_URL=URL, CELERY_RESULT_BACKEND=URL)
-    _wait(lambda: all(erasure_request_status(erasure_request=r) == "views_rebuilt" for r in requests), timeout=180,
+    wait_for_worker(lambda: all(erasure_request_status(erasure_request=r) == "views_rebuilt" for r in requests), timeout=180,
           what="every re-queued erasure to finish", worker=worker)
-    _wait(lambda: server.client().llen("gpu") == 0, timeout=60, what="the duplicate messages to drain", worker=worker)
+    wait_for_worker(lambda: server.client().llen("gpu") == 0, timeout=60, what="the duplicate messages to drain", worker=worker)
     for i, request in enumerate(requests):
         steps = list(ErasureEvent.objects.filter(request=request).values_list("status", flat=True))
         assert steps == ["requested", "keys_shredded", "views_rebuilt"], steps  # each step once, no failure

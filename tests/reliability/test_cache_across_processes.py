@@ -27,8 +27,7 @@ from memories.services import (
     memory_forget_file,
     scope_delete_file,
 )
-
-from .conftest import _database_url
+from tests.support.procs import database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -51,7 +50,7 @@ scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
 print(json.dumps({"step": "loaded", "version": answer.version_id, "cached": cached(), "knows": "4417" in answer.answer}), flush=True)
 sys.stdin.readline()  # the other process erases meanwhile
-status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+status = Client().get("/api/v1/scopes/").status_code  # one request, any route, through the whole handler
 print(json.dumps({"step": "after_one_request", "status": status, "cached": cached()}), flush=True)
 answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
 print(json.dumps({"step": "answered", "version": answer.version_id, "cached": cached(), "knows": "4417" in answer.answer}), flush=True)
@@ -68,7 +67,7 @@ def test_a_web_process_drops_a_version_destroyed_by_another_process_within_one_r
 
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": str(blob_root),
@@ -122,7 +121,7 @@ scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is Bob's locker code?")
 print(json.dumps({"step": "loaded", "version": answer.version_id, **cached()}), flush=True)
 sys.stdin.readline()  # the other process erases meanwhile
-status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+status = Client().get("/api/v1/scopes/").status_code  # one request, any route, through the whole handler
 print(json.dumps({"step": "after_one_request", "status": status, **cached()}), flush=True)
 """
 
@@ -145,7 +144,7 @@ def test_a_web_process_drops_blocks_destroyed_by_another_process_within_one_requ
 
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": str(blob_root),
@@ -205,7 +204,7 @@ scope = Scope.objects.get(name=sys.argv[1])
 answer = cartridge_answer(scope=scope, question="What is the vault code?")
 print(json.dumps({"step": "loaded", "layout": answer.layout, "cached": cached(), "knows": "5521" in answer.answer}), flush=True)
 sys.stdin.readline()  # the other process erases meanwhile
-status = Client().get("/api/scopes/").status_code  # one request, any route, through the whole handler
+status = Client().get("/api/v1/scopes/").status_code  # one request, any route, through the whole handler
 print(json.dumps({"step": "after_one_request", "status": status, "cached": cached()}), flush=True)
 """
 
@@ -228,7 +227,7 @@ def test_a_web_process_drops_routed_chunks_destroyed_by_another_process_within_o
 
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "MNESIO_KV_BACKEND": "fake",
         "MNESIO_KV_MODEL": "fake-model",
         "MNESIO_BLOB_ROOT": str(blob_root),

@@ -104,14 +104,14 @@ def test_the_api_answers_a_dropped_connection_with_a_retryable_503(alice, scope_
     body = {"content": "The car is on level 3.", "idempotency_key": "car-2"}
     held = HeldCounter()
     try:
-        box = _in_thread(lambda: client.post("/api/scopes/scope-a/memories/", data=body, format="json"))
+        box = _in_thread(lambda: client.post("/api/v1/scopes/scope-a/memories/", data=body, format="json"))
         held.terminate(held.blocked_backend())
         box["thread"].join(30)
     finally:
         held.release()
     response = box["result"]
     assert not Memory.objects.filter(idempotency_key="car-2").exists()
-    assert client.post("/api/scopes/scope-a/memories/", data=body, format="json").status_code == 201
+    assert client.post("/api/v1/scopes/scope-a/memories/", data=body, format="json").status_code == 201
     assert response.status_code == 503, response.status_code
     assert response["Retry-After"] == "5"
     body = response.json()

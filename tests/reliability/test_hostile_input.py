@@ -6,8 +6,8 @@ import pytest
 from django.db import transaction
 
 from memories.models import Memory
+from tests.support.endpoints import all_routes, classify
 
-from .endpoints import all_routes, classify
 from .test_isolation import BODIES
 
 pytestmark = pytest.mark.django_db
@@ -66,7 +66,7 @@ def _post_routes(client):
             continue
         values = {"scope": "scope-a", "pk": client.version_pk, "seq": 1}
         yield route.url(**{p: values[p] for p in route.params})
-    yield "/api/kv/configuration/"
+    yield "/api/v1/kv/configuration/"
 
 
 def test_every_post_endpoint_answers_hostile_bodies_with_a_4xx(owner_client, operator, api_client_for, record_figures):
@@ -74,7 +74,7 @@ def test_every_post_endpoint_answers_hostile_bodies_with_a_4xx(owner_client, ope
     operator_client = api_client_for(operator)
     results: dict[int, int] = {}
     for url in _post_routes(owner_client):
-        client = operator_client if url.startswith("/api/kv/") else owner_client
+        client = operator_client if url.startswith("/api/v1/kv/") else owner_client
         for label, body in HOSTILE_BODIES.items():
             response = client.generic("POST", url, body, content_type=JSON)
             results[response.status_code] = results.get(response.status_code, 0) + 1
@@ -90,18 +90,18 @@ def test_every_post_endpoint_answers_hostile_bodies_with_a_4xx(owner_client, ope
 
 def test_hostile_query_and_path_values_get_a_4xx(owner_client):
     urls = [
-        "/api/scopes/scope-a/memories/?as_of=99999999999999999999999999",
-        "/api/scopes/scope-a/memories/?as_of=-1",
-        "/api/scopes/scope-a/memories/?as_of=1e400",
-        "/api/scopes/scope-a/memories/?as_of=%FF%FE",
-        "/api/scopes/scope-a/memories/?limit=-5&offset=-3",
-        "/api/scopes/scope-a/memories/99999999999999999999999999/",
-        "/api/scopes/scope-a/cartridges/99999999999999999999999999/",
-        "/api/scopes/scope-a/erasure-requests/99999999999999999999999999/",
-        "/api/scopes/" + "s" * 5000 + "/memories/",
-        "/api/scopes/%FF%FE/memories/",
-        "/api/kv/metrics?format=nonsense",
-        "/api/kv/metrics?unknown=1",
+        "/api/v1/scopes/scope-a/memories/?as_of=99999999999999999999999999",
+        "/api/v1/scopes/scope-a/memories/?as_of=-1",
+        "/api/v1/scopes/scope-a/memories/?as_of=1e400",
+        "/api/v1/scopes/scope-a/memories/?as_of=%FF%FE",
+        "/api/v1/scopes/scope-a/memories/?limit=-5&offset=-3",
+        "/api/v1/scopes/scope-a/memories/99999999999999999999999999/",
+        "/api/v1/scopes/scope-a/cartridges/99999999999999999999999999/",
+        "/api/v1/scopes/scope-a/erasure-requests/99999999999999999999999999/",
+        "/api/v1/scopes/" + "s" * 5000 + "/memories/",
+        "/api/v1/scopes/%FF%FE/memories/",
+        "/api/v1/kv/metrics?format=nonsense",
+        "/api/v1/kv/metrics?unknown=1",
     ]
     for url in urls:
         response = owner_client.get(url)
@@ -169,7 +169,7 @@ def test_every_list_endpoint_is_covered_by_the_huge_limit_test():
 
 @pytest.mark.parametrize("query", ["limit=abc", "limit=0", "limit=-5", "offset=-3", "offset=1.5", "limit=%00"])
 def test_a_malformed_limit_or_offset_is_a_400_naming_it(owner_client, query):
-    response = owner_client.get(f"/api/scopes/scope-a/memories/?{query}")
+    response = owner_client.get(f"/api/v1/scopes/scope-a/memories/?{query}")
     assert response.status_code == 400, (query, response.status_code)
     field = query.split("=")[0]
     assert response.json()["extra"]["field"] == field and f"`{field}`" in response.json()["message"]
@@ -180,34 +180,34 @@ def test_a_limit_above_the_bound_is_clamped_and_paging_goes_on(owner_client, sco
     from memories.services import memory_append
 
     memory_append(scope=scope_a, content="The car is on level 3.")
-    body = owner_client.get("/api/scopes/scope-a/memories/?limit=5000").json()
+    body = owner_client.get("/api/v1/scopes/scope-a/memories/?limit=5000").json()
     assert body["count"] == 2 and len(body["results"]) == 2
     assert BoundedLimitOffsetPagination.max_limit == 1000
-    body = owner_client.get("/api/scopes/scope-a/memories/?limit=1&offset=1").json()
+    body = owner_client.get("/api/v1/scopes/scope-a/memories/?limit=1&offset=1").json()
     assert [m["text"] for m in body["results"]] == ["The car is on level 3."] and body["next"] is None
 
 
 @pytest.mark.parametrize("label", sorted(DEEP_BODIES))
 def test_a_deeply_nested_body_is_a_400(owner_client, label):
-    response = owner_client.generic("POST", "/api/scopes/scope-a/memories/", DEEP_BODIES[label], content_type=JSON)
+    response = owner_client.generic("POST", "/api/v1/scopes/scope-a/memories/", DEEP_BODIES[label], content_type=JSON)
     assert response.status_code == 400, response.status_code
 
 
 def test_a_huge_compile_head_is_refused_naming_the_field(owner_client):
     for head in (10**30, 2**63, -(2**63)):
-        response = owner_client.post("/api/scopes/scope-a/cartridges/compile/", data={"log_head": head}, format="json")
+        response = owner_client.post("/api/v1/scopes/scope-a/cartridges/compile/", data={"log_head": head}, format="json")
         assert response.status_code == 400, (head, response.status_code, response.content[:300])
         assert "log_head" in response.json()["message"]
 
 
 def test_an_as_of_longer_than_python_parses_is_a_400(owner_client):
-    response = owner_client.get("/api/scopes/scope-a/memories/?as_of=" + "9" * 5000)
+    response = owner_client.get("/api/v1/scopes/scope-a/memories/?as_of=" + "9" * 5000)
     assert response.status_code == 400 and "as_of" in response.json()["message"]
 
 
 @pytest.mark.postgres  # SQLite stores a NUL in text without complaint: the bug is PostgreSQL's refusal
 def test_a_scope_name_with_a_nul_byte_is_a_4xx(owner_client):
-    response = owner_client.get("/api/scopes/scope-a%00/memories/")
+    response = owner_client.get("/api/v1/scopes/scope-a%00/memories/")
     assert 400 <= response.status_code < 500, response.status_code
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .endpoints import UNSCOPED_API, all_routes, classify
+from tests.support.endpoints import UNSCOPED_API, all_routes, classify
 
 pytestmark = pytest.mark.django_db
 
@@ -130,21 +130,21 @@ def test_ids_of_another_scope_are_not_found_through_the_clients_own_scope(world,
     assert checked >= 5
     # an erasure filed through one's own scope for a subject of another scope is refused too
     response = client.post(
-        "/api/scopes/scope-c/erasure-requests/", data={"subject": "dana", "reason": "x"}, format="json"
+        "/api/v1/scopes/scope-c/erasure-requests/", data={"subject": "dana", "reason": "x"}, format="json"
     )
     assert response.status_code == 404 and "subject" in response.json()["message"]
 
 
 def test_unscoped_endpoints_show_a_client_only_its_own_scopes(world, charlie, api_client_for):
     client = api_client_for(charlie)
-    assert [s["name"] for s in client.get("/api/scopes/").json()] == ["scope-c"]
-    for url in ("/api/kv/metrics", "/api/kv/metrics/", "/api/kv/metrics?format=prometheus", "/api/kv/configuration/"):
+    assert [s["name"] for s in client.get("/api/v1/scopes/").json()] == ["scope-c"]
+    for url in ("/api/v1/kv/metrics", "/api/v1/kv/metrics/", "/api/v1/kv/metrics?format=prometheus", "/api/v1/kv/configuration/"):
         response = client.get(url)
         assert response.status_code == 200, (url, response.status_code)
         text = response.content.decode()
         assert "scope-a" not in text and MARKER not in text, url
     switch = {"backend": "fake", "model": "fake-model", "dtype": "f32", "quant": "none"}
-    assert client.post("/api/kv/configuration/", data=switch, format="json").status_code == 403
+    assert client.post("/api/v1/kv/configuration/", data=switch, format="json").status_code == 403
     schema = client.get("/api/schema/")
     assert schema.status_code == 200 and MARKER not in schema.content.decode()
 
@@ -261,7 +261,7 @@ OPERATOR_WRITES = {
         "/admin/cartridges/kvconfiguration/add/", {"backend": "fake", "model": "fake-model", "dtype": "f32",
                                                    "quant": "q8"})),
     "configuration switch (API)": ("cartridges.switch_kvconfiguration", lambda c, w: c.post(
-        "/api/kv/configuration/", data={"backend": "fake", "model": "fake-model", "dtype": "f32", "quant": "q8"},
+        "/api/v1/kv/configuration/", data={"backend": "fake", "model": "fake-model", "dtype": "f32", "quant": "q8"},
         format="json")),
     "evaluation case add": ("cartridges.add_evaluationcase", lambda c, w: c.post(
         "/admin/cartridges/evaluationcase/add/", {"scope": w["scope"].pk, "question": "Where is the car?",

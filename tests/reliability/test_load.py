@@ -11,8 +11,7 @@ import pytest
 from django.db import connection
 
 from memories import crypto
-
-from .conftest import _database_url
+from tests.support.procs import database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -29,7 +28,7 @@ def _bench(name: str):
 def test_concurrent_appends_leave_no_gap_no_duplicate_and_the_follower_never_sees_the_past_change(record_figures):
     assert connection.vendor == "postgresql"
     figures = _bench("append_load").run_load(
-        num_processes=4, num_appends=100, database_url=_database_url(), master_key=crypto.master_key()
+        num_processes=4, num_appends=100, database_url=database_url(), master_key=crypto.master_key()
     )
     record_figures(**figures)
     assert figures["seqs_exact"] and figures["num_rows"] == 400
@@ -44,7 +43,7 @@ def test_concurrent_appends_leave_no_gap_no_duplicate_and_the_follower_never_see
 def test_concurrent_batch_writers_leave_no_gap_and_keep_each_batch_in_order(record_figures):
     # 4 processes x 5 batches of 40, racing each other and a follower: 800 rows, seqs exactly consecutive
     figures = _bench("append_load").run_load(
-        num_processes=4, num_appends=5, batch_size=40, database_url=_database_url(), master_key=crypto.master_key()
+        num_processes=4, num_appends=5, batch_size=40, database_url=database_url(), master_key=crypto.master_key()
     )
     record_figures(**figures)
     assert figures["seqs_exact"] and figures["num_rows"] == 800 and figures["head_moved_by"] == 800

@@ -12,8 +12,7 @@ import re
 import pytest
 
 from core.observability import JsonFormatter
-
-from .conftest import _wait
+from tests.support.worker import wait_for_worker
 
 MARKER = "zebra-quartz-7731"  # a memory text no log line may ever hold
 LOGGERS = ("", "mnesio", "memories", "cartridges", "kvengine", "django", "django.request", "celery")
@@ -44,14 +43,14 @@ def _lines(stream: io.StringIO) -> list[dict]:
 @pytest.mark.django_db
 def test_a_well_formed_request_id_is_kept_and_anything_else_replaced(alice, api_client_for):
     client = api_client_for(alice)
-    assert client.get("/api/scopes/", HTTP_X_REQUEST_ID="lb-7f3a.42:x")["X-Request-ID"] == "lb-7f3a.42:x"
+    assert client.get("/api/v1/scopes/", HTTP_X_REQUEST_ID="lb-7f3a.42:x")["X-Request-ID"] == "lb-7f3a.42:x"
     for hostile in ("two words", 'quote"d', "x" * 129, "line\nbreak", "", "é"):
-        returned = client.get("/api/scopes/", HTTP_X_REQUEST_ID=hostile)["X-Request-ID"]
+        returned = client.get("/api/v1/scopes/", HTTP_X_REQUEST_ID=hostile)["X-Request-ID"]
         assert re.fullmatch(r"[0-9a-f]{32}", returned), (hostile, returned)
-    first, second = client.get("/api/scopes/")["X-Request-ID"], client.get("/api/scopes/")["X-Request-ID"]
+    first, second = client.get("/api/v1/scopes/")["X-Request-ID"], client.get("/api/v1/scopes/")["X-Request-ID"]
     assert first != second and re.fullmatch(r"[0-9a-f]{32}", first)
     # an error answer carries it too
-    assert client.get("/api/scopes/nope/head/", HTTP_X_REQUEST_ID="err-1")["X-Request-ID"] == "err-1"
+    assert client.get("/api/v1/scopes/nope/head/", HTTP_X_REQUEST_ID="err-1")["X-Request-ID"] == "err-1"
 
 
 @pytest.mark.django_db
@@ -59,9 +58,9 @@ def test_log_lines_are_json_and_carry_the_request_id_into_an_in_process_task(
     alice, scope_a, api_client_for, json_log, fake_row, eager_tasks
 ):
     client = api_client_for(alice)
-    client.post("/api/scopes/scope-a/memories/", {"content": "The bike is in the shed."}, format="json",
+    client.post("/api/v1/scopes/scope-a/memories/", {"content": "The bike is in the shed."}, format="json",
                 HTTP_X_REQUEST_ID="req-append-1")
-    response = client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json", HTTP_X_REQUEST_ID="req-compile-1")
+    response = client.post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json", HTTP_X_REQUEST_ID="req-compile-1")
     assert response.status_code == 202, response.content
     lines = _lines(json_log)
     appended = [line for line in lines if line["event"].startswith("memories appended")]
@@ -81,19 +80,19 @@ def test_no_log_line_holds_memory_text_through_append_ask_compile_and_erase(
 ):
     client = api_client_for(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        assert client.post("/api/scopes/scope-a/memories/", {"content": f"The vault code is {MARKER}.",
+        assert client.post("/api/v1/scopes/scope-a/memories/", {"content": f"The vault code is {MARKER}.",
                                                              "subject": "vera"}, format="json").status_code == 201
-        client.post("/api/scopes/scope-a/memories/", {"content": f"Also {MARKER} opens the gate."}, format="json")
-        text = client.post("/api/scopes/scope-a/ask/", {"question": f"What is {MARKER}?", "mode": "text"},
+        client.post("/api/v1/scopes/scope-a/memories/", {"content": f"Also {MARKER} opens the gate."}, format="json")
+        text = client.post("/api/v1/scopes/scope-a/ask/", {"question": f"What is {MARKER}?", "mode": "text"},
                            format="json")
         assert MARKER in text.content.decode()  # the fake engine answers with the memory texts: they went through
-        compile_ = client.post("/api/scopes/scope-a/cartridges/compile/", {"activate": True}, format="json")
+        compile_ = client.post("/api/v1/scopes/scope-a/cartridges/compile/", {"activate": True}, format="json")
         assert compile_.status_code == 202, compile_.content
     with django_capture_on_commit_callbacks(execute=True):  # the activation ran after the compile committed
-        asked = client.post("/api/scopes/scope-a/ask/", {"question": "What is the vault code?"}, format="json")
+        asked = client.post("/api/v1/scopes/scope-a/ask/", {"question": "What is the vault code?"}, format="json")
         assert asked.status_code == 200 and MARKER in asked.content.decode(), asked.content
-        client.post("/api/scopes/scope-a/memories/", {"content": "", "subject": MARKER}, format="json")  # a 400
-        erase = client.post("/api/scopes/scope-a/erasure-requests/", {"subject": "vera", "reason": "asked"},
+        client.post("/api/v1/scopes/scope-a/memories/", {"content": "", "subject": MARKER}, format="json")  # a 400
+        erase = client.post("/api/v1/scopes/scope-a/erasure-requests/", {"subject": "vera", "reason": "asked"},
                             format="json")
         assert erase.status_code == 201, erase.content
     logged = json_log.getvalue()
@@ -126,8 +125,8 @@ def test_prometheus_has_request_latency_per_route_and_the_gpu_queue_at_zero_in_p
     before = _sample(_scrape(api_client_for(operator)), "mnesio_http_request_duration_seconds_count",
                      route="scope-memories", method="POST", status="2xx") or 0
     for i in range(3):
-        client.post("/api/scopes/scope-a/memories/", {"content": f"Fact {i}."}, format="json")
-    client.post("/api/scopes/scope-a/memories/", {"content": ""}, format="json")  # a 4xx
+        client.post("/api/v1/scopes/scope-a/memories/", {"content": f"Fact {i}."}, format="json")
+    client.post("/api/v1/scopes/scope-a/memories/", {"content": ""}, format="json")  # a 4xx
     text = _scrape(api_client_for(operator))
     assert "# TYPE mnesio_http_request_duration_seconds histogram" in text
     assert _sample(text, "mnesio_http_request_duration_seconds_count", route="scope-memories", method="POST",
@@ -155,7 +154,7 @@ def test_the_gpu_queue_depth_counts_waiting_model_work_and_the_request_id_reache
 
     memory_append(scope=scope_a, content="The bike is in the shed.")
     client = api_client_for(alice)
-    queued = client.post("/api/scopes/scope-a/cartridges/compile/", {}, format="json",
+    queued = client.post("/api/v1/scopes/scope-a/cartridges/compile/", {}, format="json",
                          HTTP_X_REQUEST_ID="req-worker-42")
     assert queued.status_code == 202 and queued.json()["status"] == "queued", queued.content
     assert queued["X-Request-ID"] == "req-worker-42"
@@ -164,15 +163,15 @@ def test_the_gpu_queue_depth_counts_waiting_model_work_and_the_request_id_reache
     assert redis_clean.llen("gpu") == 1
 
     worker = start_worker()
-    _wait(lambda: CartridgeVersion.objects.filter(scope=scope_a).exists(), timeout=120, what="the compile",
+    wait_for_worker(lambda: CartridgeVersion.objects.filter(scope=scope_a).exists(), timeout=120, what="the compile",
           worker=worker)
-    _wait(lambda: "cartridge compiled" in worker.output(), timeout=30, what="the compile's log line", worker=worker)
+    wait_for_worker(lambda: "cartridge compiled" in worker.output(), timeout=30, what="the compile's log line", worker=worker)
     compiled = [json.loads(line) for line in worker.output().splitlines()
                 if line.startswith("{") and "cartridge compiled" in line]
     assert compiled, worker.output()[-3000:]
     assert compiled[0]["request_id"] == "req-worker-42", compiled
     assert compiled[0]["task"] == "cartridges.tasks.cartridge_compile_task" and compiled[0]["task_id"]
-    _wait(lambda: redis_clean.llen("gpu") == 0, timeout=30, what="the queue to drain", worker=worker)
+    wait_for_worker(lambda: redis_clean.llen("gpu") == 0, timeout=30, what="the queue to drain", worker=worker)
     assert _sample(_scrape(api_client_for(operator)), "mnesio_queue_depth", queue="gpu") == 0
     assert "The bike is in the shed" not in worker.output()
 

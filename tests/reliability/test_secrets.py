@@ -63,7 +63,7 @@ def test_no_plaintext_leaks_outside_the_sealed_log_after_a_full_run(
             errors.append((f"{method.upper()} {url} -> {response.status_code}", response.content.decode(errors="replace")))
         return response
 
-    memories = "/api/scopes/scope-a/memories/"
+    memories = "/api/v1/scopes/scope-a/memories/"
     assert call("post", memories, {"content": f"The spare key is under the blue flowerpot {MARKER}.", "idempotency_key": "k1"}).status_code == 201
     assert call("post", memories, {"content": f"Dana's locker code is 4417 {MARKER}.", "subject": "dana"}).status_code == 201
     assert call("post", memories, {"content": "The car is parked on level 3.", "subject": "erin"}).status_code == 201
@@ -74,21 +74,21 @@ def test_no_plaintext_leaks_outside_the_sealed_log_after_a_full_run(
     assert call("post", memories, {"content": f"{MARKER}", "subject": "dana\x07"}).status_code == 400
     assert call("post", memories, {"content": f"{MARKER}", "contnet": f"{MARKER}"}).status_code == 400
     assert call("post", memories, {"content": f"{MARKER}"}, who=foreign).status_code == 404
-    call("post", "/api/scopes/scope-a/evaluation-cases/", {"question": "Where is the spare key?", "answers": ["flowerpot"]})
+    call("post", "/api/v1/scopes/scope-a/evaluation-cases/", {"question": "Where is the spare key?", "answers": ["flowerpot"]})
 
-    compiled = call("post", "/api/scopes/scope-a/cartridges/compile/", {"activate": True})
+    compiled = call("post", "/api/v1/scopes/scope-a/cartridges/compile/", {"activate": True})
     assert compiled.status_code == 202, compiled.content
     version_id = compiled.json()["version_id"]
-    assert call("post", f"/api/scopes/scope-a/cartridges/{version_id}/activate/", {}).status_code == 200
+    assert call("post", f"/api/v1/scopes/scope-a/cartridges/{version_id}/activate/", {}).status_code == 200
     for mode in ("cartridge", "text"):
-        assert call("post", "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "mode": mode}).status_code == 200
-    assert call("post", "/api/scopes/scope-a/ask/", {"question": f"{MARKER}?", "mode": "nonsense"}).status_code == 400
+        assert call("post", "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "mode": mode}).status_code == 200
+    assert call("post", "/api/v1/scopes/scope-a/ask/", {"question": f"{MARKER}?", "mode": "nonsense"}).status_code == 400
     with django_capture_on_commit_callbacks(execute=True):
-        filed = call("post", "/api/scopes/scope-a/erasure-requests/", {"subject": "dana", "reason": "asked to be forgotten"})
+        filed = call("post", "/api/v1/scopes/scope-a/erasure-requests/", {"subject": "dana", "reason": "asked to be forgotten"})
     assert filed.status_code == 201
-    assert call("get", f"/api/scopes/scope-a/erasure-requests/{filed.json()['id']}/").json()["status"] == "views_rebuilt"
-    call("get", "/api/kv/metrics")
-    call("get", "/api/kv/metrics?format=prometheus")
+    assert call("get", f"/api/v1/scopes/scope-a/erasure-requests/{filed.json()['id']}/").json()["status"] == "views_rebuilt"
+    call("get", "/api/v1/kv/metrics")
+    call("get", "/api/v1/kv/metrics?format=prometheus")
 
     found: list[str] = []
     for label, body in errors:
@@ -135,14 +135,14 @@ def test_task_messages_in_the_broker_carry_ids_only(
     from mnesio_site.celery import app
 
     client = api_client_for(alice)
-    client.post("/api/scopes/scope-a/memories/", data={"content": f"Dana's code is 4417 {MARKER}.", "subject": "dana"}, format="json")
+    client.post("/api/v1/scopes/scope-a/memories/", data={"content": f"Dana's code is 4417 {MARKER}.", "subject": "dana"}, format="json")
     before = app.conf.task_always_eager
     app.conf.task_always_eager = False  # queue for real: no worker runs, the messages stay in Redis
     try:
         with django_capture_on_commit_callbacks(execute=True):  # sent once the request's transaction commits
-            assert client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json").status_code == 202
+            assert client.post("/api/v1/scopes/scope-a/cartridges/compile/", data={}, format="json").status_code == 202
         with django_capture_on_commit_callbacks(execute=True):
-            filed = client.post("/api/scopes/scope-a/erasure-requests/", data={"subject": "dana", "reason": "r"}, format="json")
+            filed = client.post("/api/v1/scopes/scope-a/erasure-requests/", data={"subject": "dana", "reason": "r"}, format="json")
         assert filed.status_code == 201
     finally:
         app.conf.task_always_eager = before

@@ -76,7 +76,7 @@ def _compile_on_full_disk(settings, tmp_path, alice, scope_a, api_client_for):
     _storage(settings, f"{__name__}.DiskFullStorage", tmp_path / "full-disk")
     client = api_client_for(alice)
     client.raise_request_exception = False
-    return client.post("/api/scopes/scope-a/cartridges/compile/", data={}, format="json")
+    return client.post("/api/v1/scopes/scope-a/cartridges/compile/", data={}, format="json")
 
 
 def test_the_api_says_blob_storage_is_unavailable(settings, tmp_path, alice, scope_a, api_client_for, fake_row, eager_tasks):

@@ -29,10 +29,10 @@ def test_a_client_cannot_erase_a_subject_of_a_scope_it_is_not_granted(
     from memories.models import ErasureRequest
 
     client = api_client_for(charlie)
-    appended = client.post("/api/scopes/scope-c/memories/", {"content": "bob said hi", "subject": "bob"}, format="json")
+    appended = client.post("/api/v1/scopes/scope-c/memories/", {"content": "bob said hi", "subject": "bob"}, format="json")
     assert appended.status_code == 201
     with django_capture_on_commit_callbacks(execute=True):  # processed in-process after commit (eager tasks)
-        filed = client.post("/api/scopes/scope-c/erasure-requests/", {"subject": "bob", "reason": "take-over"}, format="json")
+        filed = client.post("/api/v1/scopes/scope-c/erasure-requests/", {"subject": "bob", "reason": "take-over"}, format="json")
     assert filed.status_code == 201, filed.content
     request = ErasureRequest.objects.get(pk=filed.json()["id"])
     assert erasure_request_status(erasure_request=request) == ErasureStatus.VIEWS_REBUILT
@@ -51,11 +51,11 @@ def test_appending_for_a_subject_erased_in_another_scope_reveals_nothing(
     request = erasure_request_file(subject="bob", requested_by=alice, reason="asked", scope=scope_a)
     erasure_request_process(erasure_request=request)
     # charlie has never seen alice's bob: appending for "bob" in C is an ordinary first memory
-    r = api_client_for(charlie).post("/api/scopes/scope-c/memories/", {"content": "x", "subject": "bob"}, format="json")
+    r = api_client_for(charlie).post("/api/v1/scopes/scope-c/memories/", {"content": "x", "subject": "bob"}, format="json")
     assert r.status_code == 201, r.content
     assert r.json()["erased"] is False and "shredded" not in r.content.decode()
     # in A itself the erased subject stays erased (the client of A knows it filed the erasure)
-    r = api_client_for(alice).post("/api/scopes/scope-a/memories/", {"content": "y", "subject": "bob"}, format="json")
+    r = api_client_for(alice).post("/api/v1/scopes/scope-a/memories/", {"content": "y", "subject": "bob"}, format="json")
     assert r.status_code == 409 and r.json()["extra"]["field"] == "subject"
 
 
@@ -66,14 +66,14 @@ def test_a_client_sees_its_scope_head_never_the_global_one(scope_a, scope_c, ali
     for i in range(4):
         memory_append(scope=scope_a, content=f"more busy facts {i}")  # global head 10
     client = api_client_for(charlie)
-    head = client.get("/api/scopes/scope-c/head/").json()
+    head = client.get("/api/v1/scopes/scope-c/head/").json()
     assert head == {"scope": "scope-c", "head": 6, "scope_head": 6}
-    listing = client.get("/api/scopes/scope-c/memories/").json()
+    listing = client.get("/api/v1/scopes/scope-c/memories/").json()
     assert listing["as_of"] == 6
-    too_far = client.get("/api/scopes/scope-c/memories/?as_of=9").json()
+    too_far = client.get("/api/v1/scopes/scope-c/memories/?as_of=9").json()
     assert "10" not in too_far["message"] and too_far["extra"]["head"] == 6
-    compile_too_far = client.post("/api/scopes/scope-c/cartridges/compile/", {"log_head": 10}, format="json")
-    metrics = client.get("/api/kv/metrics").json()
+    compile_too_far = client.post("/api/v1/scopes/scope-c/cartridges/compile/", {"log_head": 10}, format="json")
+    metrics = client.get("/api/v1/kv/metrics").json()
     assert metrics["log_head"] == 6 and [row["scope"] for row in metrics["scopes"]] == ["scope-c"]
     message = compile_too_far.json()["message"]
     assert compile_too_far.status_code == 400 and message.endswith("head 6 but got 10") and message.count("10") == 1
@@ -81,7 +81,7 @@ def test_a_client_sees_its_scope_head_never_the_global_one(scope_a, scope_c, ali
 
 def test_a_scope_not_granted_answers_exactly_like_one_that_does_not_exist(scope_a, charlie, api_client_for):
     client = api_client_for(charlie)
-    for path in ("/api/scopes/{}/head/", "/api/scopes/{}/memories/", "/api/scopes/{}/cartridges/"):
+    for path in ("/api/v1/scopes/{}/head/", "/api/v1/scopes/{}/memories/", "/api/v1/scopes/{}/cartridges/"):
         granted_elsewhere = client.get(path.format("scope-a"))
         unknown = client.get(path.format("scope-q"))
         assert granted_elsewhere.status_code == unknown.status_code == 404
@@ -161,7 +161,7 @@ def test_subject_ids_with_invisible_characters_are_refused(scope_a, alice, api_c
     """Review finding: "bob\\u200b" looked like "bob" but was another subject, which an erasure of "bob" missed."""
     client = api_client_for(alice)
     for sneaky in ("bob\u200b", "b\u200dob", "\u202ebob", "bob\u2028"):
-        r = client.post("/api/scopes/scope-a/memories/", {"content": "x", "subject": sneaky}, format="json")
+        r = client.post("/api/v1/scopes/scope-a/memories/", {"content": "x", "subject": sneaky}, format="json")
         assert r.status_code == 400 and r.json()["extra"]["field"] == "subject", (sneaky, r.content)
     assert not Subject.objects.exists()
 

@@ -22,8 +22,7 @@ from cartridges.selectors import active_version, version_state
 from cartridges.services import cartridge_activate, cartridge_compile
 from memories.models import ErasureEvent, ErasureStatus
 from memories.services import erasure_request_file, memory_append
-
-from .conftest import _wait
+from tests.support.worker import wait_for_worker
 
 pytestmark = [
     pytest.mark.usefixtures("real_broker"),
@@ -64,16 +63,16 @@ def test_an_erasure_whose_worker_was_killed_is_delivered_again_and_finishes(fake
     worker = start_worker(MNESIO_CARTRIDGE_COMPILE_PAUSE_S="4")
     started_at = time.monotonic()
     result = erasure_request_process_task.delay(request.pk)
-    started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the erasure to start", worker=worker)
+    started = wait_for_worker(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the erasure to start", worker=worker)
     # mid-erasure: the key is shredded and the old cartridge destroyed; the rebuild's compile is pausing
-    _wait(lambda: ErasureEvent.objects.filter(request=request, status=ErasureStatus.KEYS_SHREDDED).exists()
+    wait_for_worker(lambda: ErasureEvent.objects.filter(request=request, status=ErasureStatus.KEYS_SHREDDED).exists()
           and version_state(version=old) == "destroyed", timeout=TIMEOUT_S, what="the shred and destruction", worker=worker)
     child = started["pid"]
     os.kill(child, signal.SIGKILL)
     killed_at = time.monotonic()
     assert active_version(scope=scope) is None and CartridgeVersion.objects.filter(scope=scope).count() == 1
 
-    redelivered = _wait(
+    redelivered = wait_for_worker(
         lambda: result.state == "STARTED" and result.info and result.info.get("pid") not in (None, child) and result.info,
         timeout=TIMEOUT_S, what="the erasure to be delivered again", worker=worker,
     )
@@ -106,7 +105,7 @@ def test_a_task_delivered_twice_past_a_visibility_timeout_makes_one_version(fake
     # worker A: the production settings (visibility timeout 3600 s), a compile that takes 15 s
     first = start_worker(MNESIO_CARTRIDGE_COMPILE_PAUSE_S="15")
     result = cartridge_compile_task.delay(scope.pk)
-    info = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=first)
+    info = wait_for_worker(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=first)
     first_child = info["pid"]
     time.sleep(6)  # the message has now been unacked for longer than worker B's visibility timeout
 
@@ -116,13 +115,13 @@ def test_a_task_delivered_twice_past_a_visibility_timeout_makes_one_version(fake
         CELERY_VISIBILITY_TIMEOUT="5", CELERY_TASK_TIME_LIMIT="4", CELERY_TASK_SOFT_TIME_LIMIT="3",
         MNESIO_CARTRIDGE_COMPILE_PAUSE_S="0",
     )
-    outcome = _wait(lambda: result.state == "SUCCESS" and result.result, timeout=TIMEOUT_S, what="the second delivery", worker=second)
+    outcome = wait_for_worker(lambda: result.state == "SUCCESS" and result.result, timeout=TIMEOUT_S, what="the second delivery", worker=second)
     assert outcome["ok"], outcome
     assert _alive(first_child), "the first delivery must still be running when the second one finishes"
     assert CartridgeVersion.objects.filter(scope=scope).count() == 1
 
     # the first delivery finishes later, loses the unique constraint, drops its blob and returns the same version
-    _wait(lambda: first.output().count(f"Task cartridges.tasks.cartridge_compile_task[{result.id}] succeeded") == 1,
+    wait_for_worker(lambda: first.output().count(f"Task cartridges.tasks.cartridge_compile_task[{result.id}] succeeded") == 1,
           timeout=TIMEOUT_S, what="the first delivery to finish", worker=first)
     assert f"Task cartridges.tasks.cartridge_compile_task[{result.id}] received" in second.output()
     version = CartridgeVersion.objects.get(scope=scope)
@@ -171,8 +170,8 @@ def test_a_worker_killed_between_writing_blocks_and_recording_the_version_leaves
     # grace 0: the redelivered compile's sweep (before it writes anything) removes the dead one's intents at once
     worker = start_worker(MNESIO_CARTRIDGE_STORE_PAUSE_S="4", MNESIO_ORPHAN_BLOB_GRACE_S="0")
     result = cartridge_compile_task.delay(scope.pk)
-    started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=worker)
-    _wait(lambda: BlobKey.objects.count() == blobs_before + 2, timeout=TIMEOUT_S, what="the blobs to be written", worker=worker)
+    started = wait_for_worker(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the compile to start", worker=worker)
+    wait_for_worker(lambda: BlobKey.objects.count() == blobs_before + 2, timeout=TIMEOUT_S, what="the blobs to be written", worker=worker)
     os.kill(started["pid"], signal.SIGKILL)
     assert CartridgeVersion.objects.filter(scope=scope).count() == 1  # nothing recorded: the version never existed
     outcome = result.get(timeout=TIMEOUT_S)  # delivered again; its compile first sweeps the dead one's blobs
@@ -206,8 +205,8 @@ def test_a_block_level_erasure_whose_worker_was_killed_finishes_on_redelivery(fa
     request = erasure_request_file(subject="dana", requested_by=None, reason="asked to be forgotten")
     worker = start_worker(MNESIO_CARTRIDGE_COMPILE_PAUSE_S="4")
     result = erasure_request_process_task.delay(request.pk)
-    started = _wait(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the erasure to start", worker=worker)
-    _wait(lambda: version_state(version=old) == "destroyed", timeout=TIMEOUT_S, what="the destruction", worker=worker)
+    started = wait_for_worker(lambda: result.state == "STARTED" and result.info, timeout=TIMEOUT_S, what="the erasure to start", worker=worker)
+    wait_for_worker(lambda: version_state(version=old) == "destroyed", timeout=TIMEOUT_S, what="the destruction", worker=worker)
     os.kill(started["pid"], signal.SIGKILL)
     assert result.get(timeout=TIMEOUT_S) == ErasureStatus.VIEWS_REBUILT
     rebuilt = active_version(scope=scope)

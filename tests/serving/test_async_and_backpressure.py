@@ -9,8 +9,7 @@ import pytest
 
 from cartridges.models import AnswerRequest
 from cartridges.services.admission import answers_in_flight
-
-from .conftest import EventStream, token_for
+from tests.support.servers import EventStream, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,7 +19,7 @@ KEY = "The spare key is under the blue flowerpot."
 def test_an_async_ask_is_collected_once_by_its_asker(alice, scope_a, served, api_client_for):
     served(scope_a, [KEY])
     client = api_client_for(alice)
-    response = client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "async": True}, format="json")
+    response = client.post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "async": True}, format="json")
     assert response.status_code == 202, response.content
     location = response["Location"]
     assert location == response.json()["location"] and location.startswith("/api/v1/scopes/scope-a/answers/")
@@ -39,7 +38,7 @@ def test_an_async_ask_whose_question_looks_like_sealed_options_is_answered_as_a_
                      'the blue flowerpot?", "max_new_tokens": null}',
                      '{"kind": "mnesio-ask-v1", "decoding": {}, "question": "Who?", "max_new_tokens": 1, '
                      '"about": "the spare key under the blue flowerpot"}'):
-        response = client.post("/api/scopes/scope-a/ask/", {"question": question, "async": True}, format="json")
+        response = client.post("/api/v1/scopes/scope-a/ask/", {"question": question, "async": True}, format="json")
         assert response.status_code == 202, response.content
         collected = client.get(response["Location"])
         # the fake engine answers the memory sharing words with the question: the question's whole text was asked,
@@ -57,7 +56,7 @@ def test_a_pending_async_ask_answers_202_again(alice, scope_a, served, api_clien
     app.conf.task_always_eager = False  # no worker and a broker nobody reads: the request stays pending
     app.conf.broker_url = "memory://"
     try:
-        response = client.post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "async": True},
+        response = client.post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "async": True},
                                format="json")
     finally:
         app.conf.task_always_eager = True
@@ -70,20 +69,20 @@ def test_a_pending_async_ask_answers_202_again(alice, scope_a, served, api_clien
 
 def test_only_the_asker_in_the_same_scope_collects(alice, bob, charlie, scope_a, scope_c, served, api_client_for):
     served(scope_a, [KEY])
-    response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+    response = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
                                                                        "async": True}, format="json")
     pk = response.json()["answer_request"]
     # bob shares scope A but did not ask; charlie asks through his own scope with alice's id; then A for charlie
-    assert api_client_for(bob).get(f"/api/scopes/scope-a/answers/{pk}/").status_code == 404
-    assert api_client_for(charlie).get(f"/api/scopes/scope-c/answers/{pk}/").status_code == 404
-    assert api_client_for(charlie).get(f"/api/scopes/scope-a/answers/{pk}/").status_code in (403, 404)
+    assert api_client_for(bob).get(f"/api/v1/scopes/scope-a/answers/{pk}/").status_code == 404
+    assert api_client_for(charlie).get(f"/api/v1/scopes/scope-c/answers/{pk}/").status_code == 404
+    assert api_client_for(charlie).get(f"/api/v1/scopes/scope-a/answers/{pk}/").status_code in (403, 404)
     assert AnswerRequest.objects.filter(pk=pk).exists()  # none of them consumed it
-    assert api_client_for(alice).get(f"/api/scopes/scope-a/answers/{pk}/").json()["answer"] == KEY
+    assert api_client_for(alice).get(f"/api/v1/scopes/scope-a/answers/{pk}/").json()["answer"] == KEY
 
 
 def test_async_and_stream_together_are_refused_naming_async(alice, scope_a, served, api_client_for):
     served(scope_a, [KEY])
-    response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where?", "async": True,
+    response = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where?", "async": True,
                                                                        "stream": True}, format="json")
     assert response.status_code == 400 and "async" in response.json()["message"]
 
@@ -95,11 +94,11 @@ def test_past_the_bound_every_ask_is_429_with_retry_after(alice, scope_a, served
     served(scope_a, [KEY])
     slow_engine.gate.clear()
     token = token_for(alice)
-    holder = EventStream(live_server.url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+    holder = EventStream(live_server.url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
                                                                        "stream": True}, auth=f"Token {token}")
     assert slow_engine.started.wait(10) and answers_in_flight() == 1
     for body in ({"question": "Where is the spare key?"}, {"question": "Where is the spare key?", "stream": True}):
-        refused = EventStream(live_server.url, "/api/scopes/scope-a/ask/", body, auth=f"Token {token}", timeout=10)
+        refused = EventStream(live_server.url, "/api/v1/scopes/scope-a/ask/", body, auth=f"Token {token}", timeout=10)
         assert refused.status == 429 and refused.headers["Retry-After"] == "7"
         assert json.loads(refused.body())["extra"] == {"kind": "overloaded", "retry_after_s": 7, "waiting": 1, "limit": 1}
     client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=token, max_retries=0, timeout=10)
@@ -124,7 +123,7 @@ def test_the_bound_holds_under_a_burst_of_threads(alice, scope_a, served, live_s
     lock = threading.Lock()
 
     def ask() -> None:
-        stream = EventStream(live_server.url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+        stream = EventStream(live_server.url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
                                                                            "stream": True}, auth=f"Token {token}", timeout=30)
         list(stream.events()) if stream.status == 200 else stream.body()
         with lock:
@@ -159,10 +158,10 @@ def test_a_model_free_ask_nobody_answers_is_a_504_not_a_hung_request(alice, scop
     app.conf.broker_url = "memory://"  # sent, never consumed
     try:
         started = time.monotonic()
-        response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"},
+        response = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"},
                                               format="json")
         waited = time.monotonic() - started
-        stream = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+        stream = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
                                                                          "stream": True}, format="json")
         events = b"".join(stream.streaming_content).decode()
     finally:
@@ -189,7 +188,7 @@ def test_a_full_engine_queue_is_429_with_the_engines_retry_after(alice, scope_a,
     served(scope_a, [KEY])
     engine.register_backend(fake_engine, Full(model="fake-model"))
     try:
-        response = api_client_for(alice).post("/api/scopes/scope-a/ask/", {"question": "Where is the spare key?"},
+        response = api_client_for(alice).post("/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?"},
                                               format="json")
         client = api_client_for(alice)
         client.credentials(HTTP_AUTHORIZATION=response.wsgi_request.META["HTTP_AUTHORIZATION"].replace("Token", "Bearer"))

@@ -8,8 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from memories.models import Memory
-
-from .conftest import token_for
+from tests.support.servers import token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

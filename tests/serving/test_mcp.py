@@ -18,8 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 from memories.models import Memory
 from memories.services import api_token_create
-
-from .conftest import token_for
+from tests.support.servers import token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +33,7 @@ def over_http(base_url: str, key: str) -> Client:
 
 
 def over_stdio(key: str, blob_root: Path) -> Client:
-    from tests.fleet.procs import database_url
+    from tests.support.procs import database_url
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CELERY_BROKER_URL")}  # tasks in-process
     env.update({"DATABASE_URL": database_url(), "MNESIO_TOKEN": key, "MNESIO_KV_BACKEND": "fake",
@@ -240,7 +239,7 @@ def test_it_refuses_to_start_stdio_with_a_bad_token(db):
     import subprocess
 
     env = {**os.environ, "MNESIO_TOKEN": "0" * 64}
-    from tests.fleet.procs import database_url
+    from tests.support.procs import database_url
 
     env["DATABASE_URL"] = database_url()
     done = subprocess.run([sys.executable, "manage.py", "mcp"], cwd=ROOT, env=env, capture_output=True, timeout=120)

@@ -11,10 +11,11 @@ import openai
 import pytest
 from django.conf import settings as django_settings
 
+from cartridges.channels import answer_channel_prefix
 from cartridges.models import AnswerRecord, AnswerRequest
-from tests.cartridges.test_worker import _database_url, fake_row, redis_clean, start_worker  # noqa: F401
+from tests.support.procs import database_url
+from tests.support.servers import EventStream, token_for
 
-from .conftest import EventStream, token_for
 from .webproc import WebProcess
 
 pytestmark = [
@@ -31,7 +32,7 @@ KEY = "The spare key is under the blue flowerpot beside the green door."
 def model_free_web(tmp_path, blob_root):
     """A model-free web process on the test database (stopped at teardown)."""
     env = {
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "REDIS_URL": os.environ["REDIS_URL"],
         "MNESIO_WEB_LOADS_MODEL": "false",
         "MNESIO_KV_BACKEND": "transformers",  # the configured default: it still must not load
@@ -54,7 +55,7 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     url = model_free_web.url
     question = {"question": "Where is the spare key?"}
 
-    sync = EventStream(url, "/api/scopes/scope-a/ask/", question, auth=auth)
+    sync = EventStream(url, "/api/v1/scopes/scope-a/ask/", question, auth=auth)
     assert sync.status == 200, (sync.body(), worker.output()[-2000:], model_free_web.output()[-2000:])
     body = json.loads(sync.body())
     assert body["answer"] == KEY and body["version_id"] == version.pk
@@ -62,8 +63,8 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     import redis
 
     spy = redis.Redis.from_url(os.environ["REDIS_URL"]).pubsub()
-    spy.psubscribe("mnesio:answer-request:*")  # what travels through Redis for a streamed ask
-    stream = EventStream(url, "/api/scopes/scope-a/ask/", {**question, "stream": True}, auth=auth)
+    spy.psubscribe(answer_channel_prefix() + "*")  # what travels through Redis for a streamed ask
+    stream = EventStream(url, "/api/v1/scopes/scope-a/ask/", {**question, "stream": True}, auth=auth)
     events = list(stream.events())
     seen = []
     while (message := spy.get_message(timeout=1)) is not None:
@@ -75,7 +76,7 @@ def test_a_model_free_web_process_serves_every_kind_of_ask_without_torch(
     assert len(deltas) == len(KEY.split()) and "".join(deltas).strip() == KEY, events
     assert events[-1][0] == "done" and json.loads(events[-1][1])["version_id"] == version.pk
 
-    filed = EventStream(url, "/api/scopes/scope-a/ask/", {**question, "async": True}, auth=auth)
+    filed = EventStream(url, "/api/v1/scopes/scope-a/ask/", {**question, "async": True}, auth=auth)
     assert filed.status == 202
     location = filed.headers["Location"]
     deadline = time.monotonic() + 60

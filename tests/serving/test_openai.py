@@ -8,8 +8,7 @@ import pytest
 
 from cartridges.models import AnswerRecord
 from kvengine.fake import FakeKvBackend
-
-from .conftest import EventStream, token_for
+from tests.support.servers import EventStream, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,8 +10,7 @@ import openai
 import pytest
 
 from cartridges import engine
-
-from .conftest import token_for
+from tests.support.servers import token_for
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 

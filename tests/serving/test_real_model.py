@@ -9,8 +9,7 @@ import openai
 import pytest
 
 from cartridges import engine
-
-from .conftest import EventStream, token_for
+from tests.support.servers import EventStream, token_for
 
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +49,7 @@ def test_streamed_answers_of_the_real_model_equal_its_answers(settings, real_bac
         assert streamed == whole.choices[0].message.content and streamed, question
         assert whole.usage.completion_tokens <= 8 and whole.usage.prompt_tokens_details.cached_tokens > 0
 
-        stream = EventStream(asgi_server.url, f"/api/scopes/{scope.name}/ask/", {"question": question, "stream": True},
+        stream = EventStream(asgi_server.url, f"/api/v1/scopes/{scope.name}/ask/", {"question": question, "stream": True},
                              auth=f"Token {token}")
         events = list(stream.events())
         deltas = [json.loads(data)["text"] for event, data, _ in events if event == "delta"]

@@ -1,4 +1,4 @@
-"""POST /api/scopes/<scope>/ask/ with "stream": true: text/event-stream, an event per delta and a final event,
+"""POST /api/v1/scopes/<scope>/ask/ with "stream": true: text/event-stream, an event per delta and a final event,
 over real HTTP servers (WSGI: pytest-django's live_server; ASGI: uvicorn) and a real client reading as it comes."""
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from cartridges.models import AnswerRecord
 from cartridges.services.admission import answers_in_flight
-
-from .conftest import LONG, EventStream, token_for
+from tests.support.servers import LONG, EventStream, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,7 +19,7 @@ TEA = "Ada drinks green tea every morning."
 
 def test_it_streams_a_delta_per_word_then_the_version_and_timings(alice, scope_a, served, server_url):
     version = served(scope_a, [KEY, TEA])
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
                          auth=f"Token {token_for(alice)}")
     assert stream.status == 200 and stream.headers["Content-Type"].startswith("text/event-stream")
     events = list(stream.events())
@@ -37,7 +36,7 @@ def test_it_streams_a_delta_per_word_then_the_version_and_timings(alice, scope_a
 def test_the_first_delta_arrives_before_the_answer_is_finished(alice, scope_a, served, server_url, slow_engine):
     # each delta takes 0.2 s to decode: an un-streamed (buffered) response would deliver all of them together
     served(scope_a, [LONG])
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
                          auth=f"Token {token_for(alice)}")
     arrivals = [(event, at) for event, _, at in stream.events()]
     deltas = [at for event, at in arrivals if event == "delta"]
@@ -47,7 +46,7 @@ def test_the_first_delta_arrives_before_the_answer_is_finished(alice, scope_a, s
 
 def test_a_client_that_goes_away_closes_the_engine_stream(alice, scope_a, served, server_url, slow_engine):
     served(scope_a, [LONG])
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
                          auth=f"Token {token_for(alice)}")
     event, _, _ = next(stream.events())
     assert event == "delta"
@@ -63,13 +62,13 @@ def test_a_client_that_goes_away_closes_the_engine_stream(alice, scope_a, served
 
 def test_refusals_before_the_first_token_keep_their_status(alice, charlie, scope_a, append, served, server_url):
     # no memories yet: no cartridge to answer from
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "What does Ada drink?", "stream": True},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "What does Ada drink?", "stream": True},
                          auth=f"Token {token_for(alice)}")
     assert stream.status == 409 and json.loads(stream.body())["extra"]["field"] == "scope"
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "What?", "stream": "yes please"},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "What?", "stream": "yes please"},
                          auth=f"Token {token_for(alice)}")
     assert stream.status == 400 and "stream" in json.loads(stream.body())["message"]
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "What?", "stream": True},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "What?", "stream": True},
                          auth=f"Token {token_for(charlie)}")
     assert stream.status in (403, 404)
 
@@ -107,7 +106,7 @@ def test_an_engine_failure_mid_stream_is_an_error_event(alice, scope_a, served, 
         raise OverloadedError(waiting=9, limit=8, retry_after_s=3)
 
     slow_engine.answer_stream = failing
-    stream = EventStream(server_url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
+    stream = EventStream(server_url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
                          auth=f"Token {token_for(alice)}")
     events = list(stream.events())
     assert [e[0] for e in events] == ["delta", "error"]
@@ -153,7 +152,7 @@ def test_it_gives_the_slot_back_at_once_when_the_client_leaves_while_the_engine_
     and the engine generator is closed once its step returns."""
     served(scope_a, [LONG])
     slow_engine.gate.clear()
-    stream = EventStream(asgi_server.url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+    stream = EventStream(asgi_server.url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
                                                                        "stream": True}, auth=f"Token {token_for(alice)}")
     assert stream.status == 200 and slow_engine.started.wait(10) and answers_in_flight() == 1
     stream.close()
@@ -168,7 +167,7 @@ def test_a_reader_that_never_reads_holds_its_slot_only_while_the_answer_decodes(
         alice, scope_a, served, asgi_server, slow_engine):
     slow_engine.delay_s = 0.02
     served(scope_a, [LONG])
-    stream = EventStream(asgi_server.url, "/api/scopes/scope-a/ask/", {"question": "Where is the spare key?",
+    stream = EventStream(asgi_server.url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
                                                                        "stream": True}, auth=f"Token {token_for(alice)}")
     assert stream.status == 200 and slow_engine.finished.wait(10)  # decoded while nobody read a byte of it
     _slots_back_within(1.0)

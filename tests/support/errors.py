@@ -1,4 +1,4 @@
-"""Assertions shared by the API tests."""
+"""The house error shape ({"code", "message", "extra"}), asserted."""
 from __future__ import annotations
 
 from typing import Any
