@@ -94,8 +94,12 @@ def test_past_the_bound_every_ask_is_429_with_retry_after(alice, scope_a, served
     served(scope_a, [KEY])
     slow_engine.gate.clear()
     token = token_for(alice)
-    holder = EventStream(live_server.url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?",
-                                                                       "stream": True}, auth=f"Token {token}")
+    # the holder's response starts with its first delta, which the gate holds back: open it from a thread
+    opened: list[EventStream] = []
+    opener = threading.Thread(target=lambda: opened.append(EventStream(
+        live_server.url, "/api/v1/scopes/scope-a/ask/", {"question": "Where is the spare key?", "stream": True},
+        auth=f"Token {token}", timeout=150)))
+    opener.start()
     assert slow_engine.started.wait(10) and answers_in_flight() == 1
     for body in ({"question": "Where is the spare key?"}, {"question": "Where is the spare key?", "stream": True}):
         refused = EventStream(live_server.url, "/api/v1/scopes/scope-a/ask/", body, auth=f"Token {token}", timeout=10)
@@ -108,7 +112,8 @@ def test_past_the_bound_every_ask_is_429_with_retry_after(alice, scope_a, served
                                            stream=stream)
         assert caught.value.response.headers["Retry-After"] == "7" and caught.value.body["type"] == "rate_limit_error"
     slow_engine.gate.set()
-    events = [event for event, _, _ in holder.events()]
+    opener.join(30)
+    events = [event for event, _, _ in opened[0].events()]
     assert events[-1] == "done"  # the held ask was never disturbed
     assert answers_in_flight() == 0
 
