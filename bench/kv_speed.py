@@ -11,9 +11,9 @@ works as a nurse."), on the default model (SmolLM2-135M-Instruct), it measures:
 - stored size of f32, bf16, q8 and q4 cartridges; their answers' agreement with f32 on probe questions;
 - bf16 against f32: prefill (compile) speed and cartridge TTFT / end to end.
 
-It writes JSON, a markdown table and a PNG chart under --out (kv_speed_report.py), and with --write-md the
-kvengine section of BENCHMARKS.md. Timings are medians of --reps runs (--text-reps for re-reading).
-Example: .venv/bin/python bench/kv_speed.py --write-md BENCHMARKS.md
+It writes JSON, a markdown table and a PNG chart under --out (kv_speed_report.py); bench/report.py then
+regenerates BENCHMARKS.md. Timings are medians of --reps runs (--text-reps for re-reading).
+Example: .venv/bin/python bench/kv_speed.py && .venv/bin/python bench/report.py
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kv_speed_report import chart, checks, markdown, write_md_section  # noqa: E402 - bench/, beside this script
+from kv_speed_report import chart, checks, markdown  # noqa: E402 - bench/, beside this script
 
 FIRST = ("Ada Bruno Chloe Dario Elena Felix Greta Hugo Irene Jonas Kira Liam Maya Nils Olga Pavel Quinn Rosa Sami "
          "Tara Umar Vera Wanda Xavier Yara Zeno Amir Bea Cyril Dina Emil Fiona Gabor Hana Ivo Jana Karl Lena Marco Nora").split()
@@ -287,7 +287,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="main precision; bf16r: bf16 matmuls and KV, f32 residual stream (default: %(default)s)")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for kv_speed.json/.md/.png (default: bench/results)")
-    p.add_argument("--write-md", metavar="PATH", help="also regenerate the kvengine section of this markdown file (e.g. BENCHMARKS.md)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1k and 2k contexts, fewer repetitions and probes")
     args = p.parse_args(argv)
     if args.quick:
@@ -306,8 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(result)
     (out / "kv_speed.md").write_text(section)
     chart(result, out / "kv_speed.png")
-    if args.write_md:
-        write_md_section(Path(args.write_md), section)
     print(section)
     return 0
 
