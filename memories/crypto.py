@@ -37,11 +37,12 @@ __all__ = ["InvalidTag", "NONCE_BYTES", "KEY_BYTES", "MasterKeyUnavailable"]
 class WrapGuard(NamedTuple):
     """What runs around wraps and unwraps, installed by the keyring (it reads the tables; this module reads none).
 
-    ``before_wrap(master_key_id)`` raises MasterKeyUnavailable to refuse a wrap with the current key;
+    ``before_wrap(master_key_id, known_ids)`` raises MasterKeyUnavailable to refuse a wrap with the current key
+    (``known_ids``: the ids of every configured master key, so the guard needs nothing more from this module);
     ``unknown_key_met()`` runs when an unwrap meets a key id this process does not know.
     """
 
-    before_wrap: Callable[[str], None]
+    before_wrap: Callable[[str, frozenset[str]], None]
     unknown_key_met: Callable[[], None]
 
 
@@ -164,12 +165,13 @@ def wrap(data_key: bytes, *, aad: bytes, verify: bool = True) -> WrappedKey:
     run before every holder's table exists.
     """
     current = master_key()
+    current_id = master_key_id(current)
     if verify:
         if _guard is None:
             raise MasterKeyUnavailable("no master-key check is installed, so nothing is wrapped; the memories app "
                                        "installs it when Django starts (memories.apps.MemoriesConfig.ready)")
-        _guard.before_wrap(master_key_id(current))
-    return WrappedKey(seal_box(current, data_key, aad=aad), master_key_id(current))
+        _guard.before_wrap(current_id, frozenset(known_master_keys()))
+    return WrappedKey(seal_box(current, data_key, aad=aad), current_id)
 
 
 @sensitive_variables()

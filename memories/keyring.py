@@ -109,9 +109,13 @@ class VerifyReport:
             raise crypto.MasterKeyUnavailable(self.message())
 
 
-def master_key_verify() -> VerifyReport:
-    """Check that every master-key id in use among live wrapped keys is known to this process (no caching)."""
-    known = frozenset(crypto.known_master_keys())
+def master_key_verify(*, known: frozenset[str] | None = None) -> VerifyReport:
+    """Check that every master-key id in use among live wrapped keys is known to this process (no caching).
+
+    ``known``: the configured master-key ids when the caller has them (``crypto.wrap`` hands them to its guard).
+    """
+    if known is None:
+        known = frozenset(crypto.known_master_keys())
     unknown: dict[str, dict[str, int]] = {}
     for holder in key_holders():
         rows = holder.live().exclude(**{f"{holder.key_id_field}__in": known})
@@ -127,12 +131,12 @@ _verified: set[frozenset[str]] = set()  # key-id sets this process verified (suc
 _verified_lock = threading.Lock()
 
 
-def master_key_verify_once() -> None:
-    """Verify once per process and set of configured keys; raise MasterKeyUnavailable naming the variable."""
-    known = frozenset(crypto.known_master_keys())
+def master_key_verify_once(known: frozenset[str]) -> None:
+    """Verify once per process and set of configured key ids (``known``); raise MasterKeyUnavailable naming the
+    variable."""
     if known in _verified:
         return
-    report = master_key_verify()
+    report = master_key_verify(known=known)
     if not report.ok:
         log.error("master key verification failed: unknown master key ids %s", sorted(report.unknown))
         report.raise_if_unknown()
@@ -175,9 +179,10 @@ def master_key_retired_check(key_id: str) -> None:
     _retired_checked[key_id] = time.monotonic()
 
 
-def master_key_wrap_check(key_id: str) -> None:
-    """What ``crypto.wrap`` runs before wrapping with ``key_id``: verify once, then the retirement check."""
-    master_key_verify_once()
+def master_key_wrap_check(key_id: str, known: frozenset[str]) -> None:
+    """What ``crypto.wrap`` runs before wrapping with ``key_id`` (``known``: the configured key ids): verify once,
+    then the retirement check."""
+    master_key_verify_once(known)
     master_key_retired_check(key_id)
 
 

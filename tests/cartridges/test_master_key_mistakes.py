@@ -232,8 +232,9 @@ def test_the_memories_app_installs_the_keyring_check_around_every_wrap(monkeypat
     from memories import keyring
 
     checked = []
-    monkeypatch.setattr(crypto, "_guard", crypto.WrapGuard(before_wrap=checked.append, unknown_key_met=lambda: None))
+    guard = crypto.WrapGuard(before_wrap=lambda key_id, known: checked.append((key_id, known)), unknown_key_met=lambda: None)
+    monkeypatch.setattr(crypto, "_guard", guard)
     wrapped = crypto.wrap(crypto.new_data_key(), aad=b"mnesio:test")
-    assert checked == [wrapped.wrapped_by]
+    assert checked == [(wrapped.wrapped_by, frozenset(crypto.known_master_keys()))]
     monkeypatch.undo()
     assert crypto._guard is keyring.WRAP_GUARD
