@@ -20,7 +20,7 @@ class AutoRefresh(models.TextChoices):
 
 
 # A new scope's refresh: on append by default (MNESIO_DEFAULT_AUTO_REFRESH), after a short wait. Asks read the
-# memories after the serving version in the meantime (services/answer.py, "Fresh answers"), so the debounce bounds
+# memories after the serving version in the meantime (services/serving.py, "Fresh answers"), so the debounce bounds
 # how long each ask pays that extra compile, and 2 s still folds an agent's burst of appends into one compile + gate.
 DEFAULT_DEBOUNCE_S = 2
 
