@@ -28,7 +28,7 @@ def cartridge_blob_storage(*, storage: str, backend: str, data_dir: Path) -> dic
 
 
 def s3_blob_storage() -> dict[str, Any]:
-    """The S3 bucket storage from the MNESIO_S3_* variables (MNESIO_S3_BUCKET required)."""
+    """The S3 bucket storage: MNESIO_S3_BUCKET (required) and the other S3 variables (docs/configuration.md)."""
     bucket = read("MNESIO_S3_BUCKET")
     if not bucket:
         raise ImproperlyConfigured("`MNESIO_S3_BUCKET` must be set when `MNESIO_BLOB_STORAGE` is 's3'")
