@@ -6,7 +6,7 @@ Through the real services, the real model (SmolLM2-135M, CPU f32):
 A scope of ~``--tokens`` tokens is compiled and activated through the full gate first (times reported beside
 the cycle) and switched to auto-refresh on append (``--debounce-s``); then ``--appends`` memories, each stating
 a fact only it holds, are appended one at a time. For each: the question about it asked right after the append
-(a fresh answer, services/answer.py) and checked for the fact (``append_to_fresh_answer_s``); then the time until
+(a fresh answer, services/serving.py) and checked for the fact (``append_to_fresh_answer_s``); then the time until
 an active version holds it, asked again (``append_to_answer_s``).
 
     .venv/bin/python bench/freshness_bench.py --mode embedded --out bench/results/freshness-embedded.json

@@ -91,7 +91,7 @@ class CheckingMixin:
         """Re-read the tokens after the first ``num_verified_blocks`` blocks once and compare (base.py).
 
         The re-reading is independent of compile(): forward passes on a plain DynamicCache holding the verified
-        blocks' served KV, not _BlockCache, part_store and the payload's assembly. It reads the new tokens in the
+        blocks' served KV, not PrefillCache, part_store and the payload's assembly. It reads the new tokens in the
         chunks compile reads them in (each new block on top of the ones before, then the tail), because where a
         prefill is cut changes the float sums: read in other chunks, a right cartridge would differ from its
         re-reading by float noise, and a wrong one could hide in that noise. Read in the same chunks, a right

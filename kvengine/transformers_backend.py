@@ -2,7 +2,8 @@
 
 This module holds the model work: loading (models.py finds and converts the weights), the prefill that
 compiles a cartridge, and the cartridge's bytes. Answering is answering.py's (a mixin), the checks against
-re-reading checking.py's, the prompt layout layout.py's, the stored tensors payload.py's.
+re-reading checking.py's, the prompt layout layout.py's, the stored tensors payload.py's, the cache the prefill
+writes into prefill_cache.py's.
 
 Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16; bf16r and f32w8 mix them: f32w8
 keeps f32 KV with weight-only int8 linear layers, precision.py); in bf16 the accumulations that matter (matmuls,
@@ -24,8 +25,6 @@ from collections.abc import Container, Sequence
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicLayer
 
 from .answering import AnsweringMixin
 from .base import BackendDescription, Cartridge, CartridgeHeader, KvBackend
@@ -58,11 +57,12 @@ from .format import (
     tensor_digest,
     write_cartridge,
 )
-from .kvcache import DEFAULT_ROOM, KvState
+from .kvcache import DEFAULT_ROOM
 from .layout import PromptLayout
 from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
+from .prefill_cache import PrefillCache
 from .quant import bit_plan
 from .routed.backend import RoutedMixin
 
@@ -214,7 +214,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
                 stored.append(dict(tensors) if self.quant != "none" else None)
             num_reused = len(refs)
             compute_started = time.perf_counter()
-            cache = _BlockCache(self.model.config, reused, capacity=len(ids) + DEFAULT_ROOM)
+            cache = PrefillCache(self.model.config, reused, capacity=len(ids) + DEFAULT_ROOM)
             del reused  # the buffers hold them now
             bounds = [first for _, first in links] + [num_blocks * size, len(ids)]
             for index in range(num_reused, num_blocks + 1):  # the last one is the tail
@@ -251,7 +251,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         }
         return Cartridge(header=header, payload=payload, stats=stats)
 
-    def _prefill_part(self, ids: list[int], cache: _BlockCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _prefill_part(self, ids: list[int], cache: PrefillCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Prefill ``ids`` on top of ``cache`` (no LM head: only KV is needed); return each layer's new keys and values."""
         input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
         self.model.base_model(input_ids=input_ids, cache=cache, use_cache=True)
@@ -328,81 +328,3 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         if not isinstance(cartridge.payload, KvPayload):
             raise ConfigError("`cartridge` was not made by a TransformersKvBackend (compile() or loads())")
         return cartridge.payload
-
-
-class _BlockLayer(DynamicLayer):
-    """A cache layer holding the served KV of the parts computed or reused so far, in one buffer per kind.
-
-    The buffers ``[1, num_kv_heads, capacity, head_dim]`` are the cartridge's KvState buffers (capacity: its tokens
-    and the answer room), so the compiled state is the cache itself, not a copy of it (_BlockCache.state()). Each
-    reused part is copied in once; update() writes the part being prefilled after the held ones and hands attention
-    views of the buffers (the answer path's BufferLayer does the same: sdpa reads views, and gives the bits it gives
-    on contiguous copies; the byte pins and the incremental == from-scratch tests hold that). Before, update()
-    concatenated every held part with the new one: a whole copy of the cache per part (a full 8k compile copied it
-    ~16 times; an append's tail once, and the payload's assembly once more). It keeps the new states aside.
-    commit() writes what the part serves (quantized and cast as stored) over them, so the next part attends to
-    exactly what a reused block would give it (blocks.py). When the new states are of another dtype than the held
-    ones (bf16r's f32 keys), update() concatenates as before (torch.cat promotes them alike).
-    """
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int):
-        super().__init__()
-        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.capacity = capacity
-        self.kbuf: torch.Tensor | None = None
-        self.vbuf: torch.Tensor | None = None
-        self.num_held = 0
-        for k, v in zip(keys, values, strict=True):
-            self._put(k, v)
-
-    def _put(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if self.kbuf is None or self.vbuf is None:
-            b, h, _, d = keys.shape
-            self.kbuf = torch.empty((b, h, self.capacity, d), dtype=keys.dtype, device=keys.device)
-            self.vbuf = torch.empty((b, h, self.capacity, values.shape[-1]), dtype=values.dtype, device=values.device)
-            self.device, self.is_initialized = keys.device, True
-        end = self.num_held + int(keys.shape[-2])
-        self.kbuf[:, :, self.num_held : end].copy_(keys)
-        self.vbuf[:, :, self.num_held : end].copy_(values)
-        self.num_held = end
-
-    def get_seq_length(self) -> int:
-        return self.num_held
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        self.new = (key_states, value_states)
-        if self.kbuf is None or self.vbuf is None or not self.num_held:
-            return key_states, value_states
-        n, end = self.num_held, self.num_held + int(key_states.shape[-2])
-        if key_states.dtype != self.kbuf.dtype or value_states.dtype != self.vbuf.dtype:
-            return torch.cat([self.kbuf[:, :, :n], key_states], dim=-2), torch.cat([self.vbuf[:, :, :n], value_states], dim=-2)
-        self.kbuf[:, :, n:end].copy_(key_states)
-        self.vbuf[:, :, n:end].copy_(value_states)
-        return self.kbuf[:, :, :end], self.vbuf[:, :, :end]
-
-    def commit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._put(keys, values)
-        self.new = None
-
-
-class _BlockCache(DynamicCache):
-    """The cache compile() prefills each part on top of (see _BlockLayer); ``capacity``: positions per buffer."""
-
-    def __init__(self, config, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, capacity: int):
-        num_layers = config.get_text_config().num_hidden_layers
-        layers = [_BlockLayer([p[0][layer] for p in parts], [p[1][layer] for p in parts], capacity) for layer in range(num_layers)]
-        Cache.__init__(self, layers=layers)
-
-    def state(self) -> KvState:
-        """The committed parts as the cartridge's KvState: the buffers themselves (the cache is done with them)."""
-        layers = self.layers
-        return KvState.of_buffers([layer.kbuf for layer in layers], [layer.vbuf for layer in layers], num_tokens=layers[0].num_held)
-
-    def take_new(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        keys = [layer.new[0] for layer in self.layers]
-        values = [layer.new[1] for layer in self.layers]
-        return keys, values
-
-    def commit(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        for layer, k, v in zip(self.layers, keys, values, strict=True):
-            layer.commit(k, v)

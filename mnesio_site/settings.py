@@ -1,4 +1,4 @@
-"""mnesio settings: twelve-factor, read from the environment, in one file.
+"""mnesio settings: twelve-factor, read from the environment, in one file and the pieces it calls.
 
 Every knob is an environment variable. The embedded default needs nothing running:
 SQLite in ``var/`` and Celery tasks executed in-process. Point ``DATABASE_URL`` at
@@ -6,39 +6,22 @@ PostgreSQL and ``REDIS_URL`` at Redis for a real deployment (see docs/operating.
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
-from typing import Any
 
-import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from core.keys import parse_master_key
 from core.settings_spec import read
+from mnesio_site.settings_parts import api, log_config
+from mnesio_site.settings_parts.database import envdatabase
+from mnesio_site.settings_parts.storage import cartridge_blob_storage
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-# ---------------------------------------------------------------------------
 # Every variable is declared once, with its type, default, bounds and help, in core/settings_spec.py; ``read``
 # parses it from the environment and fails loudly (ImproperlyConfigured naming the variable, what it accepts and
-# what it got). docs/configuration.md is generated from the same declaration.
-# ---------------------------------------------------------------------------
-ENV = environ.Env()
-
-
-def envdatabase(name: str, url: str, *, conn_max_age: int) -> dict[str, Any]:
-    """Parse the database URL read from ``name`` with django-environ, accepting only the engines this project runs on."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an unknown scheme is refused below, by name
-            config = ENV.db_url_config(url)
-    except (ValueError, KeyError) as exc:
-        raise ImproperlyConfigured(f"`{name}` is not a database URL this project understands: {exc}") from None
-    engine = config.get("ENGINE")
-    if engine not in ("django.db.backends.sqlite3", "django.db.backends.postgresql"):
-        raise ImproperlyConfigured(f"`{name}` has to name 'sqlite' or 'postgres' but names {engine!r}")
-    return {**config, "CONN_MAX_AGE": conn_max_age}
-
+# what it got). docs/configuration.md is generated from the same declaration. The larger values are built by
+# mnesio_site/settings_parts/, which reads its variables the same way.
 
 # ---------------------------------------------------------------------------
 # Core Django
@@ -124,13 +107,8 @@ if DATABASE_URL.startswith("sqlite:") and DATABASE_URL.startswith(f"sqlite:///{D
     # The embedded default keeps its file in DATA_DIR; a fresh checkout has none yet.
     DATA_DIR.mkdir(parents=True, exist_ok=True)
 DATABASES = {"default": envdatabase("DATABASE_URL", DATABASE_URL, conn_max_age=read("DB_CONN_MAX_AGE"))}
+# SQLite's connections wait for the write lock and take it at BEGIN (settings_parts/database.py says why)
 IS_POSTGRES = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-if not IS_POSTGRES:
-    # Concurrent writers (the dev server plus in-process tasks) wait instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
-    # Every transaction takes SQLite's write lock at BEGIN, so a compile's subject check and its version
-    # insert cannot interleave with an erasure's shred (cartridges.services.compile.manifest_subjects_lock).
-    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -150,49 +128,15 @@ STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 MEDIA_ROOT = read("MNESIO_MEDIA_ROOT", default=DATA_DIR / "media")
 
-# Cartridge blobs go through Django's storage API (cartridges/storage.py): local files by default;
-# MNESIO_BLOB_STORAGE=s3 puts them in an S3 bucket (django-storages, cartridges/s3.py) so that a fleet of web and
-# worker hosts shares them; MNESIO_BLOB_STORAGE_BACKEND names any other Django storage class (no options).
+# Cartridge blobs: local files under DATA_DIR by default, an S3 bucket, or a named storage (settings_parts/storage.py).
 MNESIO_BLOB_STORAGE = read("MNESIO_BLOB_STORAGE")
 MNESIO_BLOB_STORAGE_BACKEND = read("MNESIO_BLOB_STORAGE_BACKEND")
-if MNESIO_BLOB_STORAGE_BACKEND and MNESIO_BLOB_STORAGE == "s3":
-    raise ImproperlyConfigured("set either `MNESIO_BLOB_STORAGE=s3` or `MNESIO_BLOB_STORAGE_BACKEND`, not both")
-if MNESIO_BLOB_STORAGE == "s3":
-    _s3_bucket = read("MNESIO_S3_BUCKET")
-    if not _s3_bucket:
-        raise ImproperlyConfigured("`MNESIO_S3_BUCKET` must be set when `MNESIO_BLOB_STORAGE` is 's3'")
-    _blob_storage: dict[str, Any] = {
-        "BACKEND": "cartridges.s3.CartridgeS3Storage",
-        "OPTIONS": {
-            "bucket_name": _s3_bucket,
-            # a key prefix inside the bucket ('' = the bucket's root)
-            "location": read("MNESIO_S3_PREFIX").strip("/"),
-            # unset: AWS itself; set for MinIO, Ceph, moto (tests) or another S3-compatible service
-            "endpoint_url": read("MNESIO_S3_ENDPOINT_URL") or None,
-            "region_name": read("MNESIO_S3_REGION") or None,
-            # unset: boto3's own chain (AWS_ACCESS_KEY_ID..., an instance or pod role)
-            "access_key": read("MNESIO_S3_ACCESS_KEY_ID") or None,
-            "secret_key": read("MNESIO_S3_SECRET_ACCESS_KEY") or None,
-            # 'path' for most self-hosted S3-compatible servers; unset: boto3 chooses (virtual hosts on AWS)
-            "addressing_style": read("MNESIO_S3_ADDRESSING_STYLE"),
-            "signature_version": "s3v4",
-            "file_overwrite": False,  # a name that exists is never written over (cartridges.storage refuses a rename)
-            "default_acl": None,  # the bucket's own policy: blobs are private, never public-read
-            "querystring_auth": True,
-        },
-    }
-else:
-    _blob_backend = MNESIO_BLOB_STORAGE_BACKEND or "django.core.files.storage.FileSystemStorage"
-    _blob_storage = {
-        "BACKEND": _blob_backend,
-        "OPTIONS": {"location": str(read("MNESIO_BLOB_ROOT", default=DATA_DIR / "cartridges"))}
-        if _blob_backend == "django.core.files.storage.FileSystemStorage"
-        else {},
-    }
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    "cartridges": _blob_storage,
+    "cartridges": cartridge_blob_storage(
+        storage=MNESIO_BLOB_STORAGE, backend=MNESIO_BLOB_STORAGE_BACKEND, data_dir=DATA_DIR
+    ),
 }
 
 # Production hardening: on unless debugging (``manage.py check --deploy`` is clean with MNESIO_DEBUG=false).
@@ -395,49 +339,10 @@ if PROMETHEUS_MULTIPROC_DIR and not Path(PROMETHEUS_MULTIPROC_DIR).is_dir():
     )
 
 # ---------------------------------------------------------------------------
-# DRF and the OpenAPI schema
+# DRF and the OpenAPI schema (settings_parts/api.py)
 # ---------------------------------------------------------------------------
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "mnesio_site.authentication.TokenAuthentication",  # knox: tokens stored hashed
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    # JSON bodies refuse lone surrogates and too deep nesting with a 400 (core/parsers.py); forms as DRF's default
-    "DEFAULT_PARSER_CLASSES": [
-        "core.parsers.StrictJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "core.errors.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "core.pagination.BoundedLimitOffsetPagination",
-    "PAGE_SIZE": 100,
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "mnesio API",
-    "DESCRIPTION": "Long-term memory for AI agents: an append-only log compiled into KV cartridges. "
-    "The API is versioned under /api/v1/; the unversioned /api/... paths are a deprecated alias of the same "
-    "endpoints (their responses carry `Deprecation: true` and a `Link` to the /api/v1/ successor).",
-    "VERSION": "0.1.0",
-    "SERVE_INCLUDE_SCHEMA": False,
-    # The schema and the docs page list every route and field: for logged-in users only (token or session).
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
-    # The schema documents /api/v1/; /api/... is the same API under a deprecated alias (mnesio_site.versioning).
-    "PREPROCESSING_HOOKS": ["mnesio_site.versioning.v1_endpoints_only"],
-    # The docs pages load their JavaScript and CSS from this server (drf-spectacular-sidecar), never a CDN.
-    "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-    "REDOC_DIST": "SIDECAR",
-    # "layout" is a scope's setting (three values) and, in an answer, what answered (two): one name each
-    "ENUM_NAME_OVERRIDES": {"ScopeLayoutEnum": ["prefix", "routed", "auto"], "AnswerLayoutEnum": ["prefix", "routed"]},
-    "POSTPROCESSING_HOOKS": [
-        "drf_spectacular.hooks.postprocess_schema_enums",  # the default hook, kept
-        "mnesio_site.versioning.unversioned_operation_ids",
-        # the Error component (a `code` enum from core.errors.ERROR_CODES) and the error responses of every operation
-        "core.schema.error_responses",
-    ],
-}
+REST_FRAMEWORK = api.REST_FRAMEWORK
+SPECTACULAR_SETTINGS = api.SPECTACULAR_SETTINGS
 # API tokens (django-rest-knox): `Authorization: Token <key>` or `Bearer <key>` on every surface
 # (mnesio_site.authentication). knox's own lifetime is off (a token made by `api_token_create` does not stop
 # working silently after knox's default 10 hours); tokens made through the API (POST /api/v1/tokens/, invitations)
@@ -458,21 +363,4 @@ REST_KNOX = {
 LOG_LEVEL = read("MNESIO_LOG_LEVEL")
 # json: one JSON object per line with the request id (core.observability); plain: for a terminal.
 LOG_FORMAT = read("MNESIO_LOG_FORMAT")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "core.observability.JsonFormatter"},
-    },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {
-        "mnesio": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-        "memories": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-        "cartridges": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-        "kvengine": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-        # a worker's own lines (received, succeeded, a lost child) in the same format (celery.py: no root hijack)
-        "celery": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
-    },
-}
+LOGGING = log_config.logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT)

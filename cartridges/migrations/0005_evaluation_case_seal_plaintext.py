@@ -1,7 +1,7 @@
 """Seal the question and answers of every existing evaluation case (the plaintext columns go in 0006).
 
 Each case gets a key of its own wrapped by the current master key, exactly as
-``cartridges.services.answer.evaluation_case_add`` does (same associated data, see
+``cartridges.services.cases.evaluation_case_add`` does (same associated data, see
 ``cartridges.selectors.evaluation_case_aad``). Existing cases are not linked to subjects: nothing recorded
 which memories they quote; an operator can re-add a case with ``subjects`` to have erasure reach it.
 Reversible: unsealing writes the plaintext back (while the master key that wrapped the keys is configured).

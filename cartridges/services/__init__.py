@@ -2,16 +2,10 @@
 from __future__ import annotations
 
 from .activate import cartridge_activate, cartridge_rollback
-from .answer import (
-    AnswerResult,
-    cartridge_answer,
-    cartridge_answer_choices,
-    evaluation_case_add,
-    evaluation_case_subjects_resolve,
-    question_validate,
-)
+from .answer import AnswerResult, cartridge_answer, cartridge_answer_choices, question_validate
 from .answer_requests import answer_request_answer, answer_request_collect, answer_request_file, answer_requests_sweep
 from .ask import AskOptions, prompt_build
+from .cases import evaluation_case_add, evaluation_case_subjects_resolve
 from .compile import RebuildResult, cartridge_compile, cartridge_rebuild, head_validate
 from .config import kv_configuration_switch
 from .destroy import cartridge_destroy

@@ -21,18 +21,11 @@ from kvengine.conversation import Prompt
 
 from ..models import Layout
 from ..selectors import active_configuration
-from .answer import (
-    AnswerResult,
-    Serving,
-    answer_record,
-    cartridge_answer,
-    cartridge_serving,
-    mode_validate,
-    question_validate,
-)
+from .answer import AnswerResult, answer_record, cartridge_answer, mode_validate, question_validate
 from .ask import DEFAULT_OPTIONS, AskOptions
 from .errors import context_too_long_as_422
 from .routed_answer import scope_layout
+from .serving import Serving, cartridge_serving
 
 log = logging.getLogger("cartridges")
 

@@ -114,17 +114,17 @@ def test_it_erases_a_case_made_before_quotes_were_recorded_when_any_memory_of_it
 
 
 def test_it_refuses_a_case_quoting_a_memory_forgotten_meanwhile(scope_a, fake_engine, monkeypatch):
-    from cartridges.services import answer
+    from cartridges.services import cases
 
     world = World(scope_a, "memory")
-    read = answer._memories_quoted
+    read = cases._memories_quoted
 
     def read_then_forget(**kwargs):
         found = read(**kwargs)  # the memory is read while live, then forgotten before the case is linked
         memory_forget_file(scope=scope_a, seq=world.secret.seq, requested_by=None, reason="asked")
         return found
 
-    monkeypatch.setattr(answer, "_memories_quoted", read_then_forget)
+    monkeypatch.setattr(cases, "_memories_quoted", read_then_forget)
     from core.errors import Conflict
 
     with pytest.raises(Conflict):

@@ -96,15 +96,15 @@ def test_a_question_answered_by_a_worker_carries_the_count_through_its_sealed_an
 def test_an_ask_that_finds_every_fresh_compile_slot_taken_is_answered_by_its_version_alone(scope_a, fake_engine, append):
     # each fresh compile holds a private KV copy for its whole answer: a burst of asks on a stale scope must not
     # make one copy each (MNESIO_FRESH_MAX_CONCURRENT, 1 by default)
-    from cartridges.services import answer
+    from cartridges.services import serving
 
     version = _served(scope_a, [KEY, TEA])
     append(scope_a, CAR)
-    assert answer._fresh_slot_take()  # another ask's fresh compile is running
+    assert serving._fresh_slot_take()  # another ask's fresh compile is running
     try:
         result = cartridge_answer(scope=scope_a, question="Where is the car parked?")
     finally:
-        answer._fresh_slot_give()
+        serving._fresh_slot_give()
     assert result.version_id == version.pk and result.answer != CAR
     assert (result.num_memories_after_version, result.num_memories_unread) == (0, 1)
     assert "MNESIO_FRESH_MAX_CONCURRENT" in result.note
@@ -143,15 +143,15 @@ def test_a_scope_without_a_version_never_reads_a_forgotten_memory(scope_a, fake_
 
 
 def test_a_scope_without_a_version_that_finds_the_fresh_slots_taken_is_told_to_retry(scope_a, fake_engine, append):
-    from cartridges.services import answer
+    from cartridges.services import serving
 
     append(scope_a, CAR)
-    assert answer._fresh_slot_take()  # another ask's fresh compile is running; there is no version to fall back on
+    assert serving._fresh_slot_take()  # another ask's fresh compile is running; there is no version to fall back on
     try:
-        with pytest.raises(answer.FreshCompilesBusy) as caught:
+        with pytest.raises(serving.FreshCompilesBusy) as caught:
             cartridge_answer(scope=scope_a, question="Where is the car parked?")
     finally:
-        answer._fresh_slot_give()
+        serving._fresh_slot_give()
     assert caught.value.status_code == 429 and caught.value.retry_after_s >= 1
     assert "MNESIO_FRESH_MAX_CONCURRENT" in caught.value.message
     assert cartridge_answer(scope=scope_a, question="Where is the car parked?").answer == CAR  # the slot is free again

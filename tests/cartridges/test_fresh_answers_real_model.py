@@ -6,7 +6,7 @@ import pytest
 from cartridges import engine
 from cartridges.selectors import active_configuration
 from cartridges.services import cartridge_activate, cartridge_answer, cartridge_compile
-from cartridges.services.answer import cartridge_serving
+from cartridges.services.serving import cartridge_serving
 
 pytestmark = [pytest.mark.django_db, pytest.mark.model]
 

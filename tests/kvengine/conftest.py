@@ -1,8 +1,10 @@
-"""Tiny random-weight models (GPT-2 and Qwen2 code paths) built and saved in the test, fully offline."""
+"""Tiny random-weight models (GPT-2 and Qwen2 code paths) built and saved in the test, fully offline; the real
+model in other block sizes; the cartridges the batched-decoding tests share."""
 from __future__ import annotations
 
 import pytest
 
+from tests.support.batching import MEMORIES, OTHER_MEMORIES
 from tests.support.tiny_models import build_tiny
 
 
@@ -29,3 +31,9 @@ def small_blocks(real_backend):
 def long_blocks(real_backend):
     """The real model in 256-token blocks (the default is 64): a ~190-token log is one tail part."""
     return real_backend.variant(block_size=256)
+
+
+@pytest.fixture(scope="module")
+def cartridges(real_backend):
+    """Two cartridges of the real model for the batched-decoding tests (test_batching*.py): MEMORIES, OTHER_MEMORIES."""
+    return real_backend.compile(MEMORIES), real_backend.compile(OTHER_MEMORIES)

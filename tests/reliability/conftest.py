@@ -1,5 +1,5 @@
 """Fixtures of the reliability tests: blobs in a temp dir, the fake engine, eager tasks on demand, a figures
-recorder (the real Celery worker harness: tests/support/worker.py)."""
+recorder (the real Celery worker harness: tests/support/worker.py), the isolation tests' world."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import pytest
 # Blobs in a temp dir (autouse) and the fake engine: the cartridges tests' own (the empty LRU is tests/conftest's).
 from tests.cartridges.conftest import blob_root, fake_engine  # noqa: F401
 from tests.conftest import celery_eager  # noqa: E402
+from tests.support.isolation import MARKER
 
 FIGURES_FILE = "reliability-figures.jsonl"
 
@@ -47,3 +48,31 @@ def real_broker():
     """Send tasks to the broker for real (a test that ran before may have left eager mode on)."""
     with celery_eager(False):
         yield
+
+
+@pytest.fixture
+def world(alice, charlie, scope_a, scope_c, fake_row, eager_tasks):
+    """The isolation tests' world (test_isolation*.py): scope A (alice's) with memories, an active version, an
+    erasure request and a case; scope C (charlie's)."""
+    from cartridges.services import cartridge_activate, cartridge_compile, evaluation_case_add
+    from memories.services import erasure_request_file, memory_append
+
+    memory_append(scope=scope_a, content=f"The spare key is under the blue flowerpot {MARKER}.")
+    memory_append(scope=scope_a, subject="dana", content=f"Dana's locker code is 4417 {MARKER}.")
+    memory_append(scope=scope_a, subject="erin", content="Erin likes tea.")
+    version = cartridge_compile(scope=scope_a)
+    cartridge_activate(version=version)
+    case = evaluation_case_add(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
+    erasure = erasure_request_file(subject="erin", requested_by=alice, reason="asked", scope=scope_a)
+    memory_append(scope=scope_c, content="Charlie's own fact.")
+    from cartridges.services import answer_request_answer, answer_request_file
+
+    answered = answer_request_answer(answer_request=answer_request_file(
+        scope=scope_a, question="Where is the spare key?", actor=alice))  # alice's async ask, ready to collect
+    return {
+        "pk_answer": answered.pk,
+        "seq": scope_a.memories.order_by("seq").first().seq,
+        "pk_version": version.pk,
+        "pk_erasure": erasure.pk,
+        "pk_case": case.pk,
+    }
