@@ -63,7 +63,13 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("MNESIO_TEST_WOR
 # Subprocesses started by tests load the real settings module with the environment above.
 os.environ["DJANGO_SETTINGS_MODULE"] = "mnesio_site.settings"
 
+from django.conf import global_settings  # noqa: E402
+
 from mnesio_site.settings import *  # noqa: E402,F403
+
+# Most tests make users with passwords: a fast hash, so that each one does not cost PBKDF2's million rounds
+# (subprocesses keep the production hasher; they authenticate with tokens, and this process verifies theirs).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", *global_settings.PASSWORD_HASHERS]
 
 # The test client and the live server speak plain http (subprocesses keep the production values).
 SECURE_SSL_REDIRECT = False

@@ -86,9 +86,9 @@ def test_greedy_batched_answers_equal_one_at_a_time_answers_on_kveval_questions(
     from kvengine.kveval.runner import EvalConfig
 
     backend = real_backend
-    (scope,) = build_scopes(load_squad(SQUAD_FIXTURE), 512, backend.count_tokens, num_articles=1)
+    (scope,) = build_scopes(load_squad(SQUAD_FIXTURE), 256, backend.count_tokens, num_articles=1)
     template = EvalConfig().question_template
-    questions = [template.format(question=q.question) for q in scope.questions[:8]]
+    questions = [template.format(question=q.question) for q in scope.questions[:4]]
     assert len(questions) >= 4
     cartridge = backend.compile(list(scope.paragraphs))
     want = [backend.answer_unbatched(cartridge, q, max_new_tokens=16).token_ids for q in questions]

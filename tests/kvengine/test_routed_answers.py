@@ -35,19 +35,23 @@ def chunks(real_backend):
     return [real_backend.compile_chunk(text) for text in MEMORIES]
 
 
-def test_it_answers_token_for_token_as_the_rereading_when_every_token_is_repaired(real_backend, chunks):
-    for question in QUESTIONS:
-        reference = real_backend.answer_reread(chunks, question, max_new_tokens=NUM_TOKENS)
+@pytest.fixture(scope="module")
+def rereadings(real_backend, chunks):
+    """Each question's answer from re-reading the chunks' ids: the reference of routed answers."""
+    return {question: real_backend.answer_reread(chunks, question, max_new_tokens=NUM_TOKENS) for question in QUESTIONS}
+
+
+def test_it_answers_token_for_token_as_the_rereading_when_every_token_is_repaired(real_backend, chunks, rereadings):
+    for question, reference in rereadings.items():
         routed = real_backend.answer_routed(chunks, question, repair=RepairPolicy.full(), max_new_tokens=NUM_TOKENS)
         assert routed.token_ids == reference.token_ids and routed.text == reference.text, question
         assert routed.mode == "routed" and routed.repair == "full"
         assert routed.num_recomputed_tokens == sum(c.num_tokens for c in chunks[1:]) - chunks[-1].num_separator_tokens
 
 
-def test_its_divergence_without_repair_is_measurably_worse_than_with_full_repair(real_backend, chunks):
+def test_its_divergence_without_repair_is_measurably_worse_than_with_full_repair(real_backend, chunks, rereadings):
     none, full = [], []
-    for question in QUESTIONS:
-        reference = real_backend.answer_reread(chunks, question, max_new_tokens=NUM_TOKENS)
+    for question, reference in rereadings.items():
         none.append(real_backend.routed_divergence(chunks, question, repair=RepairPolicy.none(), max_new_tokens=NUM_TOKENS, reference=reference))
         full.append(real_backend.routed_divergence(chunks, question, repair=RepairPolicy.full(), max_new_tokens=NUM_TOKENS, reference=reference))
     mean_none = sum(k for d in none for k in d.kls) / sum(len(d.kls) for d in none)

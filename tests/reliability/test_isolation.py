@@ -1,5 +1,5 @@
 """The full matrix endpoint x foreign-scope client: every route of the project, enumerated from the URL
-resolver (tests/reliability/endpoints.py), refuses a client that is not granted the scope."""
+resolver (tests/support/endpoints.py), refuses a client that is not granted the scope."""
 from __future__ import annotations
 
 import json

@@ -97,5 +97,5 @@ def classify(route: Route) -> str:
         return "unscoped"
     raise AssertionError(
         f"route {route.route!r} ({route.name}) is not in the isolation matrix: add it to "
-        "tests/reliability/endpoints.py (UNSCOPED_API) with how it keeps scopes apart, and test it"
+        "tests/support/endpoints.py (UNSCOPED_API) with how it keeps scopes apart, and test it"
     )
