@@ -55,10 +55,10 @@ def test_it_gives_back_the_slot_of_every_stream_its_client_abandons(serve, alice
               ("/v1/chat/completions", {"model": "scope-a", "stream": True,
                                         "messages": [{"role": "user", "content": question}]})]
     started = time.monotonic()
-    # hang-ups at once (before the view has answered), after a few ms (around the first byte) and later (mid-stream)
+    # on both routes: hang-ups at once (before the view answered), after a few ms (around the first byte), mid-stream
     for i in range(NUM_HANG_UPS):
         path, body = bodies[i % 2]
-        _hang_up(port, path, body, token, linger_s=(0, 0.002, 0.01, 0.03)[i % 4])
+        _hang_up(port, path, body, token, linger_s=(0, 0.002, 0.01, 0.03)[i // 2 % 4])
     hung_up_at = time.monotonic()
     # a leaked slot is held for good; how soon a slot comes back is the machine's load (3 workers on 2 cores: 1.5 s)
     while (held := _asks(base, token).get("in_flight")) != 0 and time.monotonic() - hung_up_at < 30:
