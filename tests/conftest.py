@@ -43,6 +43,13 @@ def real_backend():
     return make_backend("transformers", dtype="f32", quant="none", device="cpu")
 
 
+@pytest.fixture
+def small_gate(settings):
+    """A one-probe gate with short decodes, for tests where activating a real-model version is only setup."""
+    settings.MNESIO_GATE_NUM_AUTO_PROBES, settings.MNESIO_GATE_MAX_NEW_TOKENS = 1, 4
+    settings.MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = 2
+
+
 @pytest.fixture(autouse=True)
 def fresh_engine():
     """Empty this process's cartridge LRU around each test (backends stay loaded): no test sees another's cache; no

@@ -22,6 +22,25 @@ _SHRED_SQL = (
 )
 
 
+def key_xor_shredded(name: str) -> models.CheckConstraint:
+    """A shredded row has no key bytes, and a live one has them: the database checks both."""
+    return models.CheckConstraint(
+        condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
+        | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
+        name=name,
+    )
+
+
+def rewrap_rekey_or_shred_trigger(kept_sql: str) -> pgtrigger.Protect:
+    """protect_update of a wrapped key: only a re-wrap, a re-key or the shred, with ``kept_sql`` (SQL over NEW and
+    OLD) holding."""
+    return pgtrigger.Protect(
+        name="protect_update",
+        operation=pgtrigger.Update,
+        condition=pgtrigger.Condition(f"NOT ((({_SHRED_SQL}) OR ({_REWRAP_SQL})) AND {kept_sql})"),
+    )
+
+
 class ScopeKey(AppendOnlyModel):
     """The data key of a scope, wrapped by the master key: it wraps the own keys of the scope's memories
     without a subject (and sealed such memories directly before memories had keys of their own).
@@ -40,21 +59,10 @@ class ScopeKey(AppendOnlyModel):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(
-                condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
-                | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
-                name="memories_scopekey_key_xor_shredded",
-            ),
+            key_xor_shredded("memories_scopekey_key_xor_shredded"),
         ]
         triggers = [
-            pgtrigger.Protect(
-                name="protect_update",
-                operation=pgtrigger.Update,
-                condition=pgtrigger.Condition(
-                    f"NOT ((({_SHRED_SQL}) OR ({_REWRAP_SQL})) AND NEW.id = OLD.id"
-                    " AND NEW.scope_id = OLD.scope_id AND NEW.created_at = OLD.created_at)"
-                ),
-            ),
+            rewrap_rekey_or_shred_trigger("NEW.id = OLD.id AND NEW.scope_id = OLD.scope_id AND NEW.created_at = OLD.created_at"),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
             reject_truncate("protect_truncate"),
         ]
@@ -117,22 +125,12 @@ class Subject(AppendOnlyModel):
             models.UniqueConstraint(
                 fields=["external_id"], condition=models.Q(scope__isnull=True), name="memories_subject_unique_legacy"
             ),
-            # A shredded subject has no key bytes, and a live one has them: the database checks both.
-            models.CheckConstraint(
-                condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
-                | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
-                name="memories_subject_key_xor_shredded",
-            ),
+            key_xor_shredded("memories_subject_key_xor_shredded"),
         ]
         triggers = [
-            pgtrigger.Protect(
-                name="protect_update",
-                operation=pgtrigger.Update,
-                condition=pgtrigger.Condition(
-                    f"NOT ((({_SHRED_SQL}) OR ({_REWRAP_SQL})) AND NEW.id = OLD.id"
-                    " AND NEW.external_id = OLD.external_id AND NEW.created_at = OLD.created_at"
-                    " AND NEW.scope_id IS NOT DISTINCT FROM OLD.scope_id)"
-                ),
+            rewrap_rekey_or_shred_trigger(
+                "NEW.id = OLD.id AND NEW.external_id = OLD.external_id AND NEW.created_at = OLD.created_at"
+                " AND NEW.scope_id IS NOT DISTINCT FROM OLD.scope_id"
             ),
             pgtrigger.Protect(name="protect_delete", operation=pgtrigger.Delete),
             reject_truncate("protect_truncate"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from memories.models.keys import Subject
+from memories.models.keys import Subject, key_xor_shredded
 from memories.models.log import Memory
 from memories.models.scopes import Scope
 
@@ -38,11 +38,7 @@ class SearchIndex(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(
-                condition=models.Q(shredded_at__isnull=True, wrapped_key__isnull=False)
-                | models.Q(shredded_at__isnull=False, wrapped_key__isnull=True),
-                name="memories_searchindex_key_xor_shredded",
-            ),
+            key_xor_shredded("memories_searchindex_key_xor_shredded"),
         ]
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+PROJECT_LOGGERS = ("mnesio", "memories", "cartridges", "kvengine", "celery")
+
 
 def logging_config(*, level: str, fmt: str) -> dict[str, Any]:
     """The LOGGING dict for MNESIO_LOG_LEVEL ``level`` and MNESIO_LOG_FORMAT ``fmt`` (a formatter's name)."""
@@ -15,12 +17,7 @@ def logging_config(*, level: str, fmt: str) -> dict[str, Any]:
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": fmt}},
         "root": {"handlers": ["console"], "level": "WARNING"},
-        "loggers": {
-            "mnesio": {"handlers": ["console"], "level": level, "propagate": False},
-            "memories": {"handlers": ["console"], "level": level, "propagate": False},
-            "cartridges": {"handlers": ["console"], "level": level, "propagate": False},
-            "kvengine": {"handlers": ["console"], "level": level, "propagate": False},
-            # a worker's own lines (received, succeeded, a lost child) in the same format (celery.py: no root hijack)
-            "celery": {"handlers": ["console"], "level": level, "propagate": False},
-        },
+        # the project's apps, and a worker's own lines (received, succeeded, a lost child) in the same format
+        # (celery.py: no root hijack)
+        "loggers": {name: {"handlers": ["console"], "level": level, "propagate": False} for name in PROJECT_LOGGERS},
     }

@@ -56,15 +56,13 @@ def test_concurrent_batch_writers_leave_no_gap_and_keep_each_batch_in_order(reco
 
 
 @pytest.mark.model
-def test_threads_asking_one_cartridge_get_the_single_threaded_answers(settings, real_backend, eager_tasks, record_figures):
+def test_threads_asking_one_cartridge_get_the_single_threaded_answers(settings, real_backend, eager_tasks, record_figures,
+                                                                     small_gate):
     from cartridges import engine
 
     config = ("transformers", "smollm2-135m-instruct", "f32", "none")
     settings.MNESIO_KV_BACKEND, settings.MNESIO_KV_MODEL, settings.MNESIO_KV_DTYPE, settings.MNESIO_KV_QUANT = config
     settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 8  # short answers keep the test in seconds on 2 cores
-    # a small gate: activating is this test's setup, not what it checks
-    settings.MNESIO_GATE_NUM_AUTO_PROBES, settings.MNESIO_GATE_MAX_NEW_TOKENS = 1, 4
-    settings.MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = 2
     engine.register_backend(config, real_backend)
     bench = _bench("answer_load")
     started = time.perf_counter()

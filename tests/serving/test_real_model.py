@@ -26,14 +26,11 @@ def _bench():
     return module
 
 
-def test_streamed_answers_of_the_real_model_equal_its_answers(settings, real_backend, asgi_server):
+def test_streamed_answers_of_the_real_model_equal_its_answers(settings, real_backend, asgi_server, small_gate):
     from memories.services import scope_grant
 
     settings.MNESIO_KV_BACKEND, settings.MNESIO_KV_MODEL, settings.MNESIO_KV_DTYPE, settings.MNESIO_KV_QUANT = CONFIG
     settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 8  # short answers keep the test in seconds on 2 cores
-    # a small gate: activating is this test's setup, not what it checks
-    settings.MNESIO_GATE_NUM_AUTO_PROBES, settings.MNESIO_GATE_MAX_NEW_TOKENS = 1, 4
-    settings.MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = 2
     engine.register_backend(CONFIG, real_backend)
     bench = _bench()
     scope = bench.serving_scope(backend_config=CONFIG)  # compile, gate and activate with the real model

@@ -20,10 +20,7 @@ from types import FrameType
 
 import pytest
 
-# the API tests' autouse fixtures: blobs in a temp dir, the fake engine as the configuration
-from tests.api.conftest import blob_root, fake_engine  # noqa: F401
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the folder's conftest: blobs in a temp dir, the fake engine
 NOT_PROJECT = {"tests", ".venv", "venv", "site-packages", "node_modules"}
 
 Step = tuple[str, tuple[str, ...]]  # a project file (relative to the root) and the functions of it on the stack, outer first
