@@ -27,7 +27,7 @@ def q4_engine(settings, real_backend):
     settings.MNESIO_KV_BACKEND, settings.MNESIO_KV_MODEL = "transformers", MODEL
     settings.MNESIO_KV_DTYPE, settings.MNESIO_KV_QUANT = "f32", "q4"
     settings.MNESIO_GATE_NUM_AUTO_PROBES = 3
-    settings.MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = 8
+    settings.MNESIO_GATE_FIDELITY_MAX_NEW_TOKENS = 4
     engine.register_backend(("transformers", MODEL, "f32", "none"), real_backend)
     engine.register_backend(("transformers", MODEL, "f32", "q4"), real_backend.variant(quant="q4"))
 
