@@ -367,6 +367,8 @@ DECLARED: tuple[Setting, ...] = (
           read_by="bin/fleet"),
     _text("MNESIO_LOCAL_S3_PORT", "9000", "The port of the local S3 server of bin/local-s3 and bin/fleet --local-s3.",
           SCRIPTS, read_by="bin/local-s3"),
+    _text("MNESIO_SETUP_FORCE", "0", "1: bin/setup runs pip even when the requirements are those it last installed.",
+          SCRIPTS, read_by="bin/setup"),
     _text("MNESIO_SKIP_CHROMIUM", "0", "1: bin/setup does not install Chromium for the browser tests.", SCRIPTS,
           read_by="bin/setup"),
     _text("MNESIO_TEST_ARTIFACTS", "", "Where bin/test writes the suite's figures and logs.", SCRIPTS,
