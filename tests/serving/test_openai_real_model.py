@@ -22,7 +22,7 @@ FOLLOW_UP = {"role": "user", "content": "What is my locker code?"}
 
 
 @pytest.fixture
-def served_real(settings, real_backend):
+def served_real(settings, real_backend, small_gate):
     """A scope of MEMORIES compiled and activated with the real model; returns (scope name, token)."""
     from django.contrib.auth import get_user_model
 
