@@ -50,10 +50,11 @@ def test_it_stores_q8_chunks_by_default_and_forgetting_a_memory_removes_only_its
     assert key.seq not in result.memory_seqs and "flowerpot" not in result.answer
 
 
-def test_the_gate_refuses_a_routed_scope_whose_repair_is_off_when_its_chunks_diverge(scope_a, routed_scope, real_engine, settings):
+def test_the_gate_refuses_a_routed_scope_whose_repair_is_off_when_its_chunks_diverge(scope_a, routed_scope, real_engine, settings,
+                                                                                      monkeypatch):
     from cartridges.services import evaluation_case_add
+    from cartridges.services import routed_gate as gate
     from cartridges.services.errors import GateFailed
-    from cartridges.services.routed_gate import routed_gate, routed_gate_check
 
     settings.MNESIO_ROUTED_CHUNK_QUANT = "none"  # the full repair is then exact up to float summation order
     settings.MNESIO_GATE_MAX_MEAN_KL = 0.001
@@ -61,12 +62,15 @@ def test_the_gate_refuses_a_routed_scope_whose_repair_is_off_when_its_chunks_div
     evaluation_case_add(scope=scope_a, question=QUESTION, answers=["blue flowerpot"])
     evaluation_case_add(scope=scope_a, question="What does Ada drink every morning?", answers=["green tea"])
 
-    repaired = routed_gate_check(scope=scope_a, config=real_engine, repair="full", max_new_tokens=8)
+    repaired = gate.routed_gate_check(scope=scope_a, config=real_engine, repair="full", max_new_tokens=8)
     assert repaired.passed and repaired.figures["num_cases"] == 2
     assert repaired.figures["divergence"]["mean_kl"] <= 0.001
 
-    unrepaired = routed_gate(scope=scope_a, config=real_engine, repair="none", max_new_tokens=8)
-    assert not unrepaired.passed and unrepaired.figures["divergence"]["mean_kl"] > 0.001, unrepaired.figures
+    results = []  # what the refused check measured (one gate run, spied on instead of run twice)
+    measure = gate.routed_gate
+    monkeypatch.setattr(gate, "routed_gate", lambda **kwargs: results.append(measure(**kwargs)) or results[-1])
     with pytest.raises(GateFailed) as refused:
-        routed_gate_check(scope=scope_a, config=real_engine, repair="none", max_new_tokens=8)
+        gate.routed_gate_check(scope=scope_a, config=real_engine, repair="none", max_new_tokens=8)
     assert any("repair none" in reason for reason in refused.value.reasons)
+    (unrepaired,) = results
+    assert not unrepaired.passed and unrepaired.figures["divergence"]["mean_kl"] > 0.001, unrepaired.figures

@@ -1,5 +1,6 @@
 """Fixtures of the reliability tests: blobs in a temp dir, the fake engine, eager tasks on demand, a figures
-recorder (the real Celery worker harness: tests/support/worker.py), the isolation tests' world."""
+recorder (the real Celery worker harness: tests/support/worker.py), the isolation tests' world, and the fuzz tests'
+world and WSGI app."""
 from __future__ import annotations
 
 import json
@@ -36,6 +37,22 @@ def record_figures(request, artifacts_dir):
         return line
 
     return record
+
+
+@pytest.fixture
+def one_connection():
+    """In-process requests keep the test's database connection instead of closing it at their end (Django's
+    close_old_connections, as Django's test client does inside a transaction). A flood of in-process requests in a
+    transaction=True test otherwise opens a connection per request, and on a loaded machine PostgreSQL frees the
+    slots of closed ones more slowly than they come: up to its 100 clients, failing other workers' connections."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
 
 
 def needs_redis() -> pytest.MarkDecorator:
@@ -75,4 +92,31 @@ def world(alice, charlie, scope_a, scope_c, fake_row, eager_tasks):
         "pk_version": version.pk,
         "pk_erasure": erasure.pk,
         "pk_case": case.pk,
+    }
+
+
+@pytest.fixture
+def wsgi_app(one_connection):
+    """Django's WSGI app, keeping the test's database connection open across requests (as Django's test client does)."""
+    from django.core.handlers.wsgi import WSGIHandler
+
+    return WSGIHandler()
+
+
+@pytest.fixture
+def fuzz_world(alice, operator, scope_a, fake_row, eager_tasks):
+    """The fuzz and property tests' world: scope A with memories (one about a subject), an evaluation case and an
+    active cartridge; tokens of alice and of an operator."""
+    from knox.models import AuthToken
+
+    from cartridges.services import cartridge_activate, cartridge_compile, evaluation_case_add
+    from memories.services import memory_append
+
+    memory_append(scope=scope_a, content="The spare key is under the blue flowerpot.")
+    memory_append(scope=scope_a, subject="dana", content="Dana's locker code is 4417.")
+    evaluation_case_add(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
+    cartridge_activate(version=cartridge_compile(scope=scope_a))
+    return {
+        "alice": f"Token {AuthToken.objects.create(user=alice)[1]}",
+        "operator": f"Token {AuthToken.objects.create(user=operator)[1]}",
     }

@@ -46,7 +46,7 @@ def _search(client, text: str) -> list[str]:
 
 def test_it_bounds_async_asks_and_an_erasure_never_waits_behind_them(
         alice, bob, charlie, scope_a, scope_c, fake_row, start_worker, real_broker, api_client_for,  # noqa: F811
-        settings, record_figures):
+        settings, record_figures, one_connection):
     settings.MNESIO_MAX_PENDING_ASYNC_ASKS_PER_USER = PER_USER
     settings.MNESIO_MAX_PENDING_ASYNC_ASKS = PER_PROCESS
     settings.MNESIO_ASK_RETRY_AFTER_S = 3

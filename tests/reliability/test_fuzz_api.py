@@ -13,9 +13,6 @@ import os
 
 import pytest
 import schemathesis
-from django.core.handlers.wsgi import WSGIHandler
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -27,34 +24,6 @@ pytestmark = pytest.mark.django_db
 NUM_EXAMPLES = int(os.environ.get("MNESIO_FUZZ_EXAMPLES", "12"))
 # Checked on every response besides "no 5xx" (schemathesis's own checks, so the rules are the library's).
 CONFORMANCE_CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
-
-
-@pytest.fixture
-def wsgi_app():
-    """Django's WSGI app, keeping the test's database connection open across requests (as Django's test client does)."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield WSGIHandler()
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def fuzz_world(alice, operator, scope_a, fake_row, eager_tasks):
-    """Scope A with memories (one about a subject), an evaluation case and an active cartridge; tokens."""
-    from knox.models import AuthToken
-
-    from cartridges.services import cartridge_activate, cartridge_compile, evaluation_case_add
-    from memories.services import memory_append
-
-    memory_append(scope=scope_a, content="The spare key is under the blue flowerpot.")
-    memory_append(scope=scope_a, subject="dana", content="Dana's locker code is 4417.")
-    evaluation_case_add(scope=scope_a, question="Where is the spare key?", answers=["flowerpot"])
-    cartridge_activate(version=cartridge_compile(scope=scope_a))
-    return {
-        "alice": f"Token {AuthToken.objects.create(user=alice)[1]}",
-        "operator": f"Token {AuthToken.objects.create(user=operator)[1]}",
-    }
 
 
 def _fuzz(operation, *, mode: GenerationMode, auth: str, failures: list, counts: dict, nonconforming: list) -> None:

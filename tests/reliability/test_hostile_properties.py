@@ -22,8 +22,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from .test_fuzz_api import fuzz_world, wsgi_app  # noqa: F401 (fixtures, requested by name)
-
 pytestmark = pytest.mark.django_db
 
 NUM_EXAMPLES = int(os.environ.get("MNESIO_PROPERTY_EXAMPLES", "8"))

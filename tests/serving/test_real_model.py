@@ -40,8 +40,8 @@ def test_streamed_answers_of_the_real_model_equal_its_answers(settings, real_bac
     scope_grant(scope=scope, user=user)
     token = token_for(user)
     client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
-    num_deltas = 0
-    for question in bench.QUESTIONS:
+    num_deltas, questions = 0, bench.QUESTIONS[:3]
+    for question in questions:
         messages = [{"role": "user", "content": question}]
         whole = client.chat.completions.create(model=scope.name, messages=messages)
         chunks = list(client.chat.completions.create(model=scope.name, messages=messages, stream=True))
@@ -57,4 +57,4 @@ def test_streamed_answers_of_the_real_model_equal_its_answers(settings, real_bac
         assert events[-1][0] == "done" and "".join(deltas).strip() == done["answer"] == streamed
         assert 1 <= len(deltas) <= whole.usage.completion_tokens  # at most one per token (partial characters wait)
         num_deltas += len(deltas)
-    assert num_deltas > 2 * len(bench.QUESTIONS)  # answers came in pieces, not whole
+    assert num_deltas > 2 * len(questions)  # answers came in pieces, not whole
