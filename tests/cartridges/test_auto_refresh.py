@@ -112,8 +112,7 @@ def test_with_a_broker_the_first_append_claims_the_marker_and_sends_one_task(sco
 @pytest.mark.django_db
 def test_a_refresh_that_fails_the_gate_keeps_the_previous_version_serving(scope_a, append, fake_engine):
     from cartridges import engine
-
-    from .test_gate import ForgetfulBackend
+    from tests.support.fakes import ForgetfulBackend
 
     _on_append(scope_a, 0)
     append(scope_a, "Crate 0 holds apples.")

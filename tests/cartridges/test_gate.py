@@ -19,20 +19,10 @@ from cartridges.services import (
 )
 from cartridges.services.gate import answer_correct, auto_probes, bm25_top_k
 from cartridges.storage import BlobTampered, blob_storage
-from kvengine import FidelityReport
-from kvengine.fake import UNKNOWN, FakeKvBackend
+from kvengine.fake import UNKNOWN
+from tests.support.fakes import ForgetfulBackend
 
 pytestmark = pytest.mark.django_db
-
-
-class ForgetfulBackend(FakeKvBackend):
-    """A fake whose cartridges lost their content (as a badly quantized cartridge would): it answers nothing."""
-
-    def answer(self, cartridge, question, *, max_new_tokens=32):
-        return super().answer(cartridge.__class__(header=cartridge.header, payload=("zzz",)), question, max_new_tokens=max_new_tokens)
-
-    def fidelity(self, cartridge, texts, probes, *, max_new_tokens=None):
-        return FidelityReport(num_probes=len(probes), top1_agreement=0.25, mean_kl=3.0, max_kl=5.0, answers_identical=0.0)
 
 
 def _tamper(version) -> None:

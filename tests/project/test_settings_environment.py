@@ -3,32 +3,12 @@ loudly, naming the variable and what it accepts. Each case runs the settings fil
 from __future__ import annotations
 
 import base64
-import os
-import runpy
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-SETTINGS = Path(__file__).resolve().parents[2] / "mnesio_site" / "settings.py"
-PRODUCTION = {"SECRET_KEY": "s" * 60, "MNESIO_MASTER_KEY": base64.urlsafe_b64encode(b"k" * 32).decode()}
-
-
-@pytest.fixture
-def load(monkeypatch, tmp_path):
-    """Run settings.py with only the given variables set (production defaults, a temporary DATA_DIR)."""
-
-    def load(**variables: str) -> dict[str, Any]:
-        for name in list(os.environ):
-            if name.startswith(("MNESIO_", "SECRET_KEY", "CELERY_", "DATABASE_URL", "REDIS_URL", "DB_", "SECURE_",
-                                "ALLOWED_HOSTS", "CSRF_", "PROMETHEUS_")):
-                monkeypatch.delenv(name)
-        for name, value in {"MNESIO_DATA_DIR": str(tmp_path), **PRODUCTION, **variables}.items():
-            monkeypatch.setenv(name, value)
-        return runpy.run_path(str(SETTINGS))
-
-    return load
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_defaults_hold_with_nothing_set(load, tmp_path):
@@ -141,7 +121,7 @@ def test_the_lifecycle_accessors_read_settings_and_check_overrides(settings):
 
 def test_no_module_but_settings_reads_the_environment():
     """cartridges.conf and the Celery app read django.conf.settings only (kvengine, with no Django, reads its own)."""
-    root = SETTINGS.parents[1]
+    root = ROOT
     for path in ("cartridges/conf.py", "mnesio_site/celery.py"):
         text = (root / path).read_text()
         assert "os.environ.get" not in text and "getenv" not in text, path

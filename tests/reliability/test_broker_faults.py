@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
 from cartridges.models import CartridgeVersion
+from tests.support.redis_server import URL, PrivateRedis
 from tests.support.worker import wait_for_worker
 
 pytestmark = [
@@ -32,40 +30,8 @@ pytestmark = [
     pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (set REDIS_URL)"),
 ]
 
-PORT = int(os.environ.get("MNESIO_TEST_PRIVATE_REDIS_PORT", "6390"))
-URL = f"redis://127.0.0.1:{PORT}/0"
 ROOT = Path(__file__).resolve().parents[2]
 NUM_TASKS = 5
-
-
-class PrivateRedis:
-    """A redis-server of this test only, killed with SIGKILL on restart and at teardown."""
-
-    def __init__(self, directory: Path, *, appendonly: bool):
-        self.directory, self.appendonly, self.proc = directory, appendonly, None
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(PORT), "--bind", "127.0.0.1", "--dir", str(self.directory), "--save", ""]
-        args += ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(URL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise AssertionError(f"redis-server on port {PORT} did not start (port taken?)") from None
-                time.sleep(0.1)
-
-    def crash(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(URL)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .test_broker_faults import URL, PrivateRedis
+from tests.support.redis_server import URL, PrivateRedis
 
 BROKEN_MARKER = "not-a-directory-marker"
 

@@ -7,8 +7,7 @@ from django.db import transaction
 
 from memories.models import Memory
 from tests.support.endpoints import all_routes, classify
-
-from .test_isolation import BODIES
+from tests.support.isolation import BODIES
 
 pytestmark = pytest.mark.django_db
 

@@ -7,25 +7,9 @@ import json
 import pytest
 
 from tests.support.endpoints import UNSCOPED_API, all_routes, classify
-from tests.support.isolation import MARKER
+from tests.support.isolation import BODIES, MARKER
 
 pytestmark = pytest.mark.django_db
-
-# A valid body per POST route: the refusal must come from the scope check, not from validation.
-BODIES = {
-    "scope-memories": {"content": "a new fact"},
-    "erasure-requests": {"subject": "dana", "reason": "asked to be forgotten"},
-    "cartridge-compile": {},
-    "cartridge-rollback": {},
-    "cartridge-evaluate": {},
-    "cartridge-activate": {},
-    "scope-ask": {"question": "Where is the spare key?"},
-    "evaluation-cases": {"question": "Where is the spare key?", "answers": ["flowerpot"]},
-    "scope-search": {"query": "spare key"},
-    "scope-grants": {"user": "charlie"},
-    "scope-settings": {"auto_refresh": "on_append"},
-}
-
 
 def _ids(route, world, scope: str) -> dict[str, object]:
     values: dict[str, object] = {"scope": scope}

@@ -1,6 +1,6 @@
 """Fixtures of the serving tests: the API fixtures (fake engine, eager tasks, ``served``), a real ASGI server
 (uvicorn, in a thread of this process so it shares the test database and settings: tests/support/servers.py),
-and a fake engine whose streams are slow and say when they are closed."""
+a fake engine whose streams are slow and say when they are closed, and a scope served by the real model."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +11,9 @@ import pytest
 from kvengine.fake import FakeKvBackend
 from tests.api.conftest import eager_tasks, fake_engine, served  # noqa: F401 (fixtures, requested by name)
 from tests.cartridges.conftest import blob_root  # noqa: F401
-from tests.support.servers import LiveAsgi
+from tests.support.servers import LiveAsgi, token_for
+
+REAL_CONFIG = ("transformers", "smollm2-135m-instruct", "f32", "none")
 
 
 @pytest.fixture
@@ -68,3 +70,27 @@ def slow_engine(fake_engine):  # noqa: F811
     yield backend
     backend.gate.set()
     engine.cache_clear(backends=True)
+
+
+@pytest.fixture
+def served_real(settings, real_backend, small_gate):
+    """A scope of two memories (Lena in Porto, Marco in Lyon) compiled and activated with the real model, through the
+    one-probe gate; returns (scope name, token). The OpenAI real-model and LangChain tests ask it."""
+    from django.contrib.auth import get_user_model
+
+    from cartridges import engine
+    from cartridges.services import cartridge_activate, cartridge_compile, kv_configuration_switch
+    from memories.services import memory_append, scope_create, scope_grant
+
+    settings.MNESIO_KV_BACKEND, settings.MNESIO_KV_MODEL, settings.MNESIO_KV_DTYPE, settings.MNESIO_KV_QUANT = REAL_CONFIG
+    settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 16  # short answers keep the test in seconds on 2 cores
+    engine.register_backend(REAL_CONFIG, real_backend)
+    backend, model, dtype, quant = REAL_CONFIG
+    kv_configuration_switch(backend=backend, model=model, dtype=dtype, quant=quant, actor=None)
+    scope = scope_create(name="lockers")
+    for text in ["Lena is a nurse who lives in Porto.", "Marco works as a baker in Lyon."]:
+        memory_append(scope=scope, content=text)
+    cartridge_activate(version=cartridge_compile(scope=scope))
+    user = get_user_model().objects.create_user(username="agent")
+    scope_grant(scope=scope, user=user)
+    return scope.name, token_for(user)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from .test_openai_real_model import served_real  # noqa: F401 (fixture, requested by name)
-
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
 

@@ -7,9 +7,8 @@ import json
 import pytest
 
 from cartridges.models import AnswerRecord
+from tests.support.openai_facts import FACTS, QUESTIONS
 from tests.support.servers import token_for
-
-from .test_openai import FACTS, QUESTIONS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,23 +8,10 @@ import pytest
 
 from cartridges.models import AnswerRecord
 from kvengine.fake import FakeKvBackend
-from tests.support.servers import EventStream, token_for
+from tests.support.openai_facts import FACTS, QUESTIONS, client_for
+from tests.support.servers import EventStream
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-FACTS = [
-    f"{name} keeps the {thing} in the {place}."
-    for name in ("Ada", "Bram", "Cleo", "Dov")
-    for thing, place in (("red umbrella", "hall cupboard"), ("passport", "desk drawer"), ("bike pump", "garage"),
-                         ("spare charger", "kitchen drawer"), ("winter boots", "attic"), ("tax papers", "blue folder"),
-                         ("guitar", "spare room"), ("camping stove", "shed"))
-]
-QUESTIONS = [f"Where does {fact.split()[0]} keep the {fact.split(' the ')[1].split(' in')[0]}?" for fact in FACTS]
-
-
-def client_for(base_url: str, user) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=token_for(user), max_retries=0, timeout=60)
-
 
 def test_streamed_text_equals_the_non_streamed_text_on_32_questions(alice, scope_a, served, server_url):
     version = served(scope_a, FACTS)

@@ -10,9 +10,8 @@ import openai
 import pytest
 
 from cartridges.models import AnswerRecord
+from tests.support.openai_facts import FACTS, QUESTIONS, client_for
 from tests.support.servers import token_for
-
-from .test_openai import FACTS, QUESTIONS, client_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

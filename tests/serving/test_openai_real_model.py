@@ -9,37 +9,11 @@ import json
 import openai
 import pytest
 
-from cartridges import engine
-from tests.support.servers import token_for
-
 pytestmark = [pytest.mark.model, pytest.mark.django_db(transaction=True)]
 
-CONFIG = ("transformers", "smollm2-135m-instruct", "f32", "none")
-MEMORIES = ["Lena is a nurse who lives in Porto.", "Marco works as a baker in Lyon."]
 HISTORY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "My locker code is 4417."},
            {"role": "assistant", "content": "Got it, your locker code is 4417."}]
 FOLLOW_UP = {"role": "user", "content": "What is my locker code?"}
-
-
-@pytest.fixture
-def served_real(settings, real_backend, small_gate):
-    """A scope of MEMORIES compiled and activated with the real model; returns (scope name, token)."""
-    from django.contrib.auth import get_user_model
-
-    from cartridges.services import cartridge_activate, cartridge_compile, kv_configuration_switch
-    from memories.services import memory_append, scope_create, scope_grant
-
-    settings.MNESIO_KV_BACKEND, settings.MNESIO_KV_MODEL, settings.MNESIO_KV_DTYPE, settings.MNESIO_KV_QUANT = CONFIG
-    settings.MNESIO_ANSWER_MAX_NEW_TOKENS = 16  # short answers keep the test in seconds on 2 cores
-    engine.register_backend(CONFIG, real_backend)
-    kv_configuration_switch(backend=CONFIG[0], model=CONFIG[1], dtype=CONFIG[2], quant=CONFIG[3], actor=None)
-    scope = scope_create(name="lockers")
-    for text in MEMORIES:
-        memory_append(scope=scope, content=text)
-    cartridge_activate(version=cartridge_compile(scope=scope))
-    user = get_user_model().objects.create_user(username="agent")
-    scope_grant(scope=scope, user=user)
-    return scope.name, token_for(user)
 
 
 def _ask(base_url: str, scope: str, token: str, body: dict) -> dict:
