@@ -2,15 +2,15 @@
 """The decoding step eager and compiled (kvengine.compiled: torch.compile, inductor), side by side, and whether the
 compiled step answers as eager does.
 
-Timing: for each ``--dtypes`` backend, the step compiled once (warm_up: its seconds are the compile's, cold when
-``--inductor-cache`` is empty, warm when a previous process filled it), then at each ``--contexts`` length eager and
+Timing: for each ``--dtypes`` backend, the step compiled once (warm_up: its seconds are the compile's, cold in a new
+``--inductor-cache``; then again in a second process, warm from that cache), then at each ``--contexts`` length eager and
 compiled single-token steps over a random KV state, interleaved (medians of ``--steps``), the load average checked
 first (waiting up to ``--quiet-wait`` s for it to fall under 1.5). Recompiles: graphs compiled while decoding
 token by token at each length (0 wanted). Agreement (``--questions``): LoCoMo development scopes (evaluation
 only) at each ``--scope-tokens``: greedy tokens of the eager and the compiled cartridge path, and of the compiled
 path's cartridge and re-reading; and the largest difference of one step's logits, compiled against eager.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/decode_step_compiled.py --inductor-cache /tmp/inductor-cold --out bench/results/decode_step_compiled.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/decode_step_compiled.py --questions 4 --out bench/results/decode_step_compiled.json
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -162,18 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--grow", type=int, default=8, help="tokens decoded growing the cache, counting recompiles")
     parser.add_argument("--quiet-wait", type=float, default=60)
-    parser.add_argument("--inductor-cache", default="", help="TORCHINDUCTOR_CACHE_DIR (empty: torch's default)")
+    parser.add_argument("--inductor-cache", default="", help="TORCHINDUCTOR_CACHE_DIR (default: a new empty folder, a cold compile)")
     parser.add_argument("--questions", type=int, default=0, help="questions per LoCoMo scope for the agreement (0: none)")
     parser.add_argument("--scopes", type=int, default=3)
     parser.add_argument("--scope-tokens", default="1000,3000")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--warm-only", action="store_true", help="only compile each dtype's step and print the seconds "
+                        "(what the timing run starts in a second process, over the cache the first one filled)")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     args.scope_tokens = [int(t) for t in args.scope_tokens.split(",")]
-    if args.inductor_cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache
-    cache_was_empty = not any(Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent")).glob("*"))
+    args.inductor_cache = args.inductor_cache or tempfile.mkdtemp(prefix="inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache
+    cache_was_empty = not any(Path(args.inductor_cache).glob("*"))
     import torch
 
     from kvengine import make_backend
@@ -182,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     result = {"torch": torch.__version__, "threads": args.threads, "steps": args.steps, "inductor_cache": args.inductor_cache,
               "inductor_cache_was_empty": cache_was_empty, "rows": []}
     base = make_backend("transformers", dtype="f32", device="cpu")
+    if args.warm_only:
+        from kvengine.compiled import compiled_step, warm_up
+
+        seconds = {}
+        for dtype in args.dtypes.split(","):
+            backend = base if dtype == "f32" else base.variant(dtype=dtype)
+            seconds[dtype] = round(warm_up(compiled_step(backend.model), backend.model, backend.kv_shape,
+                                           dtype=backend.torch_dtype, device="cpu"), 1)
+        print(json.dumps(seconds))
+        return 0
     contexts = [int(c) for c in args.contexts.split(",")]
     for dtype in args.dtypes.split(","):
         backend = base if dtype == "f32" else base.variant(dtype=dtype)
@@ -194,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             result.setdefault("agreement", {})[dtype] = agreement(compiled, backend, args)
             result["agreement"][dtype].update(seconds=round(time.perf_counter() - started, 1), backend_load_s=round(load_s, 1))
+    if not args.no_timing:  # the compile again in a fresh process: from inductor's on-disk cache
+        command = [sys.executable, __file__, "--warm-only", "--dtypes", args.dtypes, "--threads", str(args.threads)]
+        warm = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ.copy())
+        result["compile_warm_s"] = json.loads(warm.stdout.strip().splitlines()[-1])
+        result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
