@@ -88,6 +88,21 @@ def step_times(forward, state, *, steps: int, grow: bool = False) -> list[float]
     return times
 
 
+def logit_diff(model, step, state) -> float:
+    """The largest difference between one step's logits eager and compiled over the same state."""
+    import torch
+
+    from kvengine.kvcache import CartridgeCache
+
+    logits = []
+    with torch.inference_mode():
+        for forward in (model, step):
+            cache = CartridgeCache(state)
+            logits.append(forward(input_ids=torch.tensor([[1000]]), cache=cache, use_cache=True).logits[0, -1])
+            cache.crop_back()
+    return float((logits[0] - logits[1]).abs().max())
+
+
 def graphs() -> int:
     from torch._dynamo.utils import counters
 
@@ -114,6 +129,7 @@ def timing(backend, dtype: str, contexts: list[int], args) -> dict:
         row[f"busy_cpus_before_{n}"] = busy
         row[f"eager_ms_{n}"] = round(statistics.median(eager) * 1e3, 1)
         row[f"compiled_ms_{n}"] = round(statistics.median(compiled) * 1e3, 1)
+        row[f"max_abs_logit_diff_{n}"] = logit_diff(model, step, state)
         before = graphs()
         step_times(step, state, steps=args.grow, grow=True)
         row[f"recompiles_growing_{n}"] = graphs() - before
@@ -123,10 +139,7 @@ def timing(backend, dtype: str, contexts: list[int], args) -> dict:
 
 
 def agreement(backend, eager_backend, args) -> dict:
-    import torch
-
     from bench.decode_step_candidates import locomo_scopes
-    from kvengine.kvcache import CartridgeCache
 
     counts = {"questions": 0, "compiled_equals_eager": 0, "compiled_cartridge_equals_re_reading": 0,
               "eager_cartridge_equals_re_reading": 0, "scopes": 0, "scope_tokens": []}
@@ -143,14 +156,7 @@ def agreement(backend, eager_backend, args) -> dict:
                 counts["compiled_equals_eager"] += compiled == eager
                 counts["compiled_cartridge_equals_re_reading"] += backend.answer_from_text(texts, q, max_new_tokens=args.max_new_tokens).token_ids == compiled
                 counts["eager_cartridge_equals_re_reading"] += eager_backend.answer_from_text(texts, q, max_new_tokens=args.max_new_tokens).token_ids == eager
-            state = backend._payload(cartridge).state
-            with torch.inference_mode():  # one step's logits both ways over the same state
-                logits = []
-                for forward in (backend.model, backend._decode_step):
-                    cache = CartridgeCache(state)
-                    logits.append(forward(input_ids=torch.tensor([[1000]]), cache=cache, use_cache=True).logits[0, -1])
-                    cache.crop_back()
-                max_diff = max(max_diff, float((logits[0] - logits[1]).abs().max()))
+            max_diff = max(max_diff, logit_diff(backend.model, backend._decode_step, backend._payload(cartridge).state))
             print(json.dumps(counts), flush=True)
     counts["max_abs_logit_diff"] = max_diff
     return counts
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvengine import make_backend
 
     torch.set_num_threads(args.threads)
-    result = {"torch": torch.__version__, "threads": args.threads, "steps": args.steps, "inductor_cache": args.inductor_cache,
+    result = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__, "threads": args.threads, "steps": args.steps, "inductor_cache": args.inductor_cache,
               "inductor_cache_was_empty": cache_was_empty, "rows": []}
     base = make_backend("transformers", dtype="f32", device="cpu")
     if args.warm_only:
@@ -211,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_timing:  # the compile again in a fresh process: from inductor's on-disk cache
         command = [sys.executable, __file__, "--warm-only", "--dtypes", args.dtypes, "--threads", str(args.threads)]
         warm = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ.copy())
-        result["compile_warm_s"] = json.loads(warm.stdout.strip().splitlines()[-1])
+        seconds = json.loads(warm.stdout.strip().splitlines()[-1])
+        for row in result["rows"]:
+            row["compile_warm_s"] = seconds[row["dtype"]]
         result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -4,7 +4,7 @@ compiled_step(model) is ``torch.compile(model.forward, dynamic=True, fullgraph=T
 model (fullgraph: no graph break, so no per-layer Python between kernels), its sizes symbolic from the first
 compile, so a cache growing token by token or another cartridge's length runs the same code (no recompile,
 measured). It runs single-token steps over a kvcache.CartridgeCache only; the prompt's pass stays eager.
-warm_up() compiles it once, as the backend loads: minutes on a 2-core CPU the first time, much less from
+warm_up() compiles it once, as the backend loads: about a minute on a 2-core CPU, hardly less from
 inductor's on-disk cache (a second process). Figures and parity checks: BENCHMARKS.md, "torch.compile of the
 decoding step".
 """
