@@ -63,6 +63,7 @@ def backend_for(config: Any) -> KvBackend:
         if config.backend == "transformers":
             options["cache_dir"] = str(settings.MNESIO_MODEL_CACHE_DIR)
             options["block_size"] = int(settings.MNESIO_KV_BLOCK_SIZE)
+            options["compile_step"] = bool(settings.MNESIO_KV_COMPILE_STEP)
         log.info("loading kv backend %s", config.key)
         backend = make_backend(config.backend, **options)
         _backends[config] = backend

@@ -33,7 +33,8 @@ __all__ = [
 def make_backend(name: str = "transformers", **options) -> KvBackend:
     """Build a backend by name, one of BACKENDS: "fake" (no torch) or "transformers" (any causal LM).
 
-    Options for "transformers": model (default "smollm2-135m-instruct"), dtype, quant, device, cache_dir.
+    Options for "transformers": model (default "smollm2-135m-instruct"), dtype, quant, device, cache_dir, block_size,
+    compile_step (single-token steps through torch.compile, compiled.py).
     Options for "fake": model, dtype, quant.
     """
     check_choice("backend", name, BACKENDS)

@@ -22,7 +22,7 @@ from .errors import ConfigError
 from .format import (
     check_compatible,
 )
-from .kvcache import CartridgeCache
+from .kvcache import CartridgeCache, KvState
 from .sampling import decode_steps
 
 
@@ -108,7 +108,8 @@ class AnsweringMixin:
         box = self._batching
         with box["lock"]:
             if box["batcher"] is None:
-                box["batcher"] = Batcher(self.model, eos_ids=self._eos_ids, device=self.device, max_batch=self.max_batch, max_waiting=self.max_waiting)
+                box["batcher"] = Batcher(self.model, eos_ids=self._eos_ids, device=self.device, max_batch=self.max_batch,
+                                         max_waiting=self.max_waiting, step=self._decode_step)
             return box["batcher"]
 
     def answer_unbatched(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
@@ -157,7 +158,7 @@ class AnsweringMixin:
                      *, stop_at_eos: bool = True) -> Iterator[int]:
         """sampling.decode_steps' token ids, collecting their log-prob entries into ``logprobs``."""
         for step in decode_steps(self.model, self.tokenizer, ids, cache, max_new_tokens=max_new_tokens, decoding=decoding,
-                                 eos_ids=self._eos_ids, device=self.device, stop_at_eos=stop_at_eos):
+                                 eos_ids=self._eos_ids, device=self.device, stop_at_eos=stop_at_eos, forward=self._step_over(cache)):
             if step.logprob is not None:
                 logprobs.append(step.logprob)
             yield step.token
@@ -199,7 +200,7 @@ class AnsweringMixin:
         self._check_room(len(prompt), max_new_tokens, "memories plus the question and answer")
         watcher, logprobs, ids = StopWatcher(decoding.stop), [], []
         with torch.inference_mode():
-            cache = DynamicCache(config=self.model.config)
+            cache = self._fresh_cache(len(prompt) + max_new_tokens)
             if decoding.per_step:
                 tokens = self._step_tokens(prompt, cache, max_new_tokens, decoding, logprobs)
             else:
@@ -234,7 +235,8 @@ class AnsweringMixin:
     ) -> Iterator:
         """Run ``ids`` (on top of ``cache`` if given): yield the first-token log-probs, then each greedy token id."""
         if cache is None:
-            cache = DynamicCache(config=self.model.config)
+            cache = self._fresh_cache(len(ids) + max_new_tokens)
+        step = self._step_over(cache)
         input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
         logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
         yield torch.log_softmax(logits, dim=-1)
@@ -246,8 +248,22 @@ class AnsweringMixin:
             if num_out == max_new_tokens:
                 break
             input_ids = torch.tensor([[token]], device=self.device)  # (1, 1)
-            logits = self.model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1].float()
+            logits = step(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1].float()
             token = int(logits.argmax())
+
+    def _fresh_cache(self, num_positions: int) -> DynamicCache:
+        """An empty cache for re-reading: transformers' own, or under a compiled step (compile_step) a CartridgeCache over
+        empty buffers of ``num_positions``, so the re-reading decodes through the very compiled step a cartridge does."""
+        if not self.compile_step:
+            return DynamicCache(config=self.model.config)
+        num_layers, (heads, dim) = self.model.config.get_text_config().num_hidden_layers, self.kv_shape
+        buffers = [[torch.empty((1, heads, num_positions, dim), dtype=self.torch_dtype, device=self.device) for _ in range(num_layers)]
+                   for _ in "kv"]
+        return CartridgeCache(KvState.of_buffers(*buffers, num_tokens=0))
+
+    def _step_over(self, cache):
+        """What runs a single-token step on ``cache``: the compiled step takes a CartridgeCache only (compiled.py)."""
+        return self._decode_step if isinstance(cache, CartridgeCache) else self.model
 
     def _answer(self, ids: list[int], mode: str, num_context: int, num_prompt: int, ttft: float, total: float, *,
                 watcher: StopWatcher | None = None, max_new_tokens: int | None = None, logprobs: Sequence[TokenLogprob] = ()) -> Answer:

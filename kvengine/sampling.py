@@ -134,8 +134,10 @@ class Sampler:
 
 
 def decode_steps(model: Any, tokenizer: Any, ids: list[int], cache: Any, *, max_new_tokens: int, decoding: Decoding,
-                 eos_ids: set[int], device: str, stop_at_eos: bool = True) -> Iterator[Step]:
-    """Run ``ids`` on top of ``cache``, then decode up to ``max_new_tokens`` tokens as ``decoding`` says."""
+                 eos_ids: set[int], device: str, stop_at_eos: bool = True, forward: Any = None) -> Iterator[Step]:
+    """Run ``ids`` on top of ``cache``, then decode up to ``max_new_tokens`` tokens as ``decoding`` says; ``forward``
+    (by default ``model``) runs each single-token step (kvengine.compiled)."""
+    step_forward = model if forward is None else forward
     sampler = Sampler(tokenizer, decoding, eos_ids=eos_ids, stop_at_eos=stop_at_eos)
     input_ids = torch.tensor([ids], device=device)  # (1, num_ids)
     logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
@@ -146,4 +148,4 @@ def decode_steps(model: Any, tokenizer: Any, ids: list[int], cache: Any, *, max_
         yield step
         if len(sampler.generated) >= max_new_tokens:
             return
-        logits = model(input_ids=torch.tensor([[step.token]], device=device), cache=cache, use_cache=True).logits[0, -1].float()
+        logits = step_forward(input_ids=torch.tensor([[step.token]], device=device), cache=cache, use_cache=True).logits[0, -1].float()

@@ -88,6 +88,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         max_batch: int = DEFAULT_MAX_BATCH,  # questions decoded together (batching.Batcher)
         max_waiting: int = DEFAULT_MAX_WAITING,  # questions waiting for a batch row before OverloadedError
         block_size: int = BLOCK_SIZE,  # tokens per full block (blocks.py); in the header and in every block id
+        compile_step: bool = False,  # decode single tokens through torch.compile (compiled.py), compiled as it loads
     ):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -126,6 +127,18 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         heads = text.num_attention_heads
         self.kv_shape = (getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or text.hidden_size // heads)
         self._plan = self._bit_plan(quant)
+        self.compile_step = bool(compile_step)
+        self._decode_step = self._step_for_model()
+
+    def _step_for_model(self):
+        """What runs a single-token decoding step: the model itself, or its compiled step, warmed up here (compiled.py)."""
+        if not self.compile_step:
+            return self.model
+        from .compiled import compiled_step, warm_up
+
+        step = compiled_step(self.model)
+        warm_up(step, self.model, self.kv_shape, dtype=self.torch_dtype, device=self.device)
+        return step
 
     def variant(self, *, dtype: str | None = None, quant: str | None = None, block_size: int | None = None) -> TransformersKvBackend:
         """A backend for the same model with another dtype, quant and/or block size, sharing the weights when dtype is equal.
@@ -143,6 +156,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
                 raise ConfigError(f"a {self.dtype} backend cannot make a {dtype} variant without losing precision; load the model again")
             other.model = cast_model(copy.deepcopy(self.model), dtype).eval()
             other._batching = {"lock": threading.Lock(), "batcher": None}  # another model: its own batcher
+            other._decode_step = other._step_for_model()
         other._description = dataclasses.replace(self._description, dtype=dtype, quant=quant)
         other._plan = other._bit_plan(quant)
         return other

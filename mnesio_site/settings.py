@@ -207,6 +207,8 @@ MNESIO_KV_DEVICE = read("MNESIO_KV_DEVICE")
 # straddles or pads a block. Changing it makes new block ids: a scope's next compile reuses no stored block. At most
 # 8192 (SmolLM2's whole window): a larger block is never full, so every append would recompute the whole scope.
 MNESIO_KV_BLOCK_SIZE = read("MNESIO_KV_BLOCK_SIZE")
+# Single-token decoding steps through torch.compile (kvengine/compiled.py): off by default, compiled as the model loads.
+MNESIO_KV_COMPILE_STEP = read("MNESIO_KV_COMPILE_STEP")
 # Converted model weights and other engine caches.
 MNESIO_MODEL_CACHE_DIR = read("MNESIO_MODEL_CACHE_DIR", default=Path.home() / ".cache" / "mnesio")
 # How many loaded cartridges a worker keeps in memory (LRU); 0 disables the cache.
