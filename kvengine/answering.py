@@ -256,10 +256,9 @@ class AnsweringMixin:
         empty buffers of ``num_positions``, so the re-reading decodes through the very compiled step a cartridge does."""
         if not self.compile_step:
             return DynamicCache(config=self.model.config)
-        num_layers, (heads, dim) = self.model.config.get_text_config().num_hidden_layers, self.kv_shape
-        buffers = [[torch.empty((1, heads, num_positions, dim), dtype=self.torch_dtype, device=self.device) for _ in range(num_layers)]
-                   for _ in "kv"]
-        return CartridgeCache(KvState.of_buffers(*buffers, num_tokens=0))
+        num_layers = self.model.config.get_text_config().num_hidden_layers
+        return CartridgeCache(KvState.blank(num_layers, self.kv_shape, capacity=num_positions, dtype=self.torch_dtype,
+                                            device=self.device))
 
     def _step_over(self, cache):
         """What runs a single-token step on ``cache``: the compiled step takes a CartridgeCache only (compiled.py)."""

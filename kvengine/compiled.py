@@ -30,12 +30,11 @@ def warm_up(step: Callable, model: torch.nn.Module, kv_shape: tuple[int, int], *
     """Compile ``step`` by running it on two small zero states of different lengths (sizes 0 and 1 are specialized by
     dynamo, so both are past them); return the seconds it took."""
     started = time.perf_counter()
-    heads, dim = kv_shape
     num_layers = model.config.get_text_config().num_hidden_layers
     with torch.inference_mode():
         for length in (16, 24):
-            buffers = [[torch.zeros((1, heads, length + 4, dim), dtype=dtype, device=device) for _ in range(num_layers)] for _ in "kv"]
-            cache = CartridgeCache(KvState.of_buffers(*buffers, num_tokens=length))
+            state = KvState.blank(num_layers, kv_shape, capacity=length + 4, num_tokens=length, dtype=dtype, device=device)
+            cache = CartridgeCache(state)
             for token in (0, 1):
                 step(input_ids=torch.tensor([[token]], device=device), cache=cache, use_cache=True)
     seconds = time.perf_counter() - started

@@ -78,6 +78,16 @@ class KvState:
         state.keys, state.values = list(keys), list(values)
         return state
 
+    @classmethod
+    def blank(cls, num_layers: int, kv_shape: tuple[int, int], *, capacity: int, num_tokens: int = 0,
+              dtype: torch.dtype, device: str | torch.device) -> KvState:
+        """A state over zeroed per-layer buffers ``[1, num_kv_heads, capacity, head_dim]`` whose first ``num_tokens``
+        positions count as the cartridge (0: an empty cache to prefill into)."""
+        heads, dim = kv_shape
+        keys, values = ([torch.zeros((1, heads, capacity, dim), dtype=dtype, device=device) for _ in range(num_layers)]
+                        for _ in range(2))
+        return cls.of_buffers(keys, values, num_tokens=num_tokens)
+
     def _fill(self, parts: list[tuple[list[torch.Tensor], list[torch.Tensor]]], *, room: int) -> None:
         self.num_tokens = sum(int(keys[0].shape[-2]) for keys, _ in parts)
         self.lock = threading.Lock()
