@@ -36,6 +36,18 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """On PostgreSQL, each worker's test database is a copy of one migrated template (tests/support/template_db.py)."""
+    from django.conf import settings
+
+    from tests.support.template_db import ensure_template
+
+    default = settings.DATABASES["default"]
+    if default["ENGINE"] == "django.db.backends.postgresql":
+        default.setdefault("TEST", {})["TEMPLATE"] = ensure_template(default)
+
+
+@pytest.fixture(scope="session")
 def real_backend():
     """The real default model (SmolLM2-135M-Instruct, f32 on CPU), loaded once per session (once per xdist worker)."""
     from kvengine import make_backend
