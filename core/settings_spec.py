@@ -376,7 +376,7 @@ DECLARED: tuple[Setting, ...] = (
           read_by="bin/setup"),
     _text("MNESIO_TEST_ARTIFACTS", "", "Where bin/test writes the suite's figures and logs.", SCRIPTS,
           read_by="bin/test", default_doc="test-artifacts/ in the checkout"),
-    _text("MNESIO_TEST_WORKERS", "3", "bin/test's pytest-xdist workers, each with its own test database, Redis db and data "
+    _text("MNESIO_TEST_WORKERS", "2", "bin/test's pytest-xdist workers, each with its own test database, Redis db and data "
           "dir (0: one process).", SCRIPTS, read_by="bin/test"),
     _text("MNESIO_TOKEN", "", "The API token of `manage.py mcp` (stdio) when --token is not given.", SCRIPTS,
           read_by="manage.py mcp"),
