@@ -43,11 +43,11 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def step():
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             sdpa(step_q, k, v)
 
     def question_pass():
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             sdpa(question_q, k, v, attn_mask=mask)
 
     kv_bytes = 2 * LAYERS * KV_HEADS * (context + question) * HEAD_DIM * torch.finfo(dtype).bits // 8
