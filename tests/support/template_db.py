@@ -2,7 +2,7 @@
 
 Migrating costs a worker ~5 s of CPU (Django's migration graph and ~60 migrations) and PostgreSQL as much again;
 copying a template (CREATE DATABASE ... TEMPLATE) costs a fraction of it. The template's name carries a hash of
-every migration file and of Django's version, so a changed migration builds a new one; it is built under a
+every migration file and of the pinned requirements, so a changed migration builds a new one; it is built under a
 PostgreSQL advisory lock by whichever worker gets there first, as ``<name>_building`` renamed when complete, so a
 run killed halfway leaves no template that looks whole. Django then copies it (``TEST["TEMPLATE"]``) and its
 migrate finds nothing to apply.
@@ -23,8 +23,9 @@ LOCK_KEY = 0x6D6E6573  # pg_advisory_lock's key for building the template ("mnes
 
 
 def migrations_hash() -> str:
-    """A short hash of every migration file of the project's apps and of Django's version."""
-    digest = hashlib.sha256(django.get_version().encode())
+    """A short hash of every migration file of the project's apps, of Django's version and of the pinned requirements
+    (the other installed apps' migrations come with their versions)."""
+    digest = hashlib.sha256(django.get_version().encode() + (ROOT / "requirements.txt").read_bytes())
     for app in APPS:
         for path in sorted((ROOT / app / "migrations").glob("*.py")):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
