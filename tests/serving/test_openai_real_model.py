@@ -27,9 +27,16 @@ def _ask(base_url: str, scope: str, token: str, body: dict) -> dict:
     return data
 
 
+def _client(token, asgi_server):
+    return openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
+
+
+LENA = [{"role": "user", "content": "Where does Lena live?"}]
+
+
 def test_it_answers_a_follow_up_from_the_earlier_turn(served_real, asgi_server):
     scope, token = served_real
-    client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
+    client = _client(token, asgi_server)
     answer = client.chat.completions.create(model=scope, messages=[*HISTORY, FOLLOW_UP])
     assert "4417" in answer.choices[0].message.content
     assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the memories were the cached prefix
@@ -46,26 +53,40 @@ def test_it_answers_a_follow_up_from_the_earlier_turn(served_real, asgi_server):
     assert from_cartridge["answer"] == from_text["answer"] == answer.choices[0].message.content
 
 
-def test_sampling_stop_length_logprobs_and_json_do_what_they_say(served_real, asgi_server):
+def test_a_seed_repeats_a_sampled_answer_and_other_seeds_vary_it(served_real, asgi_server):
     scope, token = served_real
-    client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
-    messages = [{"role": "user", "content": "Where does Lena live?"}]
-    greedy = client.chat.completions.create(model=scope, messages=messages)
-    first = client.chat.completions.create(model=scope, messages=messages, temperature=1.5, seed=11)
-    again = client.chat.completions.create(model=scope, messages=messages, temperature=1.5, seed=11)
+    client = _client(token, asgi_server)
+    first = client.chat.completions.create(model=scope, messages=LENA, temperature=1.5, seed=11)
+    again = client.chat.completions.create(model=scope, messages=LENA, temperature=1.5, seed=11)
     assert first.choices[0].message.content == again.choices[0].message.content
-    others = {client.chat.completions.create(model=scope, messages=messages, temperature=1.5, seed=s).choices[0].message.content
+    others = {client.chat.completions.create(model=scope, messages=LENA, temperature=1.5, seed=s).choices[0].message.content
               for s in (12, 13, 14)}
     assert len(others | {first.choices[0].message.content}) > 1
-    one = client.chat.completions.create(model=scope, messages=messages, max_tokens=1)
+
+
+def test_max_tokens_ends_at_length_and_a_stop_word_ends_before_it(served_real, asgi_server):
+    scope, token = served_real
+    client = _client(token, asgi_server)
+    one = client.chat.completions.create(model=scope, messages=LENA, max_tokens=1)
     assert one.usage.completion_tokens == 1 and one.choices[0].finish_reason == "length"
-    word = greedy.choices[0].message.content.split()[1]
-    stopped = client.chat.completions.create(model=scope, messages=messages, stop=[word])
+    word = client.chat.completions.create(model=scope, messages=LENA).choices[0].message.content.split()[1]
+    stopped = client.chat.completions.create(model=scope, messages=LENA, stop=[word])
     assert word not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
-    scored = client.chat.completions.create(model=scope, messages=messages, logprobs=True, top_logprobs=2)
+
+
+def test_logprobs_score_the_greedy_answer_token_by_token(served_real, asgi_server):
+    scope, token = served_real
+    client = _client(token, asgi_server)
+    greedy = client.chat.completions.create(model=scope, messages=LENA)
+    scored = client.chat.completions.create(model=scope, messages=LENA, logprobs=True, top_logprobs=2)
     assert scored.choices[0].message.content == greedy.choices[0].message.content
     content = scored.choices[0].logprobs.content
     assert len(content) == scored.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+
+
+def test_a_json_response_format_gets_json(served_real, asgi_server):
+    scope, token = served_real
+    client = _client(token, asgi_server)
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     shaped = client.chat.completions.create(
         model=scope, messages=[{"role": "user", "content": "Where does Lena live? Answer in JSON."}], max_tokens=16,
@@ -81,7 +102,7 @@ def test_sampling_stop_length_logprobs_and_json_do_what_they_say(served_real, as
 
 def test_n_sampled_choices_are_the_single_requests_with_seed_plus_i(served_real, asgi_server):
     scope, token = served_real
-    client = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
+    client = _client(token, asgi_server)
     messages = [{"role": "user", "content": "Tell me a short story about Lena."}]
     sampled = {"temperature": 0.9, "seed": 11, "max_tokens": 8}
     three = client.chat.completions.create(model=scope, messages=messages, n=3, **sampled)
