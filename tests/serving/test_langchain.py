@@ -12,22 +12,37 @@ class Place(BaseModel):
     city: str
 
 
-def test_langchain_invokes_streams_batches_keeps_history_and_structures(served_real, asgi_server):  # noqa: F811
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+QUESTION = "Where does Lena live?"
+
+
+def _chat(served_real, asgi_server, **options):
     from langchain_openai import ChatOpenAI
 
     scope, token = served_real
-    llm = ChatOpenAI(model=scope, base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300)
-    question = "Where does Lena live?"
-    answer = llm.invoke(question)
+    return ChatOpenAI(model=scope, base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300, **options)
+
+
+def test_invoke_stream_and_batch_give_the_same_answer(served_real, asgi_server):
+    llm = _chat(served_real, asgi_server)
+    answer = llm.invoke(QUESTION)
     assert answer.content and answer.usage_metadata["output_tokens"] > 0
-    assert "".join(chunk.content for chunk in llm.stream(question)) == answer.content
-    assert [m.content for m in llm.batch([question, question])] == [answer.content, answer.content]
+    assert "".join(chunk.content for chunk in llm.stream(QUESTION)) == answer.content
+    assert [m.content for m in llm.batch([QUESTION, QUESTION])] == [answer.content, answer.content]
+
+
+def test_a_history_whose_last_question_needs_an_earlier_turn_is_answered_from_it(served_real, asgi_server):
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
     history = [SystemMessage("Answer briefly."), HumanMessage("My locker code is 4417."),
                AIMessage("Got it, your locker code is 4417."), HumanMessage("What is my locker code?")]
-    assert "4417" in llm.invoke(history).content
-    sampled = ChatOpenAI(model=scope, base_url=f"{asgi_server.url}/v1", api_key=token, max_retries=0, timeout=300,
-                         temperature=0.7, seed=5, stop=["\n\n"], max_tokens=12)
-    assert sampled.invoke(question).content == sampled.invoke(question).content
-    place = llm.with_structured_output(Place).invoke("Where does Lena live? Answer in JSON.")
+    assert "4417" in _chat(served_real, asgi_server).invoke(history).content
+
+
+def test_a_seeded_sampling_model_repeats_its_answer(served_real, asgi_server):
+    sampled = _chat(served_real, asgi_server, temperature=0.7, seed=5, stop=["\n\n"], max_tokens=12)
+    assert sampled.invoke(QUESTION).content == sampled.invoke(QUESTION).content
+
+
+def test_with_structured_output_parses_the_answer_into_its_model(served_real, asgi_server):
+    place = _chat(served_real, asgi_server).with_structured_output(Place).invoke("Where does Lena live? Answer in JSON.")
     assert isinstance(place, Place) and place.city
