@@ -32,7 +32,7 @@ def migrations_hash() -> str:
     return digest.hexdigest()[:12]
 
 
-def _connect(settings_dict: dict, dbname: str):
+def connect(settings_dict: dict, dbname: str):
     import psycopg
 
     return psycopg.connect(
@@ -50,38 +50,43 @@ def _database_url(settings_dict: dict, dbname: str) -> str:
     return f"postgres://{user}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{dbname}"
 
 
-def _drop_other_templates(conn, settings_dict: dict, *, keep: str) -> None:
+def drop_other_templates(conn, settings_dict: dict, *, keep: str) -> None:
     """Drop the templates of other migrations; one that a run is copying right now stays (PostgreSQL refuses)."""
     import psycopg
 
     pattern = f"test_{settings_dict['NAME']}_template_%"
-    for (other,) in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s AND datname <> %s",
-                                 [pattern, keep]).fetchall():
+    # one with a connection is skipped up front: PostgreSQL would wait 5 s for it before refusing the drop
+    for (other,) in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s AND datname <> %s AND datname NOT IN"
+                                 " (SELECT datname FROM pg_stat_activity WHERE datname IS NOT NULL)", [pattern, keep]).fetchall():
         try:
             conn.execute(f'DROP DATABASE "{other}"')
         except psycopg.Error:
             pass  # in use by another checkout's run: it goes next time
 
 
+def migrate(database_url: str) -> subprocess.CompletedProcess:
+    """``manage.py migrate`` against ``database_url``, in a process of its own (the production settings)."""
+    env = {**os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "mnesio_site.settings"}
+    return subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
 def ensure_template(settings_dict: dict) -> str:
     """The name of a migrated template database for ``settings_dict``'s server, built if it is not there yet."""
     name = f"test_{settings_dict['NAME']}_template_{migrations_hash()}"
     building = f"{name}_building"
-    with _connect(settings_dict, "postgres") as conn:
+    with connect(settings_dict, "postgres") as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", [LOCK_KEY])
         try:
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
                 return name
             conn.execute(f'DROP DATABASE IF EXISTS "{building}"')  # a build that was killed halfway
             conn.execute(f'CREATE DATABASE "{building}"')
-            env = {**os.environ, "DATABASE_URL": _database_url(settings_dict, building),
-                   "DJANGO_SETTINGS_MODULE": "mnesio_site.settings"}
-            done = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
-                                  capture_output=True, text=True)
+            done = migrate(_database_url(settings_dict, building))
             if done.returncode != 0:
                 raise RuntimeError(f"migrating the template database failed:\n{done.stdout}\n{done.stderr}")
             conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
-            _drop_other_templates(conn, settings_dict, keep=name)
+            drop_other_templates(conn, settings_dict, keep=name)
             return name
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [LOCK_KEY])
