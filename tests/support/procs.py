@@ -28,15 +28,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def database_url() -> str:
-    """The URL of the database this test process uses (pytest-django's test database)."""
+def database_url(settings_dict: dict | None = None, name: str | None = None) -> str:
+    """The URL of database ``name`` on ``settings_dict``'s server; by default the database this test process uses
+    (pytest-django's test database)."""
     from urllib.parse import quote
 
     from django.db import connection
 
-    s = connection.settings_dict
-    user = quote(s["USER"] or "postgres") + (f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else "")
-    return f"postgres://{user}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    s = settings_dict or connection.settings_dict
+    user = quote(s.get("USER") or "postgres") + (f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else "")
+    return f"postgres://{user}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{name or s['NAME']}"
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, log: Callable[[], str] = lambda: "") -> Any:

@@ -17,18 +17,22 @@ from pathlib import Path
 
 import django
 
+from tests.support.procs import database_url
+
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("core", "memories", "cartridges")
 LOCK_KEY = 0x6D6E6573  # pg_advisory_lock's key for building the template ("mnes")
 
 
 def migrations_hash() -> str:
-    """A short hash of every migration file of the project's apps, of Django's version and of the pinned requirements
-    (the other installed apps' migrations come with their versions)."""
+    """A short hash of every migration file of the project's installed apps, of Django's version and of the pinned
+    requirements (the other installed apps' migrations come with their versions)."""
+    from django.apps import apps
+
     digest = hashlib.sha256(django.get_version().encode() + (ROOT / "requirements.txt").read_bytes())
-    for app in APPS:
-        for path in sorted((ROOT / app / "migrations").glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for config in apps.get_app_configs():  # the project's own apps: in this checkout, not in its virtualenv
+        if Path(config.path).is_relative_to(ROOT) and not Path(config.path).is_relative_to(sys.prefix):
+            for path in sorted(Path(config.path, "migrations").glob("*.py")):
+                digest.update(f"{config.label}/{path.name}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -39,15 +43,6 @@ def connect(settings_dict: dict, dbname: str):
         dbname=dbname, user=settings_dict.get("USER") or "postgres", password=settings_dict.get("PASSWORD") or None,
         host=settings_dict.get("HOST") or "127.0.0.1", port=settings_dict.get("PORT") or 5432, autocommit=True,
     )
-
-
-def _database_url(settings_dict: dict, dbname: str) -> str:
-    from urllib.parse import quote
-
-    user = quote(settings_dict.get("USER") or "postgres")
-    if settings_dict.get("PASSWORD"):
-        user += ":" + quote(settings_dict["PASSWORD"])
-    return f"postgres://{user}@{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 5432}/{dbname}"
 
 
 def drop_other_templates(conn, settings_dict: dict, *, keep: str) -> None:
@@ -82,7 +77,7 @@ def ensure_template(settings_dict: dict) -> str:
                 return name
             conn.execute(f'DROP DATABASE IF EXISTS "{building}"')  # a build that was killed halfway
             conn.execute(f'CREATE DATABASE "{building}"')
-            done = migrate(_database_url(settings_dict, building))
+            done = migrate(database_url(settings_dict, building))
             if done.returncode != 0:
                 raise RuntimeError(f"migrating the template database failed:\n{done.stdout}\n{done.stderr}")
             conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
