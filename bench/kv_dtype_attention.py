@@ -4,21 +4,57 @@ The proposed design that moves the decoding floor (BENCHMARKS.md, "Side by side 
 16 bits through the attention kernel. This measures that kernel alone on SmolLM2-135M's shapes (30 layers,
 3 key/value heads of 64, 9 query heads packed onto them as kvengine.attention packs them), with random tensors:
 torch's CPU flash attention (``scaled_dot_product_attention``) over f32 keys and values against bf16 ones (the
-query cast to bf16, as kvengine.attention does under bf16r). It times the kernel, not an answer.
+query cast to bf16, as kvengine.attention does under bf16r). The keys and values are views of buffers with room
+past them, as a cartridge's cache hands them over. For bf16 it also times a candidate kernel on the narrow
+values, ``matmul_attention`` (oneDNN's bf16 matmuls around an f32 softmax, its scores compensated to f32 or left
+rounded to bf16), alone and, with ``--in-model``, inside the default model's bf16 decoding step, alternating with
+the flash kernel step by step.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/kv_dtype_attention.py --contexts 2048,8192 --out bench/results/kv_dtype_attention.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/kv_dtype_attention.py --contexts 2048,8192 --in-model --out bench/results/kv_dtype_attention.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-LAYERS, KV_HEADS, GROUPS, HEAD_DIM = 30, 3, 3, 64
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LAYERS, KV_HEADS, GROUPS, HEAD_DIM, ROOM = 30, 3, 3, 64, 64
+
+
+def matmul_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, *,
+                     compensated: bool = True) -> torch.Tensor:
+    """Attention of packed queries ``[b, kv, rows, d]`` over bf16 ``key, value [b, kv, n, d]`` as 2D bf16 matmuls.
+
+    A bf16 matmul rounds its f32 accumulator to bf16; ``compensated``: ``addmm`` of the negated rounded scores gives
+    the rounding's residue, so their f32 sum is the accumulator to ~2^-17 (the flash kernel keeps f32 scores), at one
+    more read of the keys. One matmul per head: a head's ``[n, d]`` slice of a cache view is contiguous, where bmm
+    copies the strided view whole. Probabilities are rounded to bf16 for the values' matmul, as in the flash kernel.
+    """
+    b, kv, rows, _ = packed.shape
+    n, heads = key.shape[2], [(i, h) for i in range(b) for h in range(kv)]
+    rounded = torch.empty(b * kv, n, rows, dtype=key.dtype)
+    residue = torch.empty_like(rounded) if compensated else None
+    for j, (i, h) in enumerate(heads):
+        torch.mm(key[i, h], packed[i, h].T, out=rounded[j])
+        if compensated:
+            torch.addmm(rounded[j].neg(), key[i, h], packed[i, h].T, out=residue[j])
+    scores = rounded.float() if residue is None else rounded.float().add_(residue.float())
+    probs = torch.softmax(scores.mul_(scale).view(b, kv, n, rows).transpose(2, 3), dim=-1)
+    probs = probs.to(value.dtype, memory_format=torch.contiguous_format)
+    out = torch.empty(b, kv, rows, value.shape[-1], dtype=value.dtype)
+    for i, h in heads:
+        torch.mm(probs[i, h], value[i, h], out=out[i, h])
+    return out
 
 
 def _time(fn, reps: int) -> float:
@@ -34,8 +70,9 @@ def _time(fn, reps: int) -> float:
 def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
     """Median ms of all layers' attention for one decoding step and for a ``question``-token pass with its mask."""
     g = torch.Generator().manual_seed(0)
-    keys = [torch.randn(1, KV_HEADS, context + question, HEAD_DIM, generator=g).to(dtype) for _ in range(LAYERS)]
-    values = [torch.randn(1, KV_HEADS, context + question, HEAD_DIM, generator=g).to(dtype) for _ in range(LAYERS)]
+    shape = (1, KV_HEADS, context + question + ROOM, HEAD_DIM)  # a cache's buffers: the kernel reads views of them
+    keys = [torch.randn(shape, generator=g).to(dtype)[:, :, : context + question] for _ in range(LAYERS)]
+    values = [torch.randn(shape, generator=g).to(dtype)[:, :, : context + question] for _ in range(LAYERS)]
     step_q = torch.randn(1, KV_HEADS, GROUPS, HEAD_DIM, generator=g).to(dtype)  # one token's 9 heads, packed
     question_q = torch.randn(1, KV_HEADS, GROUPS * question, HEAD_DIM, generator=g).to(dtype)
     causal = torch.ones(question, question, dtype=torch.bool).tril()
@@ -46,14 +83,77 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
         for k, v in zip(keys, values, strict=True):
             sdpa(step_q, k, v)
 
+    def matmul_step(compensated: bool):
+        for k, v in zip(keys, values, strict=True):
+            matmul_attention(step_q, k, v, HEAD_DIM**-0.5, compensated=compensated)
+
     def question_pass():
         for k, v in zip(keys, values, strict=True):
             sdpa(question_q, k, v, attn_mask=mask)
 
     kv_bytes = 2 * LAYERS * KV_HEADS * (context + question) * HEAD_DIM * torch.finfo(dtype).bits // 8
-    return {"context": context, "kv_dtype": str(dtype).removeprefix("torch."), "kv_mb": round(kv_bytes / 1e6, 1),
-            "decoding_step_attention_ms": round(1e3 * _time(step, reps), 2),
-            "question_pass_attention_ms": round(1e3 * _time(question_pass, reps), 2), "question_tokens": question}
+    narrow = dtype == torch.bfloat16
+    row = {"context": context, "kv_dtype": str(dtype).removeprefix("torch."), "kv_mb": round(kv_bytes / 1e6, 1),
+           "decoding_step_attention_ms": round(1e3 * _time(step, reps), 2),
+           "decoding_step_matmul_ms": round(1e3 * _time(lambda: matmul_step(True), reps), 2) if narrow else "-",
+           "decoding_step_matmul_rounded_ms": round(1e3 * _time(lambda: matmul_step(False), reps), 2) if narrow else "-",
+           "question_pass_attention_ms": round(1e3 * _time(question_pass, reps), 2), "question_tokens": question}
+    return row
+
+
+def in_model(context: int, steps: int) -> dict:
+    """Median ms of the default model's bf16 decoding step over a random ``context``-position state, its attention
+    by the flash kernel or by ``matmul_attention`` (compensated, rounded), the three alternating step by step."""
+    from transformers import AttentionInterface
+
+    from kvengine import make_backend
+    from kvengine.attention import packed_gqa_sdpa
+    from kvengine.kvcache import CartridgeCache, KvState
+
+    kernel = {"compensated": True}
+
+    def candidate(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        if query.shape[2] != 1 or kwargs.get("mnesio_cascade") is not None:
+            return packed_gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+        packed = query.reshape(query.shape[0], key.shape[1], -1, query.shape[-1])  # as kvengine.attention packs it
+        scale = HEAD_DIM**-0.5 if scaling is None else scaling
+        if kernel.get("exact"):  # the reference: the same attention in float64, rounded to bf16 once
+            out = torch.nn.functional.scaled_dot_product_attention(packed.double(), key.double(), value.double(), scale=scale)
+            out = out.to(value.dtype)
+        else:
+            out = matmul_attention(packed, key, value, scale, compensated=kernel["compensated"])
+        return out.reshape(query.shape[0], query.shape[1], 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("bench_matmul", candidate)
+    model = make_backend("transformers", dtype="bf16", device="cpu").model
+    config = model.config
+    flash_impl = config._attn_implementation
+    g = torch.Generator().manual_seed(context)
+    with torch.inference_mode():
+        state = KvState([torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).bfloat16() for _ in range(LAYERS)],
+                        [torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).bfloat16() for _ in range(LAYERS)], room=ROOM)
+    ways = {"flash": (flash_impl, True), "matmul": ("bench_matmul", True), "matmul_rounded": ("bench_matmul", False)}
+    times, logits = {name: [] for name in ways}, {}
+    with torch.inference_mode():
+        # the same step by each kernel and by a float64 one: how far each is from exact, on this (random) state
+        for name, (impl, compensated) in [*ways.items(), ("exact", ("bench_matmul", True))]:
+            config._attn_implementation, kernel["compensated"], kernel["exact"] = impl, compensated, name == "exact"
+            cache = CartridgeCache(state)
+            logits[name] = model(input_ids=torch.tensor([[1000]]), cache=cache, use_cache=True).logits[0, -1].float()
+            cache.crop_back()
+        kernel["exact"] = False
+        for i in range(steps + 2):
+            for name, (impl, compensated) in (ways.items() if i % 2 else reversed(ways.items())):
+                config._attn_implementation, kernel["compensated"] = impl, compensated
+                cache = CartridgeCache(state)
+                started = time.perf_counter()
+                int(model(input_ids=torch.tensor([[1000 + i]]), cache=cache, use_cache=True).logits[0, -1].argmax())
+                if i >= 2:
+                    times[name].append(time.perf_counter() - started)
+                cache.crop_back()
+    config._attn_implementation = flash_impl
+    diff = {f"{name}_max_logit_diff_from_exact": round(float((logits[name] - logits["exact"]).abs().max()), 3) for name in ways}
+    return {"context": context, "steps": steps, **diff, **{f"{name}_step_ms": round(1e3 * statistics.median(t), 1) for name, t in times.items()}}
 
 
 def main() -> None:
@@ -61,15 +161,20 @@ def main() -> None:
     parser.add_argument("--contexts", default="2048,8192", help="cartridge lengths in tokens, comma-separated")
     parser.add_argument("--question-tokens", type=int, default=13, help="tokens of the question's pass")
     parser.add_argument("--reps", type=int, default=15, help="timed repetitions (the median is reported)")
+    parser.add_argument("--in-model", action="store_true", help="also the model's bf16 step, flash against matmul")
+    parser.add_argument("--steps", type=int, default=40, help="steps per kernel in the model (alternating)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     rows = [measure(int(c), args.question_tokens, dtype, args.reps)
             for c in args.contexts.split(",") for dtype in (torch.float32, torch.bfloat16)]
+    for row in rows:
+        print(row, flush=True)
+    model_rows = [in_model(int(c), args.steps) for c in args.contexts.split(",")] if args.in_model else []
+    for row in model_rows:
+        print(row, flush=True)
     result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
               "threads": torch.get_num_threads(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "rows": rows}
-    for row in rows:
-        print(row)
+              "rows": rows, "in_model": model_rows, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
