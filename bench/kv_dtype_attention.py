@@ -1,14 +1,11 @@
 """The attention of one decoding step and of a question's pass over a cartridge, with the KV kept in f32 or in bf16.
 
-The proposed design that moves the decoding floor (BENCHMARKS.md, "Side by side with llama.cpp") keeps the KV in
-16 bits through the attention kernel. This measures that kernel alone on SmolLM2-135M's shapes (30 layers,
-3 key/value heads of 64, 9 query heads packed onto them as kvengine.attention packs them), with random tensors:
-torch's CPU flash attention (``scaled_dot_product_attention``) over f32 keys and values against bf16 ones (the
-query cast to bf16, as kvengine.attention does under bf16r). The keys and values are views of buffers with room
-past them, as a cartridge's cache hands them over. For bf16 it also times a candidate kernel on the narrow
-values, ``matmul_attention`` (oneDNN's bf16 matmuls around an f32 softmax, its scores compensated to f32 or left
-rounded to bf16), alone and, with ``--in-model``, inside the default model's bf16 decoding step, alternating with
-the flash kernel step by step.
+Times, on SmolLM2-135M's shapes (30 layers, 3 key/value heads of 64, 9 query heads packed onto them as
+kvengine.attention packs them, random tensors in views of buffers with room past them, as a cache hands them over):
+torch's CPU flash attention over f32 and bf16 KV (the query cast to bf16, as under bf16r); kvengine.fused's kernel
+(the product's single-token path); and for bf16 a candidate composed from torch's ops, ``matmul_attention`` (oneDNN's
+bf16 matmuls around an f32 softmax, scores compensated to f32 or left rounded to bf16). ``--in-model`` times the
+same ways inside the default model's f32 and bf16 decoding steps, alternating step by step.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/kv_dtype_attention.py --contexts 2048,8192 --in-model --out bench/results/kv_dtype_attention.json
 """
@@ -27,6 +24,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from kvengine.fused import decode_attention  # noqa: E402
 
 LAYERS, KV_HEADS, GROUPS, HEAD_DIM, ROOM = 30, 3, 3, 64, 64
 
@@ -83,6 +82,10 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
         for k, v in zip(keys, values, strict=True):
             sdpa(step_q, k, v)
 
+    def fused_step():
+        for k, v in zip(keys, values, strict=True):
+            assert decode_attention(step_q, k, v, HEAD_DIM**-0.5) is not None, "the fused kernel did not take the step"
+
     def matmul_step(compensated: bool):
         for k, v in zip(keys, values, strict=True):
             matmul_attention(step_q, k, v, HEAD_DIM**-0.5, compensated=compensated)
@@ -95,65 +98,77 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
     narrow = dtype == torch.bfloat16
     row = {"context": context, "kv_dtype": str(dtype).removeprefix("torch."), "kv_mb": round(kv_bytes / 1e6, 1),
            "decoding_step_attention_ms": round(1e3 * _time(step, reps), 2),
+           "decoding_step_fused_ms": round(1e3 * _time(fused_step, reps), 2),
            "decoding_step_matmul_ms": round(1e3 * _time(lambda: matmul_step(True), reps), 2) if narrow else "-",
            "decoding_step_matmul_rounded_ms": round(1e3 * _time(lambda: matmul_step(False), reps), 2) if narrow else "-",
            "question_pass_attention_ms": round(1e3 * _time(question_pass, reps), 2), "question_tokens": question}
     return row
 
 
-def in_model(context: int, steps: int) -> dict:
-    """Median ms of the default model's bf16 decoding step over a random ``context``-position state, its attention
-    by the flash kernel or by ``matmul_attention`` (compensated, rounded), the three alternating step by step."""
+def in_model(context: int, steps: int, dtype: str) -> dict:
+    """Median ms of the default model's ``dtype`` decoding step over a random ``context``-position state, its attention
+    by kvengine.fused's kernel, by the flash kernel or (bf16) by ``matmul_attention`` compensated or rounded, the ways
+    alternating step by step; and each way's largest logit difference from the same step attended in float64."""
     from transformers import AttentionInterface
 
+    import kvengine.fused
     from kvengine import make_backend
     from kvengine.attention import packed_gqa_sdpa
     from kvengine.kvcache import CartridgeCache, KvState
 
-    kernel = {"compensated": True}
+    fused_kernel, way = kvengine.fused.decode_attention, {"name": "fused"}
 
     def candidate(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-        if query.shape[2] != 1 or kwargs.get("mnesio_cascade") is not None:
+        name = way["name"]
+        if name in ("fused", "flash") or query.shape[2] != 1 or kwargs.get("mnesio_cascade") is not None:
+            kvengine.fused.decode_attention = fused_kernel if name == "fused" else (lambda *a: None)
             return packed_gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
-        packed = query.reshape(query.shape[0], key.shape[1], -1, query.shape[-1])  # as kvengine.attention packs it
+        packed = query.to(value.dtype).reshape(query.shape[0], key.shape[1], -1, query.shape[-1])  # as packed there
         scale = HEAD_DIM**-0.5 if scaling is None else scaling
-        if kernel.get("exact"):  # the reference: the same attention in float64, rounded to bf16 once
+        if name == "exact":  # the reference: the same attention in float64, rounded to the KV dtype once
             out = torch.nn.functional.scaled_dot_product_attention(packed.double(), key.double(), value.double(), scale=scale)
             out = out.to(value.dtype)
         else:
-            out = matmul_attention(packed, key, value, scale, compensated=kernel["compensated"])
+            out = matmul_attention(packed, key, value.to(key.dtype), scale, compensated=name == "matmul")
         return out.reshape(query.shape[0], query.shape[1], 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
-    AttentionInterface.register("bench_matmul", candidate)
-    model = make_backend("transformers", dtype="bf16", device="cpu").model
+    AttentionInterface.register("bench_kernel", candidate)
+    model = make_backend("transformers", dtype=dtype, device="cpu").model
     config = model.config
-    flash_impl = config._attn_implementation
+    served_impl, config._attn_implementation = config._attn_implementation, "bench_kernel"
+    kv_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     g = torch.Generator().manual_seed(context)
     with torch.inference_mode():
-        state = KvState([torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).bfloat16() for _ in range(LAYERS)],
-                        [torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).bfloat16() for _ in range(LAYERS)], room=ROOM)
-    ways = {"flash": (flash_impl, True), "matmul": ("bench_matmul", True), "matmul_rounded": ("bench_matmul", False)}
+        state = KvState([torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).to(kv_dtype) for _ in range(LAYERS)],
+                        [torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).to(kv_dtype) for _ in range(LAYERS)], room=ROOM)
+    ways = ["fused", "flash", *(["matmul", "matmul_rounded"] if dtype == "bf16" else [])]
     times, logits = {name: [] for name in ways}, {}
-    with torch.inference_mode():
-        # the same step by each kernel and by a float64 one: how far each is from exact, on this (random) state
-        for name, (impl, compensated) in [*ways.items(), ("exact", ("bench_matmul", True))]:
-            config._attn_implementation, kernel["compensated"], kernel["exact"] = impl, compensated, name == "exact"
-            cache = CartridgeCache(state)
-            logits[name] = model(input_ids=torch.tensor([[1000]]), cache=cache, use_cache=True).logits[0, -1].float()
+
+    def step(token: int) -> torch.Tensor:
+        cache = CartridgeCache(state)
+        try:
+            return model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1].float()
+        finally:
             cache.crop_back()
-        kernel["exact"] = False
-        for i in range(steps + 2):
-            for name, (impl, compensated) in (ways.items() if i % 2 else reversed(ways.items())):
-                config._attn_implementation, kernel["compensated"] = impl, compensated
-                cache = CartridgeCache(state)
-                started = time.perf_counter()
-                int(model(input_ids=torch.tensor([[1000 + i]]), cache=cache, use_cache=True).logits[0, -1].argmax())
-                if i >= 2:
-                    times[name].append(time.perf_counter() - started)
-                cache.crop_back()
-    config._attn_implementation = flash_impl
-    diff = {f"{name}_max_logit_diff_from_exact": round(float((logits[name] - logits["exact"]).abs().max()), 3) for name in ways}
-    return {"context": context, "steps": steps, **diff, **{f"{name}_step_ms": round(1e3 * statistics.median(t), 1) for name, t in times.items()}}
+
+    try:
+        with torch.inference_mode():
+            for name in [*ways, "exact"]:
+                way["name"] = name
+                logits[name] = step(1000)
+            for i in range(steps + 2):
+                for name in ways if i % 2 else ways[::-1]:
+                    way["name"] = name
+                    started = time.perf_counter()
+                    int(step(1000 + i).argmax())
+                    if i >= 2:
+                        times[name].append(time.perf_counter() - started)
+    finally:
+        config._attn_implementation, kvengine.fused.decode_attention = served_impl, fused_kernel
+    diff = {f"{name}_max_logit_diff_from_exact": float(f"{float((logits[name] - logits['exact']).abs().max()):.2g}") for name in ways}
+    return {"dtype": dtype, "context": context, "steps": steps, **diff,
+            **{f"{name}_step_ms": round(1e3 * statistics.median(t), 1) for name, t in times.items()},
+            **{f"{name}_step_ms": "-" for name in ("matmul", "matmul_rounded") if name not in ways}}
 
 
 def main() -> None:
@@ -161,7 +176,7 @@ def main() -> None:
     parser.add_argument("--contexts", default="2048,8192", help="cartridge lengths in tokens, comma-separated")
     parser.add_argument("--question-tokens", type=int, default=13, help="tokens of the question's pass")
     parser.add_argument("--reps", type=int, default=15, help="timed repetitions (the median is reported)")
-    parser.add_argument("--in-model", action="store_true", help="also the model's bf16 step, flash against matmul")
+    parser.add_argument("--in-model", action="store_true", help="also the model's f32 and bf16 steps, kernel against kernel")
     parser.add_argument("--steps", type=int, default=40, help="steps per kernel in the model (alternating)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
@@ -169,7 +184,8 @@ def main() -> None:
             for c in args.contexts.split(",") for dtype in (torch.float32, torch.bfloat16)]
     for row in rows:
         print(row, flush=True)
-    model_rows = [in_model(int(c), args.steps) for c in args.contexts.split(",")] if args.in_model else []
+    model_rows = [in_model(int(c), args.steps, dtype) for dtype in ("f32", "bf16") for c in args.contexts.split(",")
+                  ] if args.in_model else []
     for row in model_rows:
         print(row, flush=True)
     result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,

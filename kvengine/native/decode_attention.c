@@ -1,0 +1,123 @@
+/* One decoding step's attention, fused: each key and value row is read once and all arithmetic is in float32.
+ *
+ * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "A fused decoding kernel"). Per key/value
+ * head: the packed query rows' scores over every position (one pass over the keys), their softmax, then the
+ * probabilities times the values (one pass over the values). Keys and values are bf16 or f32 rows of 64, the rows
+ * of a head contiguous and the heads `head_stride` elements apart (a cache view's layout). One thread: on the
+ * project's 2-core VMs one core reads the KV at the memory's speed and a second thread's start costs more than it
+ * saves. AVX-512F instructions only, checked at run time.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define DIM 64
+#define MAX_ROWS 16
+
+static inline __m512 load_bf16(const void *p) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+static inline __m512 load_f32(const void *p) { return _mm512_loadu_ps((const float *)p); }
+
+/* e^x for x <= 0 (softmax arguments), within ~2 ulp: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2] (Cephes' expf). */
+static inline __m512 exp_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* q [heads, rows, DIM] float32, already scaled; k, v: element (h, t, d) at h * head_stride + t * DIM + d;
+ * scores: [rows, n] float32 scratch; out [heads, rows, DIM] float32. */
+#define DEFINE_HEADS(NAME, LOAD, ELEM)                                                                           \
+static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n, int heads, int rows, \
+                 float *scores, float *out) {                                                                    \
+    for (int h = 0; h < heads; h++) {                                                                            \
+        const ELEM *kh = k + h * head_stride, *vh = v + h * head_stride;                                         \
+        __m512 qr[MAX_ROWS][4];                                                                                  \
+        float m[MAX_ROWS], total[MAX_ROWS];                                                                      \
+        for (int r = 0; r < rows; r++) {                                                                         \
+            for (int j = 0; j < 4; j++) qr[r][j] = _mm512_loadu_ps(q + ((int64_t)h * rows + r) * DIM + 16 * j);  \
+            m[r] = -INFINITY;                                                                                    \
+        }                                                                                                        \
+        for (int64_t t = 0; t < n; t++) {                                                                        \
+            const ELEM *kt = kh + t * DIM;                                                                       \
+            __m512 k0 = LOAD(kt), k1 = LOAD(kt + 16), k2 = LOAD(kt + 32), k3 = LOAD(kt + 48);                    \
+            for (int r = 0; r < rows; r++) {                                                                     \
+                __m512 s = _mm512_mul_ps(qr[r][0], k0);                                                          \
+                s = _mm512_fmadd_ps(qr[r][1], k1, s);                                                            \
+                s = _mm512_fmadd_ps(qr[r][2], k2, s);                                                            \
+                s = _mm512_fmadd_ps(qr[r][3], k3, s);                                                            \
+                float x = _mm512_reduce_add_ps(s);                                                               \
+                scores[r * n + t] = x;                                                                           \
+                if (x > m[r]) m[r] = x;                                                                          \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int r = 0; r < rows; r++) {                                                                         \
+            float *s = scores + r * n;                                                                           \
+            __m512 mx = _mm512_set1_ps(m[r]), sum = _mm512_setzero_ps();                                         \
+            int64_t t = 0;                                                                                       \
+            for (; t + 16 <= n; t += 16) {                                                                       \
+                __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));                                    \
+                _mm512_storeu_ps(s + t, e);                                                                      \
+                sum = _mm512_add_ps(sum, e);                                                                     \
+            }                                                                                                    \
+            if (t < n) {                                                                                         \
+                __mmask16 tail = (__mmask16)((1u << (n - t)) - 1);                                               \
+                __m512 e = _mm512_maskz_mov_ps(tail, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), mx))); \
+                _mm512_mask_storeu_ps(s + t, tail, e);                                                           \
+                sum = _mm512_add_ps(sum, e);                                                                     \
+            }                                                                                                    \
+            total[r] = _mm512_reduce_add_ps(sum);                                                                \
+        }                                                                                                        \
+        __m512 acc[MAX_ROWS][4];                                                                                 \
+        for (int r = 0; r < rows; r++)                                                                           \
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();                                         \
+        for (int64_t t = 0; t < n; t++) {                                                                        \
+            const ELEM *vt = vh + t * DIM;                                                                       \
+            __m512 v0 = LOAD(vt), v1 = LOAD(vt + 16), v2 = LOAD(vt + 32), v3 = LOAD(vt + 48);                    \
+            for (int r = 0; r < rows; r++) {                                                                     \
+                __m512 p = _mm512_set1_ps(scores[r * n + t]);                                                    \
+                acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);                                                   \
+                acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);                                                   \
+                acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);                                                   \
+                acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);                                                   \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int r = 0; r < rows; r++) {                                                                         \
+            __m512 inv = _mm512_set1_ps(1.0f / total[r]);                                                        \
+            for (int j = 0; j < 4; j++)                                                                          \
+                _mm512_storeu_ps(out + ((int64_t)h * rows + r) * DIM + 16 * j, _mm512_mul_ps(acc[r][j], inv));   \
+        }                                                                                                        \
+    }                                                                                                            \
+}
+
+DEFINE_HEADS(heads_bf16, load_bf16, uint16_t)
+DEFINE_HEADS(heads_f32, load_f32, float)
+
+/* 1 when this CPU runs the kernel (AVX-512F), else 0: the caller checks it before the first call. */
+int mnesio_decode_attention_supported(void) { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
+
+/* out = softmax(q k^T) v per head; kv_bits 16 (bf16) or 32 (f32). Returns 0, or -1 for a shape it does not take. */
+int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_t head_stride, int64_t n, int heads,
+                            int rows, int dim, int kv_bits, float *scores, float *out) {
+    if (dim != DIM || rows < 1 || rows > MAX_ROWS || n < 1 || heads < 1) return -1;
+    if (kv_bits == 16)
+        heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, heads, rows, scores, out);
+    else if (kv_bits == 32)
+        heads_f32(q, (const float *)k, (const float *)v, head_stride, n, heads, rows, scores, out);
+    else
+        return -1;
+    return 0;
+}

@@ -1,0 +1,155 @@
+"""The fused decoding-attention kernel (kvengine/fused.py): exact attention over cache views, its build, and its dispatch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvengine import fused
+from kvengine.attention import packed_gqa_sdpa
+
+ROOT = Path(__file__).resolve().parents[2]
+AVX512F = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The library, which must build and load on a CPU with AVX-512F (a failed build is a failure, not a skip)."""
+    if not AVX512F:
+        pytest.skip("this CPU lacks AVX-512F: the flash kernel serves (test_unavailable_kernel_leaves_the_flash_kernel)")
+    lib = fused.kernel()
+    assert lib is not None, "the fused kernel did not build or load (see the kvengine.fused warning)"
+    return lib
+
+
+def _cache_view(n: int, dtype: torch.dtype, *, room: int = 40, seed: int = 0):
+    """Packed queries [1, 3, 3, 64] and key/value views [1, 3, n, 64] of buffers with ``room`` spare, as a cache's."""
+    g = torch.Generator().manual_seed(seed)
+    kb, vb = (torch.randn(1, 3, n + room, 64, generator=g).to(dtype) for _ in range(2))
+    query = (3 * torch.randn(1, 3, 3, 64, generator=g)).to(dtype)
+    return query, kb, vb, kb[:, :, :n], vb[:, :, :n]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 2053])
+def test_the_kernel_is_attention_to_float_rounding_and_never_reads_the_room(kernel, dtype, n):
+    query, kb, vb, key, value = _cache_view(n, dtype)
+    exact = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), scale=0.125)
+    got = fused.decode_attention(query, key, value, 0.125)
+    assert got is not None and got.dtype == dtype and got.shape == (1, 3, 3, 64)
+    flash = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.125)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: the output's own rounding
+    assert (got.double() - exact).abs().max() <= tol
+    assert (got.double() - exact).abs().max() <= (flash.double() - exact).abs().max() + tol / 4  # no worse than flash
+    # the room past the view is another question's scratch: NaNs there change nothing
+    kb[:, :, n:], vb[:, :, n:] = float("nan"), float("nan")
+    assert torch.equal(fused.decode_attention(query, key, value, 0.125), got)
+    # and every position counts: the last value moved moves the output
+    vb[:, :, n - 1] += 4.0
+    assert not torch.equal(fused.decode_attention(query, key, value, 0.125), got)
+
+
+def test_the_kernel_refuses_what_it_does_not_take(kernel):
+    query, _, _, key, value = _cache_view(50, torch.bfloat16)
+    assert fused.decode_attention(query, key, value, 0.125) is not None
+    refused = {
+        "two rows": (query.expand(2, -1, -1, -1), key.expand(2, -1, -1, -1), value.expand(2, -1, -1, -1)),
+        "head dim 32": (query[..., :32], key[..., :32], value[..., :32]),
+        "17 query rows": (query.repeat(1, 1, 6, 1)[:, :, :17], key, value),
+        "f16": (query.half(), key.half(), value.half()),
+        "mixed dtypes": (query, key, value.float()),
+        "strided positions": (query, key.transpose(2, 3).contiguous().transpose(2, 3), value),
+        "other strides": (query, key, value.contiguous()),
+    }
+    for case, (q, k, v) in refused.items():
+        assert fused.decode_attention(q, k, v, 0.125) is None, case
+
+
+def test_a_single_token_step_goes_to_the_kernel_and_a_masked_one_does_not(kernel, monkeypatch):
+    query, _, _, key, value = _cache_view(64, torch.float32)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    heads = query.reshape(1, 9, 1, 64)  # 9 query heads, one token
+    calls = []
+    real = fused.decode_attention
+    monkeypatch.setattr(fused, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    got, _ = packed_gqa_sdpa(module, heads, key, value, None, scaling=0.125)
+    expected = torch.nn.functional.scaled_dot_product_attention(heads, key, value, scale=0.125, enable_gqa=True).transpose(1, 2)
+    assert calls == [1] and got.shape == (1, 1, 9, 64)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    everything = torch.ones(1, 1, 1, 64, dtype=torch.bool)
+    packed_gqa_sdpa(module, heads, key, value, everything, scaling=0.125)  # a mask that hides nothing: the kernel
+    assert calls == [1, 1]
+    hides = everything.clone()
+    hides[..., 10] = False
+    masked, _ = packed_gqa_sdpa(module, heads, key, value, hides, scaling=0.125)  # a mask that hides: flash, masked
+    assert calls == [1, 1] and not torch.allclose(masked, got)
+
+
+def test_unavailable_kernel_leaves_the_flash_kernel(monkeypatch):
+    query, _, _, key, value = _cache_view(64, torch.bfloat16)
+    monkeypatch.setattr(fused, "kernel", lambda: None)
+    assert fused.decode_attention(query, key, value, 0.125) is None
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    got, _ = packed_gqa_sdpa(module, query.reshape(1, 9, 1, 64), key, value, None, scaling=0.125)
+    flash = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=0.125)
+    assert torch.equal(got, flash.reshape(1, 9, 1, 64).transpose(1, 2))
+
+
+def _load_in_subprocess(folder: Path, env: dict | None = None) -> subprocess.Popen:
+    code = ("import sys; from pathlib import Path; from kvengine import fused; lib = fused.load(Path(sys.argv[1]));"
+            "print('loaded' if lib is not None else 'unavailable')")
+    return subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(not AVX512F, reason="this CPU lacks AVX-512F")
+def test_processes_building_at_once_each_load_a_whole_library(tmp_path):
+    folder = tmp_path / "kernels"
+    runs = [_load_in_subprocess(folder) for _ in range(3)]
+    outputs = [run.communicate(timeout=180) for run in runs]
+    assert [out.strip() for out, _ in outputs] == ["loaded"] * 3, outputs
+    assert [p.name for p in folder.iterdir()] == [fused.library_path(folder).name]  # no temporary file left
+
+
+def test_a_failed_build_leaves_nothing_to_load(tmp_path):
+    folder = tmp_path / "kernels"
+    liar = tmp_path / "cc"  # writes half a library, then fails, as a killed build would
+    liar.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\necho garbage > "$2"\nexit 1\n')
+    liar.chmod(0o755)
+    out, err = _load_in_subprocess(folder, {"CC": str(liar)}).communicate(timeout=60)
+    assert out.strip() == "unavailable" and "unavailable" in err
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(not AVX512F, reason="this CPU lacks AVX-512F")
+def test_a_damaged_library_is_built_again(tmp_path):
+    folder = tmp_path / "kernels"
+    folder.mkdir(mode=0o700)
+    fused.library_path(folder).write_bytes(b"not a library")
+    assert fused.load(folder) is not None
+
+
+def test_a_folder_others_may_write_is_not_loaded_from(tmp_path, caplog):
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    folder.chmod(0o777)  # anyone could have put a library there
+    assert fused.load(folder) is None
+    assert "not private" in caplog.text and not list(folder.iterdir())
+
+
+@pytest.mark.model
+def test_the_real_models_answer_is_the_same_through_the_kernel(real_backend, kernel, monkeypatch):
+    cartridge = real_backend.compile(["Alice lives in Lisbon.", "Bob keeps the key under the pot."])
+    calls = []
+    real = fused.decode_attention
+    monkeypatch.setattr(fused, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    through = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
+    assert len(calls) == 5 * real_backend.model.config.num_hidden_layers  # every layer of the 5 steps after the first token
+    monkeypatch.setattr(fused, "decode_attention", lambda *a: None)
+    flash = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
+    assert through.token_ids == flash.token_ids
