@@ -29,7 +29,7 @@ from .models import default_cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "native" / "decode_attention.c"
-FLAGS = ("-O3", "-mavx512f", "-mfma", "-shared", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 HEAD_DIM, MAX_ROWS = 64, 16  # the shapes the kernel takes (decode_attention.c)
 KV_BITS = {torch.bfloat16: 16, torch.float32: 32}
 
@@ -81,7 +81,7 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
     if not lib.mnesio_decode_attention_supported():
         log.warning("kvengine: this CPU lacks AVX-512F; the flash kernel serves single-token steps")
         return None
-    lib.mnesio_decode_attention.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 4 + [ctypes.c_void_p] * 2
+    lib.mnesio_decode_attention.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 5 + [ctypes.c_void_p] * 3
     lib.mnesio_decode_attention.restype = ctypes.c_int
     return lib
 
@@ -112,10 +112,12 @@ def decode_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     _, heads, rows, dim = packed.shape
     n = key.shape[2]
     q = (packed[0].float() * scale).contiguous()  # [kv, rows, d]
+    threads = torch.get_num_threads()
     scores = torch.empty(rows * n, dtype=torch.float32)
+    part = torch.empty(threads * heads * rows * (dim + 2), dtype=torch.float32)  # per thread: outputs, max, sum
     out = torch.empty(heads, rows, dim, dtype=torch.float32)
     rc = lib.mnesio_decode_attention(q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(1), n, heads, rows,
-                                     dim, KV_BITS[key.dtype], scores.data_ptr(), out.data_ptr())
+                                     dim, KV_BITS[key.dtype], threads, scores.data_ptr(), part.data_ptr(), out.data_ptr())
     if rc != 0:
         return None
     return out.to(value.dtype).unsqueeze(0)

@@ -3,9 +3,10 @@
  * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "A fused decoding kernel"). Per key/value
  * head: the packed query rows' scores over every position (one pass over the keys), their softmax, then the
  * probabilities times the values (one pass over the values). Keys and values are bf16 or f32 rows of 64, the rows
- * of a head contiguous and the heads `head_stride` elements apart (a cache view's layout). One thread: on the
- * project's 2-core VMs one core reads the KV at the memory's speed and a second thread's start costs more than it
- * saves. AVX-512F instructions only, checked at run time.
+ * of a head contiguous and the heads `head_stride` elements apart (a cache view's layout). `threads` OpenMP threads
+ * split the positions, each keeping its own maximum, sum and unnormalized output per row, merged at the end; the
+ * library links the OpenMP runtime torch has loaded (libgomp), so the threads are torch's own, already running.
+ * AVX-512F instructions only, checked at run time.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -38,11 +39,12 @@ static inline __m512 exp_ps(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* q [heads, rows, DIM] float32, already scaled; k, v: element (h, t, d) at h * head_stride + t * DIM + d;
- * scores: [rows, n] float32 scratch; out [heads, rows, DIM] float32. */
+/* Positions [begin, end) of every head. q [heads, rows, DIM] float32, already scaled; k, v: element (h, t, d) at
+ * h * head_stride + t * DIM + d; scores: [rows, n] float32 scratch (this chunk writes its positions); part: per
+ * (head, row) DIM unnormalized outputs, then the maximum score and the sum of exponentials. */
 #define DEFINE_HEADS(NAME, LOAD, ELEM)                                                                           \
-static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n, int heads, int rows, \
-                 float *scores, float *out) {                                                                    \
+static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n, int64_t begin,    \
+                 int64_t end, int heads, int rows, float *scores, float *part) {                                 \
     for (int h = 0; h < heads; h++) {                                                                            \
         const ELEM *kh = k + h * head_stride, *vh = v + h * head_stride;                                         \
         __m512 qr[MAX_ROWS][4];                                                                                  \
@@ -51,7 +53,7 @@ static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stri
             for (int j = 0; j < 4; j++) qr[r][j] = _mm512_loadu_ps(q + ((int64_t)h * rows + r) * DIM + 16 * j);  \
             m[r] = -INFINITY;                                                                                    \
         }                                                                                                        \
-        for (int64_t t = 0; t < n; t++) {                                                                        \
+        for (int64_t t = begin; t < end; t++) {                                                                  \
             const ELEM *kt = kh + t * DIM;                                                                       \
             __m512 k0 = LOAD(kt), k1 = LOAD(kt + 16), k2 = LOAD(kt + 32), k3 = LOAD(kt + 48);                    \
             for (int r = 0; r < rows; r++) {                                                                     \
@@ -67,14 +69,14 @@ static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stri
         for (int r = 0; r < rows; r++) {                                                                         \
             float *s = scores + r * n;                                                                           \
             __m512 mx = _mm512_set1_ps(m[r]), sum = _mm512_setzero_ps();                                         \
-            int64_t t = 0;                                                                                       \
-            for (; t + 16 <= n; t += 16) {                                                                       \
+            int64_t t = begin;                                                                                   \
+            for (; t + 16 <= end; t += 16) {                                                                       \
                 __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));                                    \
                 _mm512_storeu_ps(s + t, e);                                                                      \
                 sum = _mm512_add_ps(sum, e);                                                                     \
             }                                                                                                    \
-            if (t < n) {                                                                                         \
-                __mmask16 tail = (__mmask16)((1u << (n - t)) - 1);                                               \
+            if (t < end) {                                                                                       \
+                __mmask16 tail = (__mmask16)((1u << (end - t)) - 1);                                               \
                 __m512 e = _mm512_maskz_mov_ps(tail, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), mx))); \
                 _mm512_mask_storeu_ps(s + t, tail, e);                                                           \
                 sum = _mm512_add_ps(sum, e);                                                                     \
@@ -84,7 +86,7 @@ static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stri
         __m512 acc[MAX_ROWS][4];                                                                                 \
         for (int r = 0; r < rows; r++)                                                                           \
             for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();                                         \
-        for (int64_t t = 0; t < n; t++) {                                                                        \
+        for (int64_t t = begin; t < end; t++) {                                                                  \
             const ELEM *vt = vh + t * DIM;                                                                       \
             __m512 v0 = LOAD(vt), v1 = LOAD(vt + 16), v2 = LOAD(vt + 32), v3 = LOAD(vt + 48);                    \
             for (int r = 0; r < rows; r++) {                                                                     \
@@ -96,9 +98,10 @@ static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stri
             }                                                                                                    \
         }                                                                                                        \
         for (int r = 0; r < rows; r++) {                                                                         \
-            __m512 inv = _mm512_set1_ps(1.0f / total[r]);                                                        \
-            for (int j = 0; j < 4; j++)                                                                          \
-                _mm512_storeu_ps(out + ((int64_t)h * rows + r) * DIM + 16 * j, _mm512_mul_ps(acc[r][j], inv));   \
+            float *pr = part + ((int64_t)h * rows + r) * (DIM + 2);                                              \
+            for (int j = 0; j < 4; j++) _mm512_storeu_ps(pr + 16 * j, acc[r][j]);                                \
+            pr[DIM] = m[r];                                                                                      \
+            pr[DIM + 1] = total[r];                                                                              \
         }                                                                                                        \
     }                                                                                                            \
 }
@@ -109,15 +112,37 @@ DEFINE_HEADS(heads_f32, load_f32, float)
 /* 1 when this CPU runs the kernel (AVX-512F), else 0: the caller checks it before the first call. */
 int mnesio_decode_attention_supported(void) { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
 
-/* out = softmax(q k^T) v per head; kv_bits 16 (bf16) or 32 (f32). Returns 0, or -1 for a shape it does not take. */
+/* out [heads, rows, DIM] = softmax(q k^T) v per head; kv_bits 16 (bf16) or 32 (f32); part: threads * heads * rows *
+ * (DIM + 2) floats of scratch. Returns 0, or -1 for a shape it does not take. */
 int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_t head_stride, int64_t n, int heads,
-                            int rows, int dim, int kv_bits, float *scores, float *out) {
-    if (dim != DIM || rows < 1 || rows > MAX_ROWS || n < 1 || heads < 1) return -1;
-    if (kv_bits == 16)
-        heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, heads, rows, scores, out);
-    else if (kv_bits == 32)
-        heads_f32(q, (const float *)k, (const float *)v, head_stride, n, heads, rows, scores, out);
-    else
-        return -1;
+                            int rows, int dim, int kv_bits, int threads, float *scores, float *part, float *out) {
+    if (dim != DIM || rows < 1 || rows > MAX_ROWS || n < 1 || heads < 1 || (kv_bits != 16 && kv_bits != 32)) return -1;
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    if (n < 256 * (int64_t)threads) threads = 1;  /* a short cache: not worth a second thread */
+    int64_t per = (n + threads - 1) / threads;
+    int64_t stride = (int64_t)heads * rows * (DIM + 2);
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int c = 0; c < threads; c++) {
+        int64_t begin = c * per, end = begin + per < n ? begin + per : n;
+        if (kv_bits == 16)
+            heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, begin, end, heads, rows, scores, part + c * stride);
+        else
+            heads_f32(q, (const float *)k, (const float *)v, head_stride, n, begin, end, heads, rows, scores, part + c * stride);
+    }
+    for (int64_t hr = 0; hr < (int64_t)heads * rows; hr++) {  /* merge the chunks: the softmax over all positions */
+        float m = -INFINITY, total = 0.0f, w[64];
+        for (int c = 0; c < threads; c++) m = fmaxf(m, part[c * stride + hr * (DIM + 2) + DIM]);
+        for (int c = 0; c < threads && c < 64; c++) {
+            const float *pc = part + c * stride + hr * (DIM + 2);
+            w[c] = expf(pc[DIM] - m);
+            total += w[c] * pc[DIM + 1];
+        }
+        for (int d = 0; d < DIM; d++) {
+            float x = 0.0f;
+            for (int c = 0; c < threads && c < 64; c++) x += w[c] * part[c * stride + hr * (DIM + 2) + d];
+            out[hr * DIM + d] = x / total;
+        }
+    }
     return 0;
 }

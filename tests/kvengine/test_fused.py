@@ -54,6 +54,19 @@ def test_the_kernel_is_attention_to_float_rounding_and_never_reads_the_room(kern
     assert not torch.equal(fused.decode_attention(query, key, value, 0.125), got)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_split_the_positions_and_merge_to_the_same_attention(kernel, threads):
+    query, _, _, key, value = _cache_view(3001, torch.float32, seed=threads)
+    exact = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), scale=0.125)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = fused.decode_attention(query, key, value, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert (got.double() - exact).abs().max() <= 1e-5
+
+
 def test_the_kernel_refuses_what_it_does_not_take(kernel):
     query, _, _, key, value = _cache_view(50, torch.bfloat16)
     assert fused.decode_attention(query, key, value, 0.125) is not None
