@@ -6,8 +6,10 @@ database (cartridge versions, evaluations), so its format is fixed.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
+from pathlib import Path
 
 from .errors import ConfigError
 
@@ -72,3 +74,8 @@ class KvConfig:
         backend, rest = key.split(":", 1)
         model, dtype, quant = rest.rsplit(":", 2)
         return cls(backend=backend, model=model, dtype=dtype, quant=quant)
+
+
+def default_cache_dir() -> Path:
+    """$MNESIO_MODEL_CACHE_DIR or ~/.cache/mnesio: converted model weights and the engine's built kernels."""
+    return Path(os.environ.get("MNESIO_MODEL_CACHE_DIR") or Path.home() / ".cache" / "mnesio")

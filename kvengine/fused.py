@@ -1,13 +1,14 @@
-"""The fused decoding-attention kernel (kvengine/native/decode_attention.c): built on first use, called through ctypes.
+"""The engine's fused single-row kernels (kvengine/native/kernels.c): built on first use, called through ctypes.
 
-kvengine.attention sends a single-token step here; ``decode_attention`` returns None for anything the kernel does
-not take (then the flash kernel serves). The library is built with the system C compiler (``$CC``, else cc) into
+kvengine.attention sends a single-token step's attention to ``decode_attention``; ``row_linears`` makes a model's
+linear layers send a one-row input to ``linear_row``. Each returns None for what its kernel does not take (then
+torch's kernel serves: the flash attention, the dense matmul). The library is built with the system C compiler (``$CC``, else cc) into
 ``<MNESIO_MODEL_CACHE_DIR>/kernels/``, named by a hash of the source and the flags: into a temporary file, then
 renamed, so processes building at once each load a whole library. The folder must be the process owner's and
 writable by no one else, or nothing there is loaded. No compiler, a failed build or a CPU without AVX-512F: the
-kernel is unavailable (logged once) and answers are the flash kernel's.
+kernels are unavailable (logged once) and answers are torch's kernels'.
 
-Design and measurements: docs/design/attention.md, "A fused decoding kernel".
+Design and measurements: docs/design/attention.md, "Fused single-row kernels".
 """
 from __future__ import annotations
 
@@ -20,24 +21,28 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import types
 from pathlib import Path
 
 import torch
 
-from .models import default_cache_dir
+from .config import default_cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "native" / "decode_attention.c"
+SOURCE = Path(__file__).resolve().parent / "native" / "kernels.c"
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 HEAD_DIM, MAX_ROWS = 64, 16  # the shapes the kernel takes (decode_attention.c)
-KV_BITS = {torch.bfloat16: 16, torch.float32: 32}
+KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes the kernels read
+# the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
+# product costs torch (a 256 x 256 one: ~5 us), while SmolLM2's smallest layer (192 x 576) gains in the model's step
+MIN_ROW_WEIGHTS = 1 << 16
 
 
 def library_path(folder: Path | None = None) -> Path:
     """Where the library of this source and these flags is (or would be) built."""
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return (folder or default_cache_dir() / "kernels") / f"decode_attention-{digest}.so"
+    return (folder or default_cache_dir() / "kernels") / f"kernels-{digest}.so"
 
 
 def _private_folder(folder: Path) -> bool:
@@ -76,13 +81,15 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
         except OSError:  # not a library of this machine's (a copied cache folder, a damaged file): build it anew
             lib = ctypes.CDLL(str(build(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("kvengine: the fused decoding kernel is unavailable (%s); the flash kernel serves", exc)
+        log.warning("kvengine: the fused single-row kernels are unavailable (%s); torch's kernels serve", exc)
         return None
     if not lib.mnesio_decode_attention_supported():
-        log.warning("kvengine: this CPU lacks AVX-512F; the flash kernel serves single-token steps")
+        log.warning("kvengine: this CPU lacks AVX-512F; torch's kernels serve single-token steps")
         return None
     lib.mnesio_decode_attention.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 5 + [ctypes.c_void_p] * 3
     lib.mnesio_decode_attention.restype = ctypes.c_int
+    lib.mnesio_linear_row.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
+    lib.mnesio_linear_row.restype = ctypes.c_int
     return lib
 
 
@@ -121,3 +128,51 @@ def decode_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if rc != 0:
         return None
     return out.to(value.dtype).unsqueeze(0)
+
+
+# -- linear layers on one row -------------------------------------------------------------------------------------
+def linear_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """``x @ weight.T (+ bias)`` for an ``x`` of one row (any leading shape of size 1), its inputs rounded to the weights'
+    dtype and the products accumulated in f32, returned in ``out_dtype``; None when the kernel does not take it."""
+    if (x.device.type != "cpu" or weight.dtype not in KV_BITS or weight.dim() != 2 or weight.numel() < MIN_ROW_WEIGHTS
+            or not weight.is_contiguous()
+            or x.shape[-1] != weight.shape[1] or x.numel() != weight.shape[1] or weight.shape[1] % 32
+            or torch.compiler.is_compiling() or (lib := kernel()) is None):
+        return None
+    row = x.reshape(-1).to(weight.dtype).float().contiguous()  # the row the dense matmul would multiply, exactly in f32
+    y = torch.empty(weight.shape[0], dtype=torch.float32)
+    if lib.mnesio_linear_row(row.data_ptr(), weight.data_ptr(), weight.shape[1], weight.shape[0], KV_BITS[weight.dtype],
+                             torch.get_num_threads(), y.data_ptr()) != 0:
+        return None
+    if bias is not None:
+        y += bias.float()
+    return y.to(out_dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A wrapped linear layer's forward: one row through ``linear_row``, anything else through its dense forward."""
+    y = linear_row(x, self.weight, self.bias, self.mnesio_row_dtype)
+    return self.mnesio_dense_forward(x) if y is None else y
+
+
+def row_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """Route every nn.Linear of ``model`` with bf16 or f32 weights through ``linear_row`` for one-row inputs, in place.
+
+    A layer keeps the forward it had (bf16r's exact-output one included) for everything else; its one-row output
+    has that forward's dtype: f32 for bf16r's exact outputs (kvengine.precision), the weights' dtype otherwise.
+    Int8 layers (f32w8) are not nn.Linear and keep their kernel. Bound as methods, so a deep copy binds its copy; call
+    it again after casting such a copy (kvengine.precision.cast_model).
+    """
+    from . import precision
+
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear) or module.weight.dtype not in KV_BITS:
+            continue
+        dense = module.forward  # a copy cast to another dtype may have had it replaced (bf16r), or kept the wrapper
+        if getattr(dense, "__func__", None) is _row_forward:
+            dense = module.mnesio_dense_forward
+        exact = getattr(dense, "__func__", None) is precision.exact_output_forward
+        module.mnesio_dense_forward = dense
+        module.mnesio_row_dtype = torch.float32 if exact else module.weight.dtype
+        module.forward = types.MethodType(_row_forward, module)
+    return model

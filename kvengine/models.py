@@ -42,11 +42,6 @@ class LoadedModel:
     tokenizer_fingerprint: str
 
 
-def default_cache_dir() -> Path:
-    """$MNESIO_MODEL_CACHE_DIR or ~/.cache/mnesio."""
-    return Path(os.environ.get("MNESIO_MODEL_CACHE_DIR") or Path.home() / ".cache" / "mnesio")
-
-
 def hub_offline() -> bool:
     """True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE asks for no network."""
     return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))

@@ -77,7 +77,7 @@ def _onednn_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _exact_output_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def exact_output_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """An exact-output linear's forward, bound to it as a method (so a deep copy of the model binds its copy)."""
     return bf16_linear_f32_out(x.to(self.weight.dtype), self.weight, self.bias)
 
@@ -95,7 +95,7 @@ def residual_f32(model: torch.nn.Module, *, matmul_dtype: torch.dtype = torch.bf
         if isinstance(module, torch.nn.Linear) and module is not head:
             module.to(matmul_dtype)
             if name.endswith(EXACT_OUTPUTS):
-                module.forward = types.MethodType(_exact_output_forward, module)
+                module.forward = types.MethodType(exact_output_forward, module)
                 continue
             module.register_forward_pre_hook(_cast_input(matmul_dtype))
             if name.endswith(F32_OUTPUTS):

@@ -40,7 +40,7 @@ from .blocks import (
     parts_write,
 )
 from .checking import CheckingMixin
-from .config import DTYPES, QUANTS, check_choice
+from .config import DTYPES, QUANTS, check_choice, default_cache_dir
 from .errors import ConfigError, ContextTooLongError, CorruptCartridgeError
 from .format import (
     FORMAT_VERSION,
@@ -57,9 +57,10 @@ from .format import (
     tensor_digest,
     write_cartridge,
 )
+from .fused import row_linears
 from .kvcache import DEFAULT_ROOM
 from .layout import PromptLayout
-from .models import DEFAULT_MODEL, default_cache_dir, load_model, max_context, rope_config
+from .models import DEFAULT_MODEL, load_model, max_context, rope_config
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
 from .prefill_cache import PrefillCache
@@ -101,7 +102,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         self.dtype, self.quant, self.device = dtype, quant, device
         self.torch_dtype = TORCH_DTYPES[dtype]
         loaded = load_model(model, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(), dtype=load_dtype(dtype), device=device)
-        self.model, self.tokenizer = cast_model(loaded.model, dtype), loaded.tokenizer
+        self.model, self.tokenizer = row_linears(cast_model(loaded.model, dtype)), loaded.tokenizer
         self.source = loaded.source
         self.max_context_tokens = max_context(self.model.config)
         self.layout = PromptLayout(self.tokenizer)
@@ -154,7 +155,7 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         if dtype != self.dtype:
             if self.dtype != "f32":
                 raise ConfigError(f"a {self.dtype} backend cannot make a {dtype} variant without losing precision; load the model again")
-            other.model = cast_model(copy.deepcopy(self.model), dtype).eval()
+            other.model = row_linears(cast_model(copy.deepcopy(self.model), dtype)).eval()
             other._batching = {"lock": threading.Lock(), "batcher": None}  # another model: its own batcher
             other._decode_step = other._step_for_model()
         other._description = dataclasses.replace(self._description, dtype=dtype, quant=quant)

@@ -1,4 +1,4 @@
-"""The fused decoding-attention kernel (kvengine/fused.py): exact attention over cache views, its build, and its dispatch."""
+"""The fused single-row kernels (kvengine/fused.py): exact attention over cache views, one-row linear layers, the build."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvengine import fused
+from kvengine import fused, precision
 from kvengine.attention import packed_gqa_sdpa
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,14 +155,63 @@ def test_a_folder_others_may_write_is_not_loaded_from(tmp_path, caplog):
     assert "not private" in caplog.text and not list(folder.iterdir())
 
 
+@pytest.mark.parametrize(("dtype", "out_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                  (torch.bfloat16, torch.float32)])
+def test_a_linear_row_is_the_dense_product(kernel, dtype, out_dtype):
+    g = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(200, 576, generator=g).to(dtype), torch.randn(1, 1, 576, generator=g)  # 115,200 weights
+    got = fused.linear_row(x, weight, None, out_dtype)
+    exact = (x.to(dtype).double() @ weight.double().T).reshape(1, 1, 200)  # bf16 inputs, products summed exactly
+    assert got.dtype == out_dtype and got.shape == (1, 1, 200)
+    if out_dtype == torch.float32:
+        assert (got.double() - exact).abs().max() <= 1e-4  # f32 accumulation of 576 products
+    else:  # rounded once to bf16, as the dense bf16 product rounds its accumulator
+        torch.testing.assert_close(got, torch.nn.functional.linear(x.to(dtype), weight), rtol=2**-8, atol=1e-3)
+    bias = torch.randn(200, generator=g)
+    torch.testing.assert_close(fused.linear_row(x, weight, bias, out_dtype).float(), got.float() + bias.to(out_dtype).float(),
+                               rtol=2**-7, atol=1e-2)
+
+
+def test_a_linear_row_refuses_what_it_does_not_take(kernel):
+    weight, x = torch.randn(1024, 96), torch.randn(1, 96)
+    assert fused.linear_row(x, weight, None, torch.float32) is not None
+    assert fused.linear_row(torch.randn(2, 96), weight, None, torch.float32) is None  # two rows: the dense matmul
+    assert fused.linear_row(x, weight.T.contiguous().T, None, torch.float32) is None  # strided weights
+    assert fused.linear_row(torch.randn(1, 80), torch.randn(1024, 80), None, torch.float32) is None  # not a multiple of 32
+    assert fused.linear_row(torch.randn(1, 96), torch.randn(64, 96), None, torch.float32) is None  # small: torch's is faster
+    assert fused.linear_row(x, weight.half(), None, torch.float16) is None
+
+
 @pytest.mark.model
-def test_the_real_models_answer_is_the_same_through_the_kernel(real_backend, kernel, monkeypatch):
+@pytest.mark.parametrize("dtype", ["f32", "bf16r", "f32w8"])
+def test_every_linear_layer_answers_one_row_as_its_dense_forward(real_backend, kernel, dtype):
+    model = (real_backend if dtype == "f32" else real_backend.variant(dtype=dtype)).model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.forward.__func__ is fused._row_forward for m in linears)
+    assert dtype != "f32w8" or len(linears) == 1  # int8 layers keep their kernel: only the f32 LM head is here
+    g = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for m in linears:
+            x = torch.randn(1, 1, m.in_features, generator=g)
+            if m.mnesio_dense_forward.__func__ is not precision.exact_output_forward:
+                x = x.to(m.weight.dtype)  # bf16r feeds its plain bf16 layers bf16 (a pre-hook)
+            row, dense = m(x), m.mnesio_dense_forward(x)
+            assert row.dtype == dense.dtype
+            torch.testing.assert_close(row.float(), dense.float(), rtol=0, atol=2e-2 if dense.dtype == torch.bfloat16 else 2e-4)
+
+
+@pytest.mark.model
+def test_the_real_models_answer_is_the_same_through_the_kernels(real_backend, kernel, monkeypatch):
     cartridge = real_backend.compile(["Alice lives in Lisbon.", "Bob keeps the key under the pot."])
-    calls = []
-    real = fused.decode_attention
-    monkeypatch.setattr(fused, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    calls = {"attention": 0, "rows": 0}
+    attention, rows = fused.decode_attention, fused.linear_row
+    monkeypatch.setattr(fused, "decode_attention", lambda *a: calls.__setitem__("attention", calls["attention"] + 1) or attention(*a))
+    monkeypatch.setattr(fused, "linear_row", lambda *a: calls.__setitem__("rows", calls["rows"] + 1) or rows(*a))
     through = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
-    assert len(calls) == 5 * real_backend.model.config.num_hidden_layers  # every layer of the 5 steps after the first token
+    layers = real_backend.model.config.num_hidden_layers
+    assert calls["attention"] == 5 * layers  # every layer of the 5 steps after the first token
+    assert calls["rows"] >= 5 * (7 * layers + 1)  # q, k, v, o, gate, up, down and the head, in each step
     monkeypatch.setattr(fused, "decode_attention", lambda *a: None)
-    flash = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
-    assert through.token_ids == flash.token_ids
+    monkeypatch.setattr(fused, "linear_row", lambda *a: None)
+    dense = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
+    assert through.token_ids == dense.token_ids

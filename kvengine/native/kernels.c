@@ -1,6 +1,7 @@
-/* One decoding step's attention, fused: each key and value row is read once and all arithmetic is in float32.
+/* The engine's single-row kernels, each reading its operands once with float32 arithmetic: one decoding step's
+ * attention (mnesio_decode_attention) and a linear layer's product for one row (mnesio_linear_row).
  *
- * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "A fused decoding kernel"). Per key/value
+ * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "Fused single-row kernels"). Per key/value
  * head: the packed query rows' scores over every position (one pass over the keys), their softmax, then the
  * probabilities times the values (one pass over the values). Keys and values are bf16 or f32 rows of 64, the rows
  * of a head contiguous and the heads `head_stride` elements apart (a cache view's layout). `threads` OpenMP threads
@@ -144,5 +145,40 @@ int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_
             out[hr * DIM + d] = x / total;
         }
     }
+    return 0;
+}
+
+/* y [out] = w x for one row x [in] (float32) and w [out, in] (bf16 or f32, rows contiguous), each weight read once:
+ * blocks of 4 output rows over torch's OpenMP threads, two accumulators of 16 per row. Returns 0, or -1 for a shape
+ * it does not take (in not a multiple of 32). */
+#define DEFINE_ROWS(NAME, LOAD, ELEM)                                                                            \
+static void NAME(const float *x, const ELEM *w, int64_t in, int64_t out, int threads, float *y) {                 \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                                           \
+    for (int64_t o = 0; o < out; o += 4) {                                                                      \
+        int rows = out - o < 4 ? (int)(out - o) : 4;                                                             \
+        __m512 a[4][2];                                                                                          \
+        for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();                                     \
+        for (int64_t i = 0; i < in; i += 32) {                                                                   \
+            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);                                \
+            for (int r = 0; r < rows; r++) {                                                                     \
+                const ELEM *wr = w + (o + r) * in + i;                                                           \
+                a[r][0] = _mm512_fmadd_ps(LOAD(wr), x0, a[r][0]);                                                \
+                a[r][1] = _mm512_fmadd_ps(LOAD(wr + 16), x1, a[r][1]);                                           \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int r = 0; r < rows; r++) y[o + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r][0], a[r][1]));         \
+    }                                                                                                            \
+}
+
+DEFINE_ROWS(rows_bf16, load_bf16, uint16_t)
+DEFINE_ROWS(rows_f32, load_f32, float)
+
+int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
+    if (in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
+    if (threads < 1) threads = 1;
+    if (w_bits == 16)
+        rows_bf16(x, (const uint16_t *)w, in, out, threads, y);
+    else
+        rows_f32(x, (const float *)w, in, out, threads, y);
     return 0;
 }
