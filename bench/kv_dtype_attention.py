@@ -107,7 +107,8 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
 
 def in_model(context: int, steps: int, dtype: str) -> dict:
     """Median ms of the default model's ``dtype`` decoding step over a random ``context``-position state, its attention
-    by kvengine.fused's kernel, by the flash kernel or (bf16) by ``matmul_attention`` compensated or rounded, the ways
+    by kvengine.fused's kernel, by the flash kernel (``dense``: torch's linear products too) or (bf16) by
+    ``matmul_attention`` compensated or rounded, the ways
     alternating step by step; and each way's largest logit difference from the same step attended in float64."""
     from transformers import AttentionInterface
 
@@ -116,11 +117,11 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
     from kvengine.attention import packed_gqa_sdpa
     from kvengine.kvcache import CartridgeCache, KvState
 
-    fused_kernel, way = kvengine.fused.decode_attention, {"name": "fused"}
+    fused_kernel, row_kernel, way = kvengine.fused.decode_attention, kvengine.fused.linear_row, {"name": "fused"}
 
     def candidate(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
         name = way["name"]
-        if name in ("fused", "flash") or query.shape[2] != 1 or kwargs.get("mnesio_cascade") is not None:
+        if name in ("fused", "flash", "dense") or query.shape[2] != 1 or kwargs.get("mnesio_cascade") is not None:
             kvengine.fused.decode_attention = fused_kernel if name == "fused" else (lambda *a: None)
             return packed_gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
         packed = query.to(value.dtype).reshape(query.shape[0], key.shape[1], -1, query.shape[-1])  # as packed there
@@ -141,10 +142,11 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
     with torch.inference_mode():
         state = KvState([torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).to(kv_dtype) for _ in range(LAYERS)],
                         [torch.randn(1, KV_HEADS, context, HEAD_DIM, generator=g).to(kv_dtype) for _ in range(LAYERS)], room=ROOM)
-    ways = ["fused", "flash", *(["matmul", "matmul_rounded"] if dtype == "bf16" else [])]
+    ways = ["fused", "flash", "dense", *(["matmul", "matmul_rounded"] if dtype == "bf16" else [])]
     times, logits = {name: [] for name in ways}, {}
 
     def step(token: int) -> torch.Tensor:
+        kvengine.fused.linear_row = (lambda *a: None) if way["name"] == "dense" else row_kernel  # dense: torch's products
         cache = CartridgeCache(state)
         try:
             return model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1].float()
@@ -165,6 +167,7 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
                         times[name].append(time.perf_counter() - started)
     finally:
         config._attn_implementation, kvengine.fused.decode_attention = served_impl, fused_kernel
+        kvengine.fused.linear_row = row_kernel
     diff = {f"{name}_max_logit_diff_from_exact": float(f"{float((logits[name] - logits['exact']).abs().max()):.2g}") for name in ways}
     return {"dtype": dtype, "context": context, "steps": steps, **diff,
             **{f"{name}_step_ms": round(1e3 * statistics.median(t), 1) for name, t in times.items()},

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "native" / "kernels.c"
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-HEAD_DIM, MAX_ROWS = 64, 16  # the shapes the kernel takes (decode_attention.c)
+HEAD_DIM, MAX_ROWS = 64, 16  # the shapes the attention kernel takes (kernels.c)
 KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes the kernels read
 # the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
 # product costs torch (a 256 x 256 one: ~5 us), while SmolLM2's smallest layer (192 x 576) gains in the model's step
