@@ -256,8 +256,9 @@ DECLARED: tuple[Setting, ...] = (
     _int("MNESIO_KV_BLOCK_SIZE", 64, "Tokens per KV block: smaller blocks append faster, larger compile faster; "
          "changing it makes new block ids.", ENGINE, minimum=64, maximum=8192, multiple_of=64, unit="tokens"),
     _bool("MNESIO_KV_COMPILE_STEP", False, "Decode single tokens through torch.compile (inductor): compiled once as "
-          "each process loads the model (about a minute on a 2-core CPU), then a step ~1.15x "
-          "faster at 8k positions (BENCHMARKS.md, \"torch.compile of the decoding step\").", ENGINE),
+          "each process loads the model (about a minute on a 2-core CPU). The compiled graph keeps "
+          "torch's kernels, not the engine's fused single-row ones, so since those landed an eager step is the faster "
+          "(BENCHMARKS.md, \"torch.compile of the decoding step\").", ENGINE),
     Setting("MNESIO_MODEL_CACHE_DIR", "path", None, "Converted model weights and other engine caches.", ENGINE,
             default_doc="~/.cache/mnesio"),
     Setting("MNESIO_KV_ALLOWED_MODELS", "list", ("smollm2-135m-instruct", "fake-model"), "Model ids an operator may "
