@@ -3,7 +3,8 @@
 Times, on SmolLM2-135M's shapes (30 layers, 3 key/value heads of 64, 9 query heads packed onto them as
 kvengine.attention packs them, random tensors in views of buffers with room past them, as a cache hands them over):
 torch's CPU flash attention over f32 and bf16 KV (the query cast to bf16, as under bf16r); kvengine.fused's kernel
-(the product's single-token path); and for bf16 a candidate composed from torch's ops, ``matmul_attention`` (oneDNN's
+(the product's path for a single-token step and for a question's pass, each token over the positions up to its
+own); and for bf16 a candidate composed from torch's ops, ``matmul_attention`` (oneDNN's
 bf16 matmuls around an f32 softmax, scores compensated to f32 or left rounded to bf16). ``--in-model`` times the
 same ways inside the default model's f32 and bf16 decoding steps, alternating step by step.
 
@@ -94,6 +95,12 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
         for k, v in zip(keys, values, strict=True):
             sdpa(question_q, k, v, attn_mask=mask)
 
+    limits = torch.arange(context + 1, context + question + 1).repeat(GROUPS)  # each token up to its own position
+
+    def fused_question_pass():
+        for k, v in zip(keys, values, strict=True):
+            assert decode_attention(question_q, k, v, HEAD_DIM**-0.5, limits) is not None, "the fused kernel did not take the pass"
+
     kv_bytes = 2 * LAYERS * KV_HEADS * (context + question) * HEAD_DIM * torch.finfo(dtype).bits // 8
     narrow = dtype == torch.bfloat16
     row = {"context": context, "kv_dtype": str(dtype).removeprefix("torch."), "kv_mb": round(kv_bytes / 1e6, 1),
@@ -101,7 +108,8 @@ def measure(context: int, question: int, dtype: torch.dtype, reps: int) -> dict:
            "decoding_step_fused_ms": round(1e3 * _time(fused_step, reps), 2),
            "decoding_step_matmul_ms": round(1e3 * _time(lambda: matmul_step(True), reps), 2) if narrow else "-",
            "decoding_step_matmul_rounded_ms": round(1e3 * _time(lambda: matmul_step(False), reps), 2) if narrow else "-",
-           "question_pass_attention_ms": round(1e3 * _time(question_pass, reps), 2), "question_tokens": question}
+           "question_pass_attention_ms": round(1e3 * _time(question_pass, reps), 2),
+           "question_pass_fused_ms": round(1e3 * _time(fused_question_pass, reps), 2), "question_tokens": question}
     return row
 
 
@@ -191,7 +199,9 @@ def main() -> None:
                   ] if args.in_model else []
     for row in model_rows:
         print(row, flush=True)
-    result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
+    result = {"machine": cpu or platform.processor() or platform.machine(), "torch": torch.__version__,
               "threads": torch.get_num_threads(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "rows": rows, "in_model": model_rows, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     if args.out:

@@ -1,10 +1,11 @@
-"""The engine's fused single-row kernels (kvengine/native/kernels.c): built on first use, called through ctypes.
+"""The engine's fused few-row kernels (kvengine/native/kernels.c): built on first use, called through ctypes.
 
-kvengine.attention sends a single-token step's attention to ``decode_attention``; ``row_linears`` makes a model's
-linear layers send a one-row input to ``linear_row``. Each returns None for what its kernel does not take (then
-torch's kernel serves: the flash attention, the dense matmul). The library is built with the system C compiler (``$CC``, else cc) into
-``<MNESIO_MODEL_CACHE_DIR>/kernels/``, named by a hash of the source and the flags: into a temporary file, then
-renamed, so processes building at once each load a whole library. The folder must be the process owner's and
+kvengine.attention sends the attention of a single-token step, and of a question's few tokens under a causal mask,
+to ``decode_attention``; ``row_linears`` makes a model's linear layers send a one-row input to ``linear_row``. Each
+returns None for what its kernel does not take (then torch's kernel serves: the flash attention, the dense
+matmul). The library is built with the system C compiler (``$CC``, else cc)
+into ``<MNESIO_MODEL_CACHE_DIR>/kernels/``, named by a hash of the source and the flags: into a temporary file,
+then renamed, so processes building at once each load a whole library. The folder must be the process owner's and
 writable by no one else, or nothing there is loaded. No compiler, a failed build or a CPU without AVX-512F: the
 kernels are unavailable (logged once) and answers are torch's kernels'.
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "native" / "kernels.c"
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-HEAD_DIM, MAX_ROWS = 64, 16  # the shapes the attention kernel takes (kernels.c)
+HEAD_DIM, MAX_ROWS = 64, 64  # the shapes the attention kernel takes (kernels.c): packed query rows at most
 KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes the kernels read
 # the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
 # product costs torch (a 256 x 256 one: ~5 us), while SmolLM2's smallest layer (192 x 576) gains in the model's step
@@ -86,10 +87,13 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
     if not lib.mnesio_decode_attention_supported():
         log.warning("kvengine: this CPU lacks AVX-512F; torch's kernels serve single-token steps")
         return None
-    lib.mnesio_decode_attention.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 5 + [ctypes.c_void_p] * 3
+    lib.mnesio_decode_attention.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
+                                          + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3)
     lib.mnesio_decode_attention.restype = ctypes.c_int
     lib.mnesio_linear_row.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.mnesio_linear_row.restype = ctypes.c_int
+    lib.mnesio_prefix_limits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+    lib.mnesio_prefix_limits.restype = ctypes.c_int
     return lib
 
 
@@ -111,20 +115,41 @@ def takes(packed: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
     )
 
 
-def decode_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor | None:
+def prefix_limits(mask: torch.Tensor, n: int) -> torch.Tensor | None:
+    """Per query row of a boolean ``mask [1, 1, q, n]``, how many leading positions it sees (int64 ``[q]``), when every
+    row sees exactly its first ones and at least one (a causal mask over a cache, or one that hides nothing); else
+    None, and None where the kernel is unavailable. One scan of the mask (the library's), each layer's call a few
+    microseconds where torch's comparisons took a third of a millisecond."""
+    if (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[:2] != (1, 1) or mask.shape[-1] != n
+            or mask.stride(-1) != 1 or mask.device.type != "cpu" or (lib := kernel()) is None):
+        return None
+    limits = torch.empty(mask.shape[2], dtype=torch.int64)
+    if lib.mnesio_prefix_limits(mask.data_ptr(), mask.shape[2], n, mask.stride(2), limits.data_ptr()) != 0:
+        return None
+    return limits
+
+
+def decode_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
+                     limits: torch.Tensor | None = None) -> torch.Tensor | None:
     """softmax(q k^T * scale) v for packed queries ``[1, kv, rows, 64]`` over ``key, value [1, kv, n, 64]``, in the
-    values' dtype; None when the kernel does not take the step or is unavailable (the caller runs the flash kernel)."""
+    values' dtype, row r over the first ``limits[r]`` positions (int64 ``[rows]``; None: all of them); None when the
+    kernel does not take it or is unavailable (the caller runs the flash kernel)."""
     if not takes(packed, key, value) or (lib := kernel()) is None:
         return None
     _, heads, rows, dim = packed.shape
     n = key.shape[2]
+    if limits is not None:
+        limits = limits.to(torch.int64).contiguous()
+        if limits.shape != (rows,) or not bool(((limits >= 1) & (limits <= n)).all()):
+            return None
     q = (packed[0].float() * scale).contiguous()  # [kv, rows, d]
     threads = torch.get_num_threads()
     scores = torch.empty(rows * n, dtype=torch.float32)
     part = torch.empty(threads * heads * rows * (dim + 2), dtype=torch.float32)  # per thread: outputs, max, sum
     out = torch.empty(heads, rows, dim, dtype=torch.float32)
     rc = lib.mnesio_decode_attention(q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(1), n, heads, rows,
-                                     dim, KV_BITS[key.dtype], threads, scores.data_ptr(), part.data_ptr(), out.data_ptr())
+                                     None if limits is None else limits.data_ptr(), dim, KV_BITS[key.dtype], threads,
+                                     scores.data_ptr(), part.data_ptr(), out.data_ptr())
     if rc != 0:
         return None
     return out.to(value.dtype).unsqueeze(0)

@@ -1,20 +1,23 @@
-/* The engine's single-row kernels, each reading its operands once with float32 arithmetic: one decoding step's
- * attention (mnesio_decode_attention) and a linear layer's product for one row (mnesio_linear_row).
+/* The engine's fused kernels for a few rows, each reading its operands once with float32 arithmetic: the attention of a
+ * decoding step or a question's pass over the cache (mnesio_decode_attention) and a linear layer's product for one
+ * row (mnesio_linear_row).
  *
  * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "Fused single-row kernels"). Per key/value
  * head: the packed query rows' scores over every position (one pass over the keys), their softmax, then the
- * probabilities times the values (one pass over the values). Keys and values are bf16 or f32 rows of 64, the rows
- * of a head contiguous and the heads `head_stride` elements apart (a cache view's layout). `threads` OpenMP threads
- * split the positions, each keeping its own maximum, sum and unnormalized output per row, merged at the end; the
- * library links the OpenMP runtime torch has loaded (libgomp), so the threads are torch's own, already running.
- * AVX-512F instructions only, checked at run time.
+ * probabilities times the values (one pass over the values); each row sees the positions before its limit (all of
+ * them for a decoding step, the cache and the question up to its own token for a question's pass). Keys and values
+ * are bf16 or f32 rows of 64, the rows of a head contiguous and the heads `head_stride` elements apart (a cache
+ * view's layout). `threads` OpenMP threads split the positions, each keeping its own maximum, sum and unnormalized
+ * output per row, merged at the end; the library links the OpenMP runtime torch has loaded (libgomp), so the
+ * threads are torch's own, already running. AVX-512F instructions only, checked at run time.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define DIM 64
-#define MAX_ROWS 16
+#define MAX_ROWS 64
 
 static inline __m512 load_bf16(const void *p) {
     __m256i x = _mm256_loadu_si256((const __m256i *)p);
@@ -40,84 +43,177 @@ static inline __m512 exp_ps(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* The sums of four vectors' elements, the i-th in elements 4i..4i+3 (lanes added as _mm512_reduce_add_ps adds them). */
+static inline __m512 sum4(const __m512 s[4]) {
+    __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(s[0], s[1], 0x44), _mm512_shuffle_f32x4(s[0], s[1], 0xEE));
+    __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(s[2], s[3], 0x44), _mm512_shuffle_f32x4(s[2], s[3], 0xEE));
+    __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+    c = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4E));
+    return _mm512_add_ps(c, _mm512_permute_ps(c, 0xB1));
+}
+
+#define TILE 256  /* positions per tile: a tile's keys or values stay in cache while every row group reads them */
+
+/* Rows [r0, r0 + G) of one head over positions [t0, t1): their scores into scores [rows, n], their maxima over the
+ * positions each row sees into m. */
+#define DEFINE_SCORES(NAME, LOAD, ELEM, G)                                                                       \
+static inline void NAME(const float *q, const ELEM *kh, int64_t n, int64_t t0, int64_t t1, int r0,               \
+                        const int64_t *limit, float *scores, float *m) {                                         \
+    __m512 qr[G][4];                                                                                             \
+    for (int i = 0; i < G; i++)                                                                                  \
+        for (int j = 0; j < 4; j++) qr[i][j] = _mm512_loadu_ps(q + (int64_t)(r0 + i) * DIM + 16 * j);            \
+    for (int64_t t = t0; t < t1; t++) {                                                                          \
+        const ELEM *kt = kh + t * DIM;                                                                           \
+        __m512 k0 = LOAD(kt), k1 = LOAD(kt + 16), k2 = LOAD(kt + 32), k3 = LOAD(kt + 48);                        \
+        __m512 s[4];                                                                                             \
+        for (int i = 0; i < 4; i++) {                                                                            \
+            if (i >= G) { s[i] = _mm512_setzero_ps(); continue; }                                                \
+            s[i] = _mm512_mul_ps(qr[i][0], k0);                                                                  \
+            s[i] = _mm512_fmadd_ps(qr[i][1], k1, s[i]);                                                          \
+            s[i] = _mm512_fmadd_ps(qr[i][2], k2, s[i]);                                                          \
+            s[i] = _mm512_fmadd_ps(qr[i][3], k3, s[i]);                                                          \
+        }                                                                                                        \
+        float x[16];                                                                                             \
+        _mm512_storeu_ps(x, sum4(s));                                                                            \
+        for (int i = 0; i < G; i++) {                                                                            \
+            scores[(int64_t)(r0 + i) * n + t] = x[4 * i];                                                        \
+            if (x[4 * i] > m[r0 + i] && t < limit[r0 + i]) m[r0 + i] = x[4 * i];                                 \
+        }                                                                                                        \
+    }                                                                                                            \
+}
+
+/* Rows [r0, r0 + G) of one head over positions [t0, t1): the probabilities in scores times the values, added to
+ * the unnormalized outputs acc [rows, DIM]. */
+#define DEFINE_VALUES(NAME, LOAD, ELEM, G)                                                                       \
+static inline void NAME(const ELEM *vh, int64_t n, int64_t t0, int64_t t1, int r0, const float *scores,          \
+                        float *acc) {                                                                            \
+    __m512 a[G][4];                                                                                              \
+    for (int i = 0; i < G; i++)                                                                                  \
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_loadu_ps(acc + (int64_t)(r0 + i) * DIM + 16 * j);           \
+    for (int64_t t = t0; t < t1; t++) {                                                                          \
+        const ELEM *vt = vh + t * DIM;                                                                           \
+        __m512 v0 = LOAD(vt), v1 = LOAD(vt + 16), v2 = LOAD(vt + 32), v3 = LOAD(vt + 48);                        \
+        for (int i = 0; i < G; i++) {                                                                            \
+            __m512 p = _mm512_set1_ps(scores[(int64_t)(r0 + i) * n + t]);                                        \
+            a[i][0] = _mm512_fmadd_ps(p, v0, a[i][0]);                                                           \
+            a[i][1] = _mm512_fmadd_ps(p, v1, a[i][1]);                                                           \
+            a[i][2] = _mm512_fmadd_ps(p, v2, a[i][2]);                                                           \
+            a[i][3] = _mm512_fmadd_ps(p, v3, a[i][3]);                                                           \
+        }                                                                                                        \
+    }                                                                                                            \
+    for (int i = 0; i < G; i++)                                                                                  \
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc + (int64_t)(r0 + i) * DIM + 16 * j, a[i][j]);          \
+}
+
+/* The rows in groups of up to four (their queries or outputs held in registers), tile by tile. */
+#define DEFINE_GROUPS(SUFFIX, LOAD, ELEM)                                                                        \
+DEFINE_SCORES(scores1_##SUFFIX, LOAD, ELEM, 1) DEFINE_SCORES(scores2_##SUFFIX, LOAD, ELEM, 2)                    \
+DEFINE_SCORES(scores3_##SUFFIX, LOAD, ELEM, 3) DEFINE_SCORES(scores4_##SUFFIX, LOAD, ELEM, 4)                    \
+DEFINE_VALUES(values1_##SUFFIX, LOAD, ELEM, 1) DEFINE_VALUES(values2_##SUFFIX, LOAD, ELEM, 2)                    \
+DEFINE_VALUES(values3_##SUFFIX, LOAD, ELEM, 3) DEFINE_VALUES(values4_##SUFFIX, LOAD, ELEM, 4)                    \
+static void scores_##SUFFIX(const float *q, const ELEM *kh, int64_t n, int64_t t0, int64_t t1, int rows,         \
+                            const int64_t *limit, float *scores, float *m) {                                     \
+    for (int r0 = 0; r0 < rows; r0 += 4) {                                                                       \
+        switch (rows - r0 < 4 ? rows - r0 : 4) {                                                                 \
+        case 1: scores1_##SUFFIX(q, kh, n, t0, t1, r0, limit, scores, m); break;                                 \
+        case 2: scores2_##SUFFIX(q, kh, n, t0, t1, r0, limit, scores, m); break;                                 \
+        case 3: scores3_##SUFFIX(q, kh, n, t0, t1, r0, limit, scores, m); break;                                 \
+        default: scores4_##SUFFIX(q, kh, n, t0, t1, r0, limit, scores, m);                                       \
+        }                                                                                                        \
+    }                                                                                                            \
+}                                                                                                                \
+static void values_##SUFFIX(const ELEM *vh, int64_t n, int64_t t0, int64_t t1, int rows, const float *scores,    \
+                            float *acc) {                                                                        \
+    for (int r0 = 0; r0 < rows; r0 += 4) {                                                                       \
+        switch (rows - r0 < 4 ? rows - r0 : 4) {                                                                 \
+        case 1: values1_##SUFFIX(vh, n, t0, t1, r0, scores, acc); break;                                         \
+        case 2: values2_##SUFFIX(vh, n, t0, t1, r0, scores, acc); break;                                         \
+        case 3: values3_##SUFFIX(vh, n, t0, t1, r0, scores, acc); break;                                         \
+        default: values4_##SUFFIX(vh, n, t0, t1, r0, scores, acc);                                               \
+        }                                                                                                        \
+    }                                                                                                            \
+}
+
+DEFINE_GROUPS(bf16, load_bf16, uint16_t)
+DEFINE_GROUPS(f32, load_f32, float)
+
 /* Positions [begin, end) of every head. q [heads, rows, DIM] float32, already scaled; k, v: element (h, t, d) at
- * h * head_stride + t * DIM + d; scores: [rows, n] float32 scratch (this chunk writes its positions); part: per
- * (head, row) DIM unnormalized outputs, then the maximum score and the sum of exponentials. */
-#define DEFINE_HEADS(NAME, LOAD, ELEM)                                                                           \
-static void NAME(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n, int64_t begin,    \
-                 int64_t end, int heads, int rows, float *scores, float *part) {                                 \
+ * h * head_stride + t * DIM + d; limit[r]: row r sees positions [0, limit[r]); scores: [rows, n] float32 scratch
+ * (this chunk writes its positions, zero past a row's limit); part: per (head, row) DIM unnormalized outputs, then
+ * the maximum score (-inf where the chunk has no position the row sees) and the sum of exponentials. */
+#define DEFINE_HEADS(SUFFIX, ELEM)                                                                               \
+static void heads_##SUFFIX(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n,        \
+                           int64_t begin, int64_t end, int heads, int rows, const int64_t *limit, float *scores, \
+                           float *part) {                                                                        \
     for (int h = 0; h < heads; h++) {                                                                            \
         const ELEM *kh = k + h * head_stride, *vh = v + h * head_stride;                                         \
-        __m512 qr[MAX_ROWS][4];                                                                                  \
-        float m[MAX_ROWS], total[MAX_ROWS];                                                                      \
-        for (int r = 0; r < rows; r++) {                                                                         \
-            for (int j = 0; j < 4; j++) qr[r][j] = _mm512_loadu_ps(q + ((int64_t)h * rows + r) * DIM + 16 * j);  \
-            m[r] = -INFINITY;                                                                                    \
-        }                                                                                                        \
-        for (int64_t t = begin; t < end; t++) {                                                                  \
-            const ELEM *kt = kh + t * DIM;                                                                       \
-            __m512 k0 = LOAD(kt), k1 = LOAD(kt + 16), k2 = LOAD(kt + 32), k3 = LOAD(kt + 48);                    \
-            for (int r = 0; r < rows; r++) {                                                                     \
-                __m512 s = _mm512_mul_ps(qr[r][0], k0);                                                          \
-                s = _mm512_fmadd_ps(qr[r][1], k1, s);                                                            \
-                s = _mm512_fmadd_ps(qr[r][2], k2, s);                                                            \
-                s = _mm512_fmadd_ps(qr[r][3], k3, s);                                                            \
-                float x = _mm512_reduce_add_ps(s);                                                               \
-                scores[r * n + t] = x;                                                                           \
-                if (x > m[r]) m[r] = x;                                                                          \
-            }                                                                                                    \
-        }                                                                                                        \
+        const float *qh = q + (int64_t)h * rows * DIM;                                                           \
+        float m[MAX_ROWS], total[MAX_ROWS], acc[MAX_ROWS * DIM];                                                 \
+        for (int r = 0; r < rows; r++) m[r] = -INFINITY;                                                         \
+        for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                           \
+            scores_##SUFFIX(qh, kh, n, t0, t0 + TILE < end ? t0 + TILE : end, rows, limit, scores, m);           \
         for (int r = 0; r < rows; r++) {                                                                         \
             float *s = scores + r * n;                                                                           \
+            int64_t seen = limit[r] < end ? (limit[r] > begin ? limit[r] : begin) : end;                         \
+            for (int64_t t = seen; t < end; t++) s[t] = 0.0f;  /* past the row's limit: no weight */             \
             __m512 mx = _mm512_set1_ps(m[r]), sum = _mm512_setzero_ps();                                         \
             int64_t t = begin;                                                                                   \
-            for (; t + 16 <= end; t += 16) {                                                                       \
+            for (; t + 16 <= seen; t += 16) {                                                                    \
                 __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));                                    \
                 _mm512_storeu_ps(s + t, e);                                                                      \
                 sum = _mm512_add_ps(sum, e);                                                                     \
             }                                                                                                    \
-            if (t < end) {                                                                                       \
-                __mmask16 tail = (__mmask16)((1u << (end - t)) - 1);                                               \
+            if (t < seen) {                                                                                      \
+                __mmask16 tail = (__mmask16)((1u << (seen - t)) - 1);                                            \
                 __m512 e = _mm512_maskz_mov_ps(tail, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), mx))); \
                 _mm512_mask_storeu_ps(s + t, tail, e);                                                           \
                 sum = _mm512_add_ps(sum, e);                                                                     \
             }                                                                                                    \
             total[r] = _mm512_reduce_add_ps(sum);                                                                \
         }                                                                                                        \
-        __m512 acc[MAX_ROWS][4];                                                                                 \
-        for (int r = 0; r < rows; r++)                                                                           \
-            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();                                         \
-        for (int64_t t = begin; t < end; t++) {                                                                  \
-            const ELEM *vt = vh + t * DIM;                                                                       \
-            __m512 v0 = LOAD(vt), v1 = LOAD(vt + 16), v2 = LOAD(vt + 32), v3 = LOAD(vt + 48);                    \
-            for (int r = 0; r < rows; r++) {                                                                     \
-                __m512 p = _mm512_set1_ps(scores[r * n + t]);                                                    \
-                acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);                                                   \
-                acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);                                                   \
-                acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);                                                   \
-                acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);                                                   \
-            }                                                                                                    \
-        }                                                                                                        \
+        for (int i = 0; i < rows * DIM; i++) acc[i] = 0.0f;                                                      \
+        for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                           \
+            values_##SUFFIX(vh, n, t0, t0 + TILE < end ? t0 + TILE : end, rows, scores, acc);                    \
         for (int r = 0; r < rows; r++) {                                                                         \
             float *pr = part + ((int64_t)h * rows + r) * (DIM + 2);                                              \
-            for (int j = 0; j < 4; j++) _mm512_storeu_ps(pr + 16 * j, acc[r][j]);                                \
+            for (int d = 0; d < DIM; d++) pr[d] = acc[r * DIM + d];                                              \
             pr[DIM] = m[r];                                                                                      \
             pr[DIM + 1] = total[r];                                                                              \
         }                                                                                                        \
     }                                                                                                            \
 }
 
-DEFINE_HEADS(heads_bf16, load_bf16, uint16_t)
-DEFINE_HEADS(heads_f32, load_f32, float)
+DEFINE_HEADS(bf16, uint16_t)
+DEFINE_HEADS(f32, float)
+
+/* limits[r] = how many leading positions row r of a boolean mask (bytes 0/1, rows `row_stride` bytes apart, n each)
+ * sees, when each row sees exactly its first positions and at least one; returns 0, else -1. */
+int mnesio_prefix_limits(const uint8_t *mask, int64_t rows, int64_t n, int64_t row_stride, int64_t *limits) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = mask + r * row_stride;
+        const uint8_t *hidden = memchr(row, 0, (size_t)n);
+        int64_t limit = hidden ? hidden - row : n;
+        if (limit < 1 || (hidden && memchr(hidden, 1, (size_t)(n - limit)))) return -1;
+        limits[r] = limit;
+    }
+    return 0;
+}
 
 /* 1 when this CPU runs the kernel (AVX-512F), else 0: the caller checks it before the first call. */
 int mnesio_decode_attention_supported(void) { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
 
-/* out [heads, rows, DIM] = softmax(q k^T) v per head; kv_bits 16 (bf16) or 32 (f32); part: threads * heads * rows *
- * (DIM + 2) floats of scratch. Returns 0, or -1 for a shape it does not take. */
+/* out [heads, rows, DIM] = softmax(q k^T) v per head, row r over positions [0, limit[r]) (limit NULL: all n);
+ * kv_bits 16 (bf16) or 32 (f32); part: threads * heads * rows * (DIM + 2) floats of scratch. Returns 0, or -1 for a
+ * shape it does not take (a limit outside [1, n] included). */
 int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_t head_stride, int64_t n, int heads,
-                            int rows, int dim, int kv_bits, int threads, float *scores, float *part, float *out) {
+                            int rows, const int64_t *limits, int dim, int kv_bits, int threads, float *scores,
+                            float *part, float *out) {
     if (dim != DIM || rows < 1 || rows > MAX_ROWS || n < 1 || heads < 1 || (kv_bits != 16 && kv_bits != 32)) return -1;
+    int64_t limit[MAX_ROWS];
+    for (int r = 0; r < rows; r++) {
+        limit[r] = limits ? limits[r] : n;
+        if (limit[r] < 1 || limit[r] > n) return -1;
+    }
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     if (n < 256 * (int64_t)threads) threads = 1;  /* a short cache: not worth a second thread */
@@ -127,9 +223,9 @@ int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_
     for (int c = 0; c < threads; c++) {
         int64_t begin = c * per, end = begin + per < n ? begin + per : n;
         if (kv_bits == 16)
-            heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, begin, end, heads, rows, scores, part + c * stride);
+            heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, begin, end, heads, rows, limit, scores, part + c * stride);
         else
-            heads_f32(q, (const float *)k, (const float *)v, head_stride, n, begin, end, heads, rows, scores, part + c * stride);
+            heads_f32(q, (const float *)k, (const float *)v, head_stride, n, begin, end, heads, rows, limit, scores, part + c * stride);
     }
     for (int64_t hr = 0; hr < (int64_t)heads * rows; hr++) {  /* merge the chunks: the softmax over all positions */
         float m = -INFINITY, total = 0.0f, w[64];

@@ -1,4 +1,5 @@
-"""The fused single-row kernels (kvengine/fused.py): exact attention over cache views, one-row linear layers, the build."""
+"""The fused kernels (kvengine/fused.py): exact attention over cache views (a step, a question under a causal mask),
+one-row linear layers, the build."""
 from __future__ import annotations
 
 import os
@@ -73,7 +74,7 @@ def test_the_kernel_refuses_what_it_does_not_take(kernel):
     refused = {
         "two rows": (query.expand(2, -1, -1, -1), key.expand(2, -1, -1, -1), value.expand(2, -1, -1, -1)),
         "head dim 32": (query[..., :32], key[..., :32], value[..., :32]),
-        "17 query rows": (query.repeat(1, 1, 6, 1)[:, :, :17], key, value),
+        "65 query rows": (query.repeat(1, 1, 22, 1)[:, :, :65], key, value),
         "f16": (query.half(), key.half(), value.half()),
         "mixed dtypes": (query, key, value.float()),
         "strided positions": (query, key.transpose(2, 3).contiguous().transpose(2, 3), value),
@@ -81,6 +82,74 @@ def test_the_kernel_refuses_what_it_does_not_take(kernel):
     }
     for case, (q, k, v) in refused.items():
         assert fused.decode_attention(q, k, v, 0.125) is None, case
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_each_row_sees_the_positions_before_its_limit(kernel, dtype, threads):
+    g = torch.Generator().manual_seed(threads)
+    n, rows = 3001, 64
+    kb, vb = (torch.randn(1, 3, n + 40, 64, generator=g).to(dtype) for _ in range(2))
+    key, value = kb[:, :, :n], vb[:, :, :n]
+    query = (3 * torch.randn(1, 3, rows, 64, generator=g)).to(dtype)
+    # one position, a few, one thread's chunk and a bit, all but one, all: chunks a row sees nothing of included
+    limits = torch.tensor([1, 2, 17, 1001, 1002, n - 1, n] * 9 + [n]).to(torch.int64)
+    mask = torch.arange(n)[None, :] < limits[:, None]  # [rows, n]
+    exact = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask, scale=0.125)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = fused.decode_attention(query, key, value, 0.125, limits)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.dtype == dtype
+    assert (got.double() - exact).abs().max() <= (1e-5 if dtype == torch.float32 else 1e-2)
+    # what a row does not see changes nothing (a later token's key may be anything, its value anything finite)
+    key2, value2 = key.clone(), value.clone()
+    key2[:, :, 17:], value2[:, :, 17:] = float("nan"), 1e4
+    assert torch.equal(fused.decode_attention(query, key2, value2, 0.125, limits)[:, :, :3], got[:, :, :3])
+    for bad in ([0] + [n] * (rows - 1), [n + 1] * rows, [n] * (rows - 1)):  # a limit outside [1, n]; too few limits
+        assert fused.decode_attention(query, key, value, 0.125, torch.tensor(bad)) is None
+
+
+def test_prefix_limits_reads_a_causal_mask_and_nothing_else(kernel):
+    n = 40
+    causal = (torch.arange(n)[None, :] <= torch.arange(n - 5, n)[:, None])[None, None]  # 5 tokens over 35 cached
+    assert fused.prefix_limits(causal, n).tolist() == [36, 37, 38, 39, 40]
+    assert fused.prefix_limits(torch.ones(1, 1, 1, n, dtype=torch.bool).expand(1, 1, 3, n), n).tolist() == [n, n, n]
+    holed, sliding, seen_again = causal.clone(), causal.clone(), causal.clone()
+    holed[..., 3] = False
+    sliding[..., :2] = False
+    seen_again[..., 0, n - 1] = True  # the first token also sees the last position, past the ones it does not
+    for mask, size in ((holed, n), (sliding, n), (seen_again, n), (causal, n + 1), (causal.float(), n),
+                       (causal.expand(2, 1, 5, n), n), (causal.transpose(2, 3).contiguous().transpose(2, 3), n),
+                       (torch.zeros(1, 1, 1, n, dtype=torch.bool), n)):
+        assert fused.prefix_limits(mask, size) is None
+
+
+def test_a_questions_pass_under_a_causal_mask_goes_to_the_kernel(kernel, monkeypatch):
+    query, _, _, key, value = _cache_view(300, torch.float32)
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    g = torch.Generator().manual_seed(5)
+    heads = torch.randn(1, 9, 13, 64, generator=g)  # 13 tokens, the last of the 300 positions
+    causal = (torch.arange(300)[None, :] <= torch.arange(287, 300)[:, None])[None, None]
+    calls = []
+    real = fused.decode_attention
+    monkeypatch.setattr(fused, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    got, _ = packed_gqa_sdpa(module, heads, key, value, causal, scaling=0.125)
+    exact = torch.nn.functional.scaled_dot_product_attention(heads.double(), key.double(), value.double(), attn_mask=causal,
+                                                             scale=0.125, enable_gqa=True).transpose(1, 2)
+    assert calls == [1] and got.shape == (1, 13, 9, 64)
+    assert (got.double() - exact).abs().max() <= 1e-5
+    holed = causal.clone()
+    holed[..., 10] = False  # not each row's first positions: flash, under that mask
+    masked, _ = packed_gqa_sdpa(module, heads, key, value, holed, scaling=0.125)
+    assert calls == [1] and (masked.double() - exact).abs().max() > 1e-3
+    long = torch.randn(1, 9, 22, 64, generator=g)  # 66 packed rows: more than the kernel takes, flash
+    causal22 = (torch.arange(300)[None, :] <= torch.arange(278, 300)[:, None])[None, None]
+    packed_gqa_sdpa(module, long, key, value, causal22, scaling=0.125)
+    packed_gqa_sdpa(module, heads.bfloat16(), key.bfloat16(), value.bfloat16(), causal, scaling=0.125)  # bf16 KV: flash
+    assert calls == [1]
 
 
 def test_a_single_token_step_goes_to_the_kernel_and_a_masked_one_does_not(kernel, monkeypatch):
@@ -209,7 +278,7 @@ def test_the_real_models_answer_is_the_same_through_the_kernels(real_backend, ke
     monkeypatch.setattr(fused, "linear_row", lambda *a: calls.__setitem__("rows", calls["rows"] + 1) or rows(*a))
     through = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
     layers = real_backend.model.config.num_hidden_layers
-    assert calls["attention"] == 5 * layers  # every layer of the 5 steps after the first token
+    assert calls["attention"] == 6 * layers  # every layer of the question's pass and of the 5 steps after it
     assert calls["rows"] >= 5 * (7 * layers + 1)  # q, k, v, o, gate, up, down and the head, in each step
     monkeypatch.setattr(fused, "decode_attention", lambda *a: None)
     monkeypatch.setattr(fused, "linear_row", lambda *a: None)

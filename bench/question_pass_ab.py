@@ -1,0 +1,82 @@
+#!/usr/bin/env python
+"""The first token from an ~8k cartridge with the question's attention in kvengine's fused kernel or torch's flash one.
+
+A question's pass runs its few tokens over the cartridge under a causal mask; kvengine.attention sends that
+attention to kvengine.fused's kernel (each token over the positions up to its own), or, in the ``flash`` arm
+(``fused.prefix_limits`` patched to refuse every mask), to torch's CPU flash kernel under the mask, the path before
+the kernel took it. Decoding steps run through the fused kernel in both arms. The default model, f32, a cartridge of
+bench/kv_speed.py's synthetic facts, ``--questions`` of its probes; the arms alternate question by question (the
+order flipped every round), so the machine's drift hits them alike. Reported per arm: the median first token
+(``answer()``'s ttft, the batcher's lone-row path) and decoding ms per token after it, and whether the arms' greedy
+answers were the same tokens.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from kv_speed import machine_info, memories_for, probes  # noqa: E402
+
+from kvengine import fused, make_backend  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=8000, help="cartridge size in tokens")
+    parser.add_argument("--questions", type=int, default=4, help="questions per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    backend = make_backend("transformers", dtype="f32", quant="none", device="cpu")
+    texts = memories_for(backend, args.tokens)
+    cartridge = backend.compile(texts)
+    questions = [q for q, _ in probes(len(texts), args.questions)]
+    limits = fused.prefix_limits
+    arms = {"fused": limits, "flash": lambda *a: None}
+    first = {name: [] for name in arms}
+    per_token = {name: [] for name in arms}
+    tokens = {name: {} for name in arms}
+    backend.answer(cartridge, questions[0], max_new_tokens=2)  # warm up
+    try:
+        for r in range(args.rounds):
+            for q in questions:
+                for name in arms if r % 2 == 0 else list(arms)[::-1]:
+                    fused.prefix_limits = arms[name]
+                    answer = backend.answer(cartridge, q, max_new_tokens=args.max_new_tokens, stop_at_eos=False)
+                    first[name].append(answer.ttft_s * 1e3)
+                    per_token[name].append((answer.total_s - answer.ttft_s) * 1e3 / max(1, len(answer.token_ids) - 1))
+                    tokens[name][q] = answer.token_ids
+    finally:
+        fused.prefix_limits = limits
+    result = {
+        "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cartridge_tokens": cartridge.header.num_tokens, "questions": len(questions), "rounds": args.rounds,
+        "question_tokens": [len(backend.layout.encode(backend.layout.suffix_text(q))) for q in questions],
+        "first_token_ms": {name: round(statistics.median(v), 1) for name, v in first.items()},
+        "decoding_ms_per_token": {name: round(statistics.median(v), 1) for name, v in per_token.items()},
+        "first_token_ratio_fused_to_flash": round(statistics.median(first["fused"]) / statistics.median(first["flash"]), 3),
+        "same_tokens": all(tokens["fused"][q] == tokens["flash"][q] for q in questions),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
