@@ -144,7 +144,7 @@ def decode_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             return None
     q = (packed[0].float() * scale).contiguous()  # [kv, rows, d]
     threads = torch.get_num_threads()
-    scores = torch.empty(rows * n, dtype=torch.float32)
+    scores = torch.empty((rows + 15) // 16 * 16 * n, dtype=torch.float32)  # rows rounded up to 16 (kernels.c's lanes_)
     part = torch.empty(threads * heads * rows * (dim + 2), dtype=torch.float32)  # per thread: outputs, max, sum
     out = torch.empty(heads, rows, dim, dtype=torch.float32)
     rc = lib.mnesio_decode_attention(q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(1), n, heads, rows,

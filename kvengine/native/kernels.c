@@ -3,9 +3,10 @@
  * row (mnesio_linear_row).
  *
  * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "Fused single-row kernels"). Per key/value
- * head: the packed query rows' scores over every position (one pass over the keys), their softmax, then the
- * probabilities times the values (one pass over the values); each row sees the positions before its limit (all of
- * them for a decoding step, the cache and the question up to its own token for a question's pass). Keys and values
+ * head: the packed query rows' scores over every position (one pass over the keys; with many rows, sixteen rows to
+ * a vector), their softmax, then the probabilities times the values (one pass over the values); each row sees the
+ * positions before its limit (all of them for a decoding step, the cache and the question up to its own token for a
+ * question's pass). Keys and values
  * are bf16 or f32 rows of 64, the rows of a head contiguous and the heads `head_stride` elements apart (a cache
  * view's layout). `threads` OpenMP threads split the positions, each keeping its own maximum, sum and unnormalized
  * output per row, merged at the end; the library links the OpenMP runtime torch has loaded (libgomp), so the
@@ -52,6 +53,7 @@ static inline __m512 sum4(const __m512 s[4]) {
     return _mm512_add_ps(c, _mm512_permute_ps(c, 0xB1));
 }
 
+#define LANE_ROWS 12  /* this many packed rows or more: sixteen rows to a vector (lanes_); fewer were no faster */
 #define TILE 256  /* positions per tile: a tile's keys or values stay in cache while every row group reads them */
 
 /* Rows [r0, r0 + G) of one head over positions [t0, t1): their scores into scores [rows, n], their maxima over the
@@ -82,11 +84,11 @@ static inline void NAME(const float *q, const ELEM *kh, int64_t n, int64_t t0, i
     }                                                                                                            \
 }
 
-/* Rows [r0, r0 + G) of one head over positions [t0, t1): the probabilities in scores times the values, added to
- * the unnormalized outputs acc [rows, DIM]. */
+/* Rows [r0, r0 + G) of one head over positions [t0, t1): the probabilities in scores (row r, position t at
+ * r * rs + t * ts) times the values, added to the unnormalized outputs acc [rows, DIM]. */
 #define DEFINE_VALUES(NAME, LOAD, ELEM, G)                                                                       \
-static inline void NAME(const ELEM *vh, int64_t n, int64_t t0, int64_t t1, int r0, const float *scores,          \
-                        float *acc) {                                                                            \
+static inline void NAME(const ELEM *vh, int64_t rs, int64_t ts, int64_t t0, int64_t t1, int r0,                  \
+                        const float *scores, float *acc) {                                                       \
     __m512 a[G][4];                                                                                              \
     for (int i = 0; i < G; i++)                                                                                  \
         for (int j = 0; j < 4; j++) a[i][j] = _mm512_loadu_ps(acc + (int64_t)(r0 + i) * DIM + 16 * j);           \
@@ -94,7 +96,7 @@ static inline void NAME(const ELEM *vh, int64_t n, int64_t t0, int64_t t1, int r
         const ELEM *vt = vh + t * DIM;                                                                           \
         __m512 v0 = LOAD(vt), v1 = LOAD(vt + 16), v2 = LOAD(vt + 32), v3 = LOAD(vt + 48);                        \
         for (int i = 0; i < G; i++) {                                                                            \
-            __m512 p = _mm512_set1_ps(scores[(int64_t)(r0 + i) * n + t]);                                        \
+            __m512 p = _mm512_set1_ps(scores[(int64_t)(r0 + i) * rs + t * ts]);                                  \
             a[i][0] = _mm512_fmadd_ps(p, v0, a[i][0]);                                                           \
             a[i][1] = _mm512_fmadd_ps(p, v1, a[i][1]);                                                           \
             a[i][2] = _mm512_fmadd_ps(p, v2, a[i][2]);                                                           \
@@ -122,15 +124,77 @@ static void scores_##SUFFIX(const float *q, const ELEM *kh, int64_t n, int64_t t
         }                                                                                                        \
     }                                                                                                            \
 }                                                                                                                \
-static void values_##SUFFIX(const ELEM *vh, int64_t n, int64_t t0, int64_t t1, int rows, const float *scores,    \
-                            float *acc) {                                                                        \
+static void values_##SUFFIX(const ELEM *vh, int64_t rs, int64_t ts, int64_t t0, int64_t t1, int rows,          \
+                            const float *scores, float *acc) {                                                   \
     for (int r0 = 0; r0 < rows; r0 += 4) {                                                                       \
         switch (rows - r0 < 4 ? rows - r0 : 4) {                                                                 \
-        case 1: values1_##SUFFIX(vh, n, t0, t1, r0, scores, acc); break;                                         \
-        case 2: values2_##SUFFIX(vh, n, t0, t1, r0, scores, acc); break;                                         \
-        case 3: values3_##SUFFIX(vh, n, t0, t1, r0, scores, acc); break;                                         \
-        default: values4_##SUFFIX(vh, n, t0, t1, r0, scores, acc);                                               \
+        case 1: values1_##SUFFIX(vh, rs, ts, t0, t1, r0, scores, acc); break;                                    \
+        case 2: values2_##SUFFIX(vh, rs, ts, t0, t1, r0, scores, acc); break;                                    \
+        case 3: values3_##SUFFIX(vh, rs, ts, t0, t1, r0, scores, acc); break;                                    \
+        default: values4_##SUFFIX(vh, rs, ts, t0, t1, r0, scores, acc);                                          \
         }                                                                                                        \
+    }                                                                                                            \
+}                                                                                                                \
+/* Many rows (LANE_ROWS or more) of one head over positions [begin, end), sixteen rows to a vector: scores at      \
+ * t * w + r (w: the rows rounded up to 16), dot products of eight keys at a time with the transposed queries, each \
+ * key element broadcast, no sum across a vector; the maximum over the positions each row sees into m, then the    \
+ * exponentials (zero where a row does not see the position) and their sums into total. */                       \
+static void lanes_##SUFFIX(const float *q, const ELEM *kh, int64_t begin, int64_t end, int rows,                 \
+                           const int64_t *limit, float *scores, float *m, float *total) {                        \
+    int nb = (rows + 15) / 16, w = 16 * nb;                                                                      \
+    float qt[MAX_ROWS / 16][DIM][16] __attribute__((aligned(64)));                                               \
+    float kf[8][DIM] __attribute__((aligned(64)));                                                               \
+    float lanes[16] __attribute__((aligned(64)));                                                                \
+    __m512i lim[MAX_ROWS / 16];                                                                                  \
+    __m512 mv[MAX_ROWS / 16], sum[MAX_ROWS / 16];                                                                \
+    for (int b = 0; b < nb; b++) {                                                                               \
+        int32_t l[16];                                                                                           \
+        for (int j = 0; j < 16; j++) {                                                                           \
+            int r = 16 * b + j;                                                                                  \
+            l[j] = r < rows ? (int32_t)limit[r] : 0;  /* a padding lane sees nothing */                          \
+            for (int d = 0; d < DIM; d++) qt[b][d][j] = r < rows ? q[(int64_t)r * DIM + d] : 0.0f;               \
+        }                                                                                                        \
+        lim[b] = _mm512_loadu_si512(l);                                                                          \
+        mv[b] = _mm512_set1_ps(-INFINITY);                                                                       \
+        sum[b] = _mm512_setzero_ps();                                                                            \
+    }                                                                                                            \
+    for (int64_t t = begin; t < end; t += 8) {                                                                   \
+        int nk = end - t < 8 ? (int)(end - t) : 8;                                                               \
+        for (int kk = 0; kk < 8; kk++) {  /* past the end: the last key again, its scores not kept */            \
+            const ELEM *kt = kh + (t + (kk < nk ? kk : nk - 1)) * DIM;                                           \
+            for (int c = 0; c < 4; c++) _mm512_store_ps(kf[kk] + 16 * c, LOAD(kt + 16 * c));                     \
+        }                                                                                                        \
+        for (int b = 0; b < nb; b++) {                                                                           \
+            __m512 a[8];                                                                                         \
+            for (int kk = 0; kk < 8; kk++) a[kk] = _mm512_setzero_ps();                                          \
+            for (int d = 0; d < DIM; d++) {                                                                      \
+                __m512 qd = _mm512_load_ps(qt[b][d]);                                                            \
+                for (int kk = 0; kk < 8; kk++) a[kk] = _mm512_fmadd_ps(_mm512_set1_ps(kf[kk][d]), qd, a[kk]);   \
+            }                                                                                                    \
+            for (int kk = 0; kk < nk; kk++) {                                                                    \
+                _mm512_storeu_ps(scores + (t + kk) * w + 16 * b, a[kk]);                                         \
+                __mmask16 seen = _mm512_cmpgt_epi32_mask(lim[b], _mm512_set1_epi32((int32_t)(t + kk)));          \
+                mv[b] = _mm512_mask_max_ps(mv[b], seen, mv[b], a[kk]);                                           \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+    for (int b = 0; b < nb; b++) {  /* eight partial sums a row, as the row-major path's lanes keep sixteen */    \
+        __m512 part8[8];                                                                                         \
+        for (int i = 0; i < 8; i++) part8[i] = _mm512_setzero_ps();                                              \
+        for (int64_t t = begin; t < end; t++) {                                                                  \
+            float *s = scores + t * w + 16 * b;                                                                  \
+            __mmask16 seen = _mm512_cmpgt_epi32_mask(lim[b], _mm512_set1_epi32((int32_t)t));                     \
+            __m512 e = _mm512_maskz_mov_ps(seen, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s), mv[b])));              \
+            _mm512_storeu_ps(s, e);                                                                              \
+            part8[t & 7] = _mm512_add_ps(part8[t & 7], e);                                                       \
+        }                                                                                                        \
+        for (int i = 0; i < 8; i++) sum[b] = _mm512_add_ps(sum[b], part8[i]);                                    \
+    }                                                                                                            \
+    for (int b = 0; b < nb; b++) {                                                                               \
+        _mm512_store_ps(lanes, mv[b]);                                                                           \
+        for (int j = 0; j < 16 && 16 * b + j < rows; j++) m[16 * b + j] = lanes[j];                              \
+        _mm512_store_ps(lanes, sum[b]);                                                                          \
+        for (int j = 0; j < 16 && 16 * b + j < rows; j++) total[16 * b + j] = lanes[j];                          \
     }                                                                                                            \
 }
 
@@ -138,8 +202,8 @@ DEFINE_GROUPS(bf16, load_bf16, uint16_t)
 DEFINE_GROUPS(f32, load_f32, float)
 
 /* Positions [begin, end) of every head. q [heads, rows, DIM] float32, already scaled; k, v: element (h, t, d) at
- * h * head_stride + t * DIM + d; limit[r]: row r sees positions [0, limit[r]); scores: [rows, n] float32 scratch
- * (this chunk writes its positions, zero past a row's limit); part: per (head, row) DIM unnormalized outputs, then
+ * h * head_stride + t * DIM + d; limit[r]: row r sees positions [0, limit[r]); scores: [rows rounded up to 16, n]
+ * float32 scratch (this chunk writes its positions, zero past a row's limit; row-major, or lanes_' layout); part: per (head, row) DIM unnormalized outputs, then
  * the maximum score (-inf where the chunk has no position the row sees) and the sum of exponentials. */
 #define DEFINE_HEADS(SUFFIX, ELEM)                                                                               \
 static void heads_##SUFFIX(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n,        \
@@ -149,6 +213,11 @@ static void heads_##SUFFIX(const float *q, const ELEM *k, const ELEM *v, int64_t
         const ELEM *kh = k + h * head_stride, *vh = v + h * head_stride;                                         \
         const float *qh = q + (int64_t)h * rows * DIM;                                                           \
         float m[MAX_ROWS], total[MAX_ROWS], acc[MAX_ROWS * DIM];                                                 \
+        int64_t rs = n, ts = 1;  /* the scores' layout: row-major, or sixteen rows to a vector (lanes_) */       \
+        if (rows >= LANE_ROWS) {                                                                                 \
+            rs = 1, ts = 16 * ((rows + 15) / 16);                                                                \
+            lanes_##SUFFIX(qh, kh, begin, end, rows, limit, scores, m, total);                                   \
+        } else {                                                                                                 \
         for (int r = 0; r < rows; r++) m[r] = -INFINITY;                                                         \
         for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                           \
             scores_##SUFFIX(qh, kh, n, t0, t0 + TILE < end ? t0 + TILE : end, rows, limit, scores, m);           \
@@ -171,9 +240,10 @@ static void heads_##SUFFIX(const float *q, const ELEM *k, const ELEM *v, int64_t
             }                                                                                                    \
             total[r] = _mm512_reduce_add_ps(sum);                                                                \
         }                                                                                                        \
+        }                                                                                                        \
         for (int i = 0; i < rows * DIM; i++) acc[i] = 0.0f;                                                      \
         for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                           \
-            values_##SUFFIX(vh, n, t0, t0 + TILE < end ? t0 + TILE : end, rows, scores, acc);                    \
+            values_##SUFFIX(vh, rs, ts, t0, t0 + TILE < end ? t0 + TILE : end, rows, scores, acc);               \
         for (int r = 0; r < rows; r++) {                                                                         \
             float *pr = part + ((int64_t)h * rows + r) * (DIM + 2);                                              \
             for (int d = 0; d < DIM; d++) pr[d] = acc[r * DIM + d];                                              \
@@ -189,6 +259,7 @@ DEFINE_HEADS(f32, float)
 /* limits[r] = how many leading positions row r of a boolean mask (bytes 0/1, rows `row_stride` bytes apart, n each)
  * sees, when each row sees exactly its first positions and at least one; returns 0, else -1. */
 int mnesio_prefix_limits(const uint8_t *mask, int64_t rows, int64_t n, int64_t row_stride, int64_t *limits) {
+    if (n < 1) return -1;
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = mask + r * row_stride;
         const uint8_t *hidden = memchr(row, 0, (size_t)n);

@@ -85,15 +85,15 @@ def test_the_kernel_refuses_what_it_does_not_take(kernel):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("threads", [1, 3])
-def test_each_row_sees_the_positions_before_its_limit(kernel, dtype, threads):
-    g = torch.Generator().manual_seed(threads)
-    n, rows = 3001, 64
+@pytest.mark.parametrize(("threads", "rows"), [(1, 64), (3, 64), (3, 11), (2, 12), (2, 17)])  # row-major, by lanes
+def test_each_row_sees_the_positions_before_its_limit(kernel, dtype, threads, rows):
+    g = torch.Generator().manual_seed(threads + rows)
+    n = 3001
     kb, vb = (torch.randn(1, 3, n + 40, 64, generator=g).to(dtype) for _ in range(2))
     key, value = kb[:, :, :n], vb[:, :, :n]
     query = (3 * torch.randn(1, 3, rows, 64, generator=g)).to(dtype)
     # one position, a few, one thread's chunk and a bit, all but one, all: chunks a row sees nothing of included
-    limits = torch.tensor([1, 2, 17, 1001, 1002, n - 1, n] * 9 + [n]).to(torch.int64)
+    limits = torch.tensor(([1, 2, 17, 1001, 1002, n - 1, n] * 10)[:rows]).to(torch.int64)
     mask = torch.arange(n)[None, :] < limits[:, None]  # [rows, n]
     exact = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask, scale=0.125)
     before = torch.get_num_threads()
