@@ -7,7 +7,8 @@ served (the batcher's solo path, TransformersKvBackend._greedy_tokens): (1) the 
 prefill over the cached state; (2) ``--steps`` single decoding steps after it.
 
 Each is profiled (CPU activity, record_shapes=True) with a range around every decoder layer, the final norm, the
-LM head, the embedding and the rotary embedding: a per-op table (self CPU time), a per-layer table, and the
+LM head, the embedding and the rotary embedding, and around each call of kvengine.fused's kernels (ctypes calls,
+which the profiler does not see otherwise: ``mnesio::decode_attention``, ``mnesio::linear_row``): a per-op table (self CPU time), a per-layer table, and the
 "Python overhead" (profiled wall time minus the ops' self time). The same passes are also timed without the
 profiler (median of ``--repeats``), beside the batched answer(), and the load average is recorded.
 
@@ -36,10 +37,32 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from kv_speed import machine_info, memories_for, probes  # noqa: E402
 
-from kvengine import make_backend  # noqa: E402
+from kvengine import fused, make_backend  # noqa: E402
 from kvengine.kvcache import CartridgeCache  # noqa: E402
 
 FIRST_RANGE, STEP_RANGE = "answer.first_token", "answer.decode_step"
+# the kernels' calls, by kind: torch's ops and kvengine.fused's (ctypes calls, which the profiler sees only in a range)
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "mnesio::decode_attention")
+LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "mnesio::linear_row")
+
+
+@contextlib.contextmanager
+def fused_ranges():
+    """A record_function range around each call of kvengine.fused's kernels, so the profile counts them as ops."""
+    saved = fused.decode_attention, fused.linear_row
+
+    def ranged(name, kernel):
+        def call(*args):
+            with record_function(name):
+                return kernel(*args)
+        return call
+
+    fused.decode_attention = ranged("mnesio::decode_attention", saved[0])
+    fused.linear_row = ranged("mnesio::linear_row", saved[1])
+    try:
+        yield
+    finally:
+        fused.decode_attention, fused.linear_row = saved
 
 
 def add_ranges(model: torch.nn.Module) -> tuple[list[str], list]:
@@ -142,6 +165,8 @@ def split(prof, names: list[str], wall_s: float, count: int, outer: str) -> dict
         "outside_layers_ms": (outer_us / count - sum(v["total_ms"] for v in layers) * 1e3) / 1e3,
         "ranges": ranges,
         "top_ops": [{"op": e.key, "calls": e.count / count, "self_ms": e.self_cpu_time_total / 1e3 / count} for e in top],
+        "attention_ms": sum(e.self_cpu_time_total for e in ops if e.key in ATTENTION_OPS) / 1e3 / count,
+        "linear_ms": sum(e.self_cpu_time_total for e in ops if e.key in LINEAR_OPS) / 1e3 / count,
     }
 
 
@@ -184,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     answer_text = answers[0].text
 
     names, handles = add_ranges(backend.model)
+    kernel_ranges = fused_ranges()
+    kernel_ranges.__enter__()  # left in the finally below, with the layers' ranges
     try:
         hooked = passes.timed(args.repeats)  # the ranges' own cost, still without a profiler
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof_first:
@@ -204,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     wall += time.perf_counter() - t0
         step = split(prof_step, names, wall, args.steps, STEP_RANGE)
     finally:
+        kernel_ranges.__exit__(None, None, None)
         for handle in handles:
             handle.remove()
     plain_after = passes.timed(args.repeats)  # again after the profiles: the machine's load may have moved meanwhile
@@ -213,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     weight_bytes = sum(p.numel() * p.element_size() for p in backend.model.parameters())
     kv_per_token = 2 * config.num_hidden_layers * backend.kv_shape[0] * backend.kv_shape[1] * 4
     results = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_run)), "cpu": machine_info()["cpu"],
         "tokens": cartridge.header.num_tokens, "question_tokens": len(passes.suffix), "steps": args.steps, "threads": torch.get_num_threads(),
         "repeats": args.repeats, "profile_repeats": args.profile_repeats, "compile_s": compile_s,
         "loadavg_before": list(load_before), "loadavg_after": list(load_after), "run_s": time.time() - started_run,

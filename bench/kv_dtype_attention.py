@@ -182,6 +182,15 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
             **{f"{name}_step_ms": "-" for name in ("matmul", "matmul_rounded") if name not in ways}}
 
 
+def matmul_gflops(size: int = 2048, reps: int = 5) -> float:
+    """This machine's f32 matrix product speed on torch's threads (a ``size``-cube matmul, the best of ``reps``):
+    the arithmetic ceiling a question's pass, with its 13 tokens' products and attention, can approach."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = min(_time(lambda: torch.mm(a, b), 1) for _ in range(reps))
+    return round(2 * size**3 / best / 1e9, 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="2048,8192", help="cartridge lengths in tokens, comma-separated")
@@ -203,6 +212,7 @@ def main() -> None:
                 if line.startswith("model name")), "") if Path("/proc/cpuinfo").exists() else ""
     result = {"machine": cpu or platform.processor() or platform.machine(), "torch": torch.__version__,
               "threads": torch.get_num_threads(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "f32_matmul_gflops": matmul_gflops(),
               "rows": rows, "in_model": model_rows, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     if args.out:
         with open(args.out, "w") as f:

@@ -243,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             for row, ref in zip(engine["contexts"], reference, strict=True):
                 row["answers_agree_with_llamacpp"] = agreement(row["answers"], ref["answers"])
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "threads": args.threads},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
+                    "cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "seconds": round(time.time() - started, 1),
         "engines": engines,
     }
