@@ -5,9 +5,9 @@
 instead of transformers copying them with ``repeat_kv``: a cartridge question's case (a few tokens over a
 long cache, under a mask), and single-token decoding, whose unpacked bf16 CPU kernel is several times slower.
 Results agree with the repeat_kv path to float rounding. Under bf16r the query and keys are cast to the
-values' dtype. A single-token step, or a question's few tokens over f32 KV each seeing the positions up to its own
-(a causal mask), goes to kvengine.fused's kernel when it takes it (it reads the KV once, fused; sdpa's flash kernel
-where it is unavailable). A batched pass (``mnesio_cascade``) goes to kvengine.cascade; everything else to
+values' dtype. A single-token step, or a question's few tokens each seeing the positions up to its own (a causal
+mask), goes to kvengine.fused's kernel when it takes it (it reads the KV once, fused; sdpa's flash kernel where it
+is unavailable). A batched pass (``mnesio_cascade``) goes to kvengine.cascade; everything else to
 transformers' sdpa unchanged.
 
 Design and measurements: docs/design/attention.md.
@@ -66,9 +66,7 @@ def packed_gqa_sdpa(
     groups = module.num_key_value_groups
     batch, heads, q_len, dim = query.shape  # heads = kv_heads * groups, query head h uses kv head h // groups
     packed = query.reshape(batch, heads // groups, groups * q_len, dim)  # row r * q_len + i: group r, token i
-    # several tokens over bf16 KV stay with flash, which beat the kernel's f32 arithmetic there (docs/design/attention.md)
-    if (packed.shape[2] <= fused.MAX_ROWS and batch == 1 and (q_len == 1 or value.dtype == torch.float32)
-            and not torch.compiler.is_compiling()):
+    if packed.shape[2] <= fused.MAX_ROWS and batch == 1 and not torch.compiler.is_compiling():
         limits = None if attention_mask is None else fused.prefix_limits(attention_mask, key.shape[2])
         if attention_mask is None or limits is not None:  # each token sees the first positions: the fused kernel
             out = fused.decode_attention(packed, key, value, dim**-0.5 if scaling is None else scaling,

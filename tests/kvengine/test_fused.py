@@ -148,8 +148,9 @@ def test_a_questions_pass_under_a_causal_mask_goes_to_the_kernel(kernel, monkeyp
     long = torch.randn(1, 9, 22, 64, generator=g)  # 66 packed rows: more than the kernel takes, flash
     causal22 = (torch.arange(300)[None, :] <= torch.arange(278, 300)[:, None])[None, None]
     packed_gqa_sdpa(module, long, key, value, causal22, scaling=0.125)
-    packed_gqa_sdpa(module, heads.bfloat16(), key.bfloat16(), value.bfloat16(), causal, scaling=0.125)  # bf16 KV: flash
     assert calls == [1]
+    got16, _ = packed_gqa_sdpa(module, heads.bfloat16(), key.bfloat16(), value.bfloat16(), causal, scaling=0.125)
+    assert calls == [1, 1] and got16.dtype == torch.bfloat16 and (got16.double() - exact).abs().max() <= 5e-2  # bf16 inputs
 
 
 def test_a_single_token_step_goes_to_the_kernel_and_a_masked_one_does_not(kernel, monkeypatch):
