@@ -6,11 +6,11 @@
  * head: the packed query rows' scores over every position (one pass over the keys; with many rows, sixteen rows to
  * a vector), their softmax, then the probabilities times the values (one pass over the values); each row sees the
  * positions before its limit (all of them for a decoding step, the cache and the question up to its own token for a
- * question's pass). Keys and values
- * are bf16 or f32 rows of 64, the rows of a head contiguous and the heads `head_stride` elements apart (a cache
- * view's layout). `threads` OpenMP threads split the positions, each keeping its own maximum, sum and unnormalized
- * output per row, merged at the end; the library links the OpenMP runtime torch has loaded (libgomp), so the
- * threads are torch's own, already running. AVX-512F instructions only, checked at run time.
+ * question's pass). Keys and values are bf16 or f32 rows of 64, the rows of a head contiguous and the heads
+ * `head_stride` elements apart (a cache view's layout). `threads` OpenMP threads split the positions, each keeping
+ * its own maximum, sum and unnormalized output per row, merged at the end; the library links the OpenMP runtime
+ * torch has loaded (libgomp), so the threads are torch's own, already running. AVX-512F instructions only, checked
+ * at run time.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -196,6 +196,34 @@ static void lanes_##SUFFIX(const float *q, const ELEM *kh, int64_t begin, int64_
         _mm512_store_ps(lanes, sum[b]);                                                                          \
         for (int j = 0; j < 16 && 16 * b + j < rows; j++) total[16 * b + j] = lanes[j];                          \
     }                                                                                                            \
+}                                                                                                                \
+/* Fewer rows than LANE_ROWS of one head over positions [begin, end): scores row-major ([rows, n]), tile by tile, \
+ * four rows at a time; the maximum over the positions each row sees into m, then the exponentials (zero past a  \
+ * row's limit) and their sums into total. */                                                                    \
+static void rowmajor_##SUFFIX(const float *q, const ELEM *kh, int64_t n, int64_t begin, int64_t end, int rows,   \
+                              const int64_t *limit, float *scores, float *m, float *total) {                     \
+    for (int r = 0; r < rows; r++) m[r] = -INFINITY;                                                             \
+    for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                               \
+        scores_##SUFFIX(q, kh, n, t0, t0 + TILE < end ? t0 + TILE : end, rows, limit, scores, m);                \
+    for (int r = 0; r < rows; r++) {                                                                             \
+        float *s = scores + r * n;                                                                               \
+        int64_t seen = limit[r] < end ? (limit[r] > begin ? limit[r] : begin) : end;                             \
+        for (int64_t t = seen; t < end; t++) s[t] = 0.0f;  /* past the row's limit: no weight */                 \
+        __m512 mx = _mm512_set1_ps(m[r]), sum = _mm512_setzero_ps();                                             \
+        int64_t t = begin;                                                                                       \
+        for (; t + 16 <= seen; t += 16) {                                                                        \
+            __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));                                        \
+            _mm512_storeu_ps(s + t, e);                                                                          \
+            sum = _mm512_add_ps(sum, e);                                                                         \
+        }                                                                                                        \
+        if (t < seen) {                                                                                          \
+            __mmask16 tail = (__mmask16)((1u << (seen - t)) - 1);                                                \
+            __m512 e = _mm512_maskz_mov_ps(tail, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), mx))); \
+            _mm512_mask_storeu_ps(s + t, tail, e);                                                               \
+            sum = _mm512_add_ps(sum, e);                                                                         \
+        }                                                                                                        \
+        total[r] = _mm512_reduce_add_ps(sum);                                                                    \
+    }                                                                                                            \
 }
 
 DEFINE_GROUPS(bf16, load_bf16, uint16_t)
@@ -203,8 +231,9 @@ DEFINE_GROUPS(f32, load_f32, float)
 
 /* Positions [begin, end) of every head. q [heads, rows, DIM] float32, already scaled; k, v: element (h, t, d) at
  * h * head_stride + t * DIM + d; limit[r]: row r sees positions [0, limit[r]); scores: [rows rounded up to 16, n]
- * float32 scratch (this chunk writes its positions, zero past a row's limit; row-major, or lanes_' layout); part: per (head, row) DIM unnormalized outputs, then
- * the maximum score (-inf where the chunk has no position the row sees) and the sum of exponentials. */
+ * float32 scratch (this chunk writes its positions, zero past a row's limit; row-major, or lanes_' layout); part:
+ * per (head, row) DIM unnormalized outputs, then the maximum score (-inf where the chunk has no position the row
+ * sees) and the sum of exponentials. */
 #define DEFINE_HEADS(SUFFIX, ELEM)                                                                               \
 static void heads_##SUFFIX(const float *q, const ELEM *k, const ELEM *v, int64_t head_stride, int64_t n,        \
                            int64_t begin, int64_t end, int heads, int rows, const int64_t *limit, float *scores, \
@@ -213,34 +242,12 @@ static void heads_##SUFFIX(const float *q, const ELEM *k, const ELEM *v, int64_t
         const ELEM *kh = k + h * head_stride, *vh = v + h * head_stride;                                         \
         const float *qh = q + (int64_t)h * rows * DIM;                                                           \
         float m[MAX_ROWS], total[MAX_ROWS], acc[MAX_ROWS * DIM];                                                 \
-        int64_t rs = n, ts = 1;  /* the scores' layout: row-major, or sixteen rows to a vector (lanes_) */       \
-        if (rows >= LANE_ROWS) {                                                                                 \
-            rs = 1, ts = 16 * ((rows + 15) / 16);                                                                \
+        int by_lanes = rows >= LANE_ROWS;  /* the scores' layout: sixteen rows to a vector, or row-major */      \
+        int64_t rs = by_lanes ? 1 : n, ts = by_lanes ? 16 * ((rows + 15) / 16) : 1;                              \
+        if (by_lanes)                                                                                            \
             lanes_##SUFFIX(qh, kh, begin, end, rows, limit, scores, m, total);                                   \
-        } else {                                                                                                 \
-        for (int r = 0; r < rows; r++) m[r] = -INFINITY;                                                         \
-        for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                           \
-            scores_##SUFFIX(qh, kh, n, t0, t0 + TILE < end ? t0 + TILE : end, rows, limit, scores, m);           \
-        for (int r = 0; r < rows; r++) {                                                                         \
-            float *s = scores + r * n;                                                                           \
-            int64_t seen = limit[r] < end ? (limit[r] > begin ? limit[r] : begin) : end;                         \
-            for (int64_t t = seen; t < end; t++) s[t] = 0.0f;  /* past the row's limit: no weight */             \
-            __m512 mx = _mm512_set1_ps(m[r]), sum = _mm512_setzero_ps();                                         \
-            int64_t t = begin;                                                                                   \
-            for (; t + 16 <= seen; t += 16) {                                                                    \
-                __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t), mx));                                    \
-                _mm512_storeu_ps(s + t, e);                                                                      \
-                sum = _mm512_add_ps(sum, e);                                                                     \
-            }                                                                                                    \
-            if (t < seen) {                                                                                      \
-                __mmask16 tail = (__mmask16)((1u << (seen - t)) - 1);                                            \
-                __m512 e = _mm512_maskz_mov_ps(tail, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), mx))); \
-                _mm512_mask_storeu_ps(s + t, tail, e);                                                           \
-                sum = _mm512_add_ps(sum, e);                                                                     \
-            }                                                                                                    \
-            total[r] = _mm512_reduce_add_ps(sum);                                                                \
-        }                                                                                                        \
-        }                                                                                                        \
+        else                                                                                                     \
+            rowmajor_##SUFFIX(qh, kh, n, begin, end, rows, limit, scores, m, total);                             \
         for (int i = 0; i < rows * DIM; i++) acc[i] = 0.0f;                                                      \
         for (int64_t t0 = begin; t0 < end; t0 += TILE)                                                           \
             values_##SUFFIX(vh, rs, ts, t0, t0 + TILE < end ? t0 + TILE : end, rows, scores, acc);               \
@@ -294,9 +301,11 @@ int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_
     for (int c = 0; c < threads; c++) {
         int64_t begin = c * per, end = begin + per < n ? begin + per : n;
         if (kv_bits == 16)
-            heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, begin, end, heads, rows, limit, scores, part + c * stride);
+            heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, begin, end, heads, rows, limit, scores,
+                       part + c * stride);
         else
-            heads_f32(q, (const float *)k, (const float *)v, head_stride, n, begin, end, heads, rows, limit, scores, part + c * stride);
+            heads_f32(q, (const float *)k, (const float *)v, head_stride, n, begin, end, heads, rows, limit, scores,
+                      part + c * stride);
     }
     for (int64_t hr = 0; hr < (int64_t)heads * rows; hr++) {  /* merge the chunks: the softmax over all positions */
         float m = -INFINITY, total = 0.0f, w[64];
