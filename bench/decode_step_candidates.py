@@ -206,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 precision.INT8_HEAD, precision.INT8_ACT_DTYPE = saved
         variants["bf16r"] = backend.variant(dtype="bf16r")  # for scale: the precision already served
+        variants["bf16w8"] = backend.variant(dtype="bf16w8")  # the int8 layers (as served) over bf16 KV, a bf16 head
+        saved = dict(precision.INT8_HEAD_DTYPES)
+        precision.INT8_HEAD_DTYPES["bf16w8"] = torch.float32
+        try:
+            variants["bf16w8, f32 head"] = backend.variant(dtype="bf16w8")
+        finally:
+            precision.INT8_HEAD_DTYPES.update(saved)
         started = time.perf_counter()
         result["divergence"] = divergence(backend, variants, tokens=args.div_tokens, questions=args.div_questions,
                                           num_scopes=args.div_scopes)

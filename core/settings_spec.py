@@ -249,7 +249,7 @@ DECLARED: tuple[Setting, ...] = (
     _bool("MNESIO_ALLOW_FAKE_BACKEND", False, "Allow MNESIO_KV_BACKEND=fake (the test suite sets it).", ENGINE),
     _text("MNESIO_KV_MODEL", "smollm2-135m-instruct", "The default model: a GGUF model id, a local directory, or a hub id (GPT-2, Qwen2, Llama "
           "family).", ENGINE),
-    _choice("MNESIO_KV_DTYPE", "f32", DTYPES, "Precision of weights and KV (bf16r: bf16 with an f32 residual stream; f32w8: f32 KV and activations, weight-only int8 linear layers).",
+    _choice("MNESIO_KV_DTYPE", "f32", DTYPES, "Precision of weights and KV (bf16r: bf16 with an f32 residual stream; f32w8: f32 KV and activations, weight-only int8 linear layers; bf16w8: the same over bf16 KV).",
             ENGINE),
     _choice("MNESIO_KV_QUANT", "none", QUANTS, "How a stored cartridge's KV state is quantized (q8: 0.31x the bytes of f32; q4: 0.16x).", ENGINE),
     _text("MNESIO_KV_DEVICE", "auto", "The torch device: auto (cuda when present), cpu or cuda.", ENGINE),

@@ -15,12 +15,12 @@ from .errors import ConfigError
 
 BACKENDS = ("fake", "transformers")  # "transformers" runs a causal LM; "fake" is the torch-free stand-in for tests
 # precision of weights and KV; bf16r: bf16 with an f32 residual stream; f32w8: f32 KV and activations with weight-only
-# int8 linear layers (precision.py)
-DTYPES = ("f32", "bf16", "f16", "bf16r", "f32w8")
+# int8 linear layers; bf16w8: the same int8 layers and f32 residual stream over bf16 KV (precision.py)
+DTYPES = ("f32", "bf16", "f16", "bf16r", "f32w8", "bf16w8")
 # The precision each dtype serves the linear layers' weights in. A dtype names weights and KV together, so the weights'
 # precision is part of the compatibility key (and of KvConfig.key) through the dtype: an f32w8 cartridge is never
 # served by f32 weights, nor an f32 one by int8 weights.
-WEIGHT_PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16", "bf16r": "bf16", "f32w8": "int8"}
+WEIGHT_PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16", "bf16r": "bf16", "f32w8": "int8", "bf16w8": "int8"}
 QUANTS = ("none", "q8", "q4")  # how a stored cartridge's KV state is quantized (kvengine.quant)
 CHUNK_QUANTS = ("none", "q8")  # how a routed chunk's KV is stored (routed/chunk_bytes.py)
 ANSWER_MODES = ("cartridge", "text")  # answer from the compiled cartridge, or re-read the memories as text

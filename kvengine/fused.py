@@ -185,7 +185,7 @@ def row_linears(model: torch.nn.Module) -> torch.nn.Module:
 
     A layer keeps the forward it had (bf16r's exact-output one included) for everything else; its one-row output
     has that forward's dtype: f32 for bf16r's exact outputs (kvengine.precision), the weights' dtype otherwise.
-    Int8 layers (f32w8) are not nn.Linear and keep their kernel. Bound as methods, so a deep copy binds its copy; call
+    Int8 layers (f32w8, bf16w8) are not nn.Linear and keep their kernel. Bound as methods, so a deep copy binds its copy; call
     it again after casting such a copy (kvengine.precision.cast_model).
     """
     from . import precision

@@ -5,9 +5,10 @@ compiles a cartridge, and the cartridge's bytes. Answering is answering.py's (a 
 re-reading checking.py's, the prompt layout layout.py's, the stored tensors payload.py's, the cache the prefill
 writes into prefill_cache.py's.
 
-Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16; bf16r and f32w8 mix them: f32w8
-keeps f32 KV with weight-only int8 linear layers, precision.py); in bf16 the accumulations that matter (matmuls,
-RMSNorm, softmax, the final logits) are float32 already, so no whole layer is upcast (docs/design/precision.md).
+Precision: weights and KV are held in the backend's dtype (f32, bf16 or f16; bf16r, f32w8 and bf16w8 mix them:
+f32w8 and bf16w8 keep f32 or bf16 KV with weight-only int8 linear layers, precision.py); in bf16 the accumulations
+that matter (matmuls, RMSNorm, softmax, the final logits) are float32 already, so no whole layer is upcast
+(docs/design/precision.md).
 
 Thread safety: the model is read-only under torch.inference_mode() and may serve many threads. answer() and
 answer_stream() go through the model's Batcher (batching.py, docs/design/batching.md); past ``max_waiting``

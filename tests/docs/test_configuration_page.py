@@ -24,4 +24,4 @@ def test_every_variable_has_a_row_with_its_bounds():
     assert set(rows) == {s.name for s in DECLARED}
     assert "| integer | `64` | >= 64 and <= 8192, a multiple of 64 |" in rows["MNESIO_KV_BLOCK_SIZE"]
     assert "| number | `0.95` | between 0.0 and 1.0 |" in rows["MNESIO_GATE_MIN_FIDELITY"]
-    assert "| choice | `f32` | `f32`, `bf16`, `f16`, `bf16r`, `f32w8` |" in rows["MNESIO_KV_DTYPE"]
+    assert "| choice | `f32` | `f32`, `bf16`, `f16`, `bf16r`, `f32w8`, `bf16w8` |" in rows["MNESIO_KV_DTYPE"]

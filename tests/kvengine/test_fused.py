@@ -253,12 +253,12 @@ def test_a_linear_row_refuses_what_it_does_not_take(kernel):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("dtype", ["f32", "bf16r", "f32w8"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16r", "f32w8", "bf16w8"])
 def test_every_linear_layer_answers_one_row_as_its_dense_forward(real_backend, kernel, dtype):
     model = (real_backend if dtype == "f32" else real_backend.variant(dtype=dtype)).model
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.forward.__func__ is fused._row_forward for m in linears)
-    assert dtype != "f32w8" or len(linears) == 1  # int8 layers keep their kernel: only the f32 LM head is here
+    assert not dtype.endswith("w8") or len(linears) == 1  # int8 layers keep their kernel: only the LM head (f32, bf16w8: bf16)
     g = torch.Generator().manual_seed(2)
     with torch.inference_mode():
         for m in linears:

@@ -13,7 +13,7 @@ def test_the_vocabulary_is_defined_once_and_re_exported():
     from kvengine import base, config
 
     assert (BACKENDS, DTYPES, QUANTS, ANSWER_MODES) == (
-        ("fake", "transformers"), ("f32", "bf16", "f16", "bf16r", "f32w8"), ("none", "q8", "q4"), ("cartridge", "text"),
+        ("fake", "transformers"), ("f32", "bf16", "f16", "bf16r", "f32w8", "bf16w8"), ("none", "q8", "q4"), ("cartridge", "text"),
     )
     assert base.DTYPES is config.DTYPES and base.QUANTS is config.QUANTS  # older imports keep working
 
@@ -39,7 +39,7 @@ def test_it_is_frozen_and_hashable():
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("backend", "vllm", "`backend` has to be one of ['fake', 'transformers'] but got 'vllm'"),
-    ("dtype", "f64", "`dtype` has to be one of ['f32', 'bf16', 'f16', 'bf16r', 'f32w8'] but got 'f64'"),
+    ("dtype", "f64", "`dtype` has to be one of ['f32', 'bf16', 'f16', 'bf16r', 'f32w8', 'bf16w8'] but got 'f64'"),
     ("quant", "q3", "`quant` has to be one of ['none', 'q8', 'q4'] but got 'q3'"),
     ("model", "", "`model` has to be a non-empty string but got ''"),
 ])

@@ -76,7 +76,7 @@ def test_secrets_come_from_files_and_are_taken_literally(load, tmp_path):
         ({"MNESIO_CARTRIDGE_COMPILE_PAUSE_S": "601"}, "`MNESIO_CARTRIDGE_COMPILE_PAUSE_S` has to be between 0.0 and 600.0"),
         ({"MNESIO_GATE_RETRIEVAL_TOP_K": "0"}, "`MNESIO_GATE_RETRIEVAL_TOP_K` has to be >= 1 but got 0"),
         ({"MNESIO_ANSWER_REQUEST_TTL_S": "soon"}, "`MNESIO_ANSWER_REQUEST_TTL_S` has to be an integer but got 'soon'"),
-        ({"MNESIO_KV_DTYPE": "f64"}, "`MNESIO_KV_DTYPE` has to be one of ['f32', 'bf16', 'f16', 'bf16r', 'f32w8'] but got 'f64'"),
+        ({"MNESIO_KV_DTYPE": "f64"}, "`MNESIO_KV_DTYPE` has to be one of ['f32', 'bf16', 'f16', 'bf16r', 'f32w8', 'bf16w8'] but got 'f64'"),
         ({"MNESIO_KV_QUANT": "q3"}, "`MNESIO_KV_QUANT` has to be one of ['none', 'q8', 'q4'] but got 'q3'"),
         ({"MNESIO_KV_BLOCK_SIZE": "96"}, "`MNESIO_KV_BLOCK_SIZE` has to be a multiple of 64 tokens but got 96"),
         ({"MNESIO_KV_BLOCK_SIZE": "0"}, "`MNESIO_KV_BLOCK_SIZE` has to be >= 64 but got 0"),
