@@ -32,7 +32,8 @@ from .config import default_cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "native" / "kernels.c"
-FLAGS = ("-O3", "-mavx512f", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+HEADERS = (SOURCE.parent / "pool.h",)  # included by SOURCE: part of the library's digest
+FLAGS = ("-O3", "-mavx512f", "-mfma", "-pthread", "-shared", "-fPIC", "-std=c11")
 HEAD_DIM, MAX_ROWS = 64, 64  # the shapes the attention kernel takes (kernels.c): packed query rows at most
 KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes the kernels read
 # the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
@@ -42,7 +43,7 @@ MIN_ROW_WEIGHTS = 1 << 16
 
 def library_path(folder: Path | None = None) -> Path:
     """Where the library of this source and these flags is (or would be) built."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (SOURCE, *HEADERS)) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return (folder or default_cache_dir() / "kernels") / f"kernels-{digest}.so"
 
 
@@ -92,6 +93,8 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
     lib.mnesio_decode_attention.restype = ctypes.c_int
     lib.mnesio_linear_row.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.mnesio_linear_row.restype = ctypes.c_int
+    lib.mnesio_linear_row_int8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_void_p]
+    lib.mnesio_linear_row_int8.restype = ctypes.c_int
     lib.mnesio_prefix_limits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
     lib.mnesio_prefix_limits.restype = ctypes.c_int
     return lib
@@ -174,6 +177,32 @@ def linear_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return y.to(out_dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 
+def linear_row_int8(x: torch.Tensor, layer) -> torch.Tensor | None:
+    """An Int8WeightLinear's product for an ``x`` of one row, bit for bit its dense forward (torch's kernel's
+    arithmetic, kernels.c's rows_i8: the row and the product rounded to bf16, then ``out_dtype``); None when the kernel
+    does not take it (bf16 activations only: torch's f32-activation kernel sums in another order)."""
+    codes = layer.weight
+    if (x.device.type != "cpu" or layer.act_dtype != torch.bfloat16 or codes.numel() < MIN_ROW_WEIGHTS or x.numel() != layer.in_features or layer.in_features % 32
+            or torch.compiler.is_compiling() or (lib := kernel()) is None):
+        return None
+    row = x.reshape(-1).to(layer.act_dtype).float().contiguous()
+    scales = layer.scales.float().contiguous()
+    y = torch.empty(layer.out_features, dtype=torch.float32)
+    if lib.mnesio_linear_row_int8(row.data_ptr(), codes.data_ptr(), scales.data_ptr(), layer.in_features, layer.out_features,
+                                  torch.get_num_threads(), y.data_ptr()) != 0:
+        return None
+    y = y.to(layer.act_dtype)
+    if layer.bias is not None:
+        y = y.float() + layer.bias
+    return y.to(layer.out_dtype).reshape(*x.shape[:-1], layer.out_features)
+
+
+def _int8_row_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """A wrapped int8 layer's forward: one row through ``linear_row_int8``, anything else through its dense forward."""
+    y = linear_row_int8(x, self)
+    return self.mnesio_dense_forward(x) if y is None else y
+
+
 def _row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A wrapped linear layer's forward: one row through ``linear_row``, anything else through its dense forward."""
     y = linear_row(x, self.weight, self.bias, self.mnesio_row_dtype)
@@ -185,12 +214,17 @@ def row_linears(model: torch.nn.Module) -> torch.nn.Module:
 
     A layer keeps the forward it had (bf16r's exact-output one included) for everything else; its one-row output
     has that forward's dtype: f32 for bf16r's exact outputs (kvengine.precision), the weights' dtype otherwise.
-    Int8 layers (f32w8, bf16w8) are not nn.Linear and keep their kernel. Bound as methods, so a deep copy binds its copy; call
-    it again after casting such a copy (kvengine.precision.cast_model).
+    Int8 layers (f32w8, bf16w8) send one row to ``linear_row_int8`` the same way. Bound as methods, so a deep copy binds its
+    copy; call it again after casting such a copy (kvengine.precision.cast_model).
     """
     from . import precision
 
     for module in model.modules():
+        if isinstance(module, precision.Int8WeightLinear) and module.weight.is_contiguous():
+            if getattr(module.forward, "__func__", None) is not _int8_row_forward:
+                module.mnesio_dense_forward = module.forward
+                module.forward = types.MethodType(_int8_row_forward, module)
+            continue
         if not isinstance(module, torch.nn.Linear) or module.weight.dtype not in KV_BITS:
             continue
         dense = module.forward  # a copy cast to another dtype may have had it replaced (bf16r), or kept the wrapper

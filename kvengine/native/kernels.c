@@ -1,21 +1,22 @@
 /* The engine's fused kernels for a few rows, each reading its operands once with float32 arithmetic: the attention of a
  * decoding step or a question's pass over the cache (mnesio_decode_attention) and a linear layer's product for one
- * row (mnesio_linear_row).
+ * row (mnesio_linear_row; int8 codes: mnesio_linear_row_int8).
  *
  * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "Fused single-row kernels"). Per key/value
  * head: the packed query rows' scores over every position (one pass over the keys; with many rows, sixteen rows to
  * a vector), their softmax, then the probabilities times the values (one pass over the values); each row sees the
  * positions before its limit (all of them for a decoding step, the cache and the question up to its own token for a
  * question's pass). Keys and values are bf16 or f32 rows of 64, the rows of a head contiguous and the heads
- * `head_stride` elements apart (a cache view's layout). `threads` OpenMP threads split the positions, each keeping
- * its own maximum, sum and unnormalized output per row, merged at the end; the library links the OpenMP runtime
- * torch has loaded (libgomp), so the threads are torch's own, already running. AVX-512F instructions only, checked
- * at run time.
+ * `head_stride` elements apart (a cache view's layout). `threads` parts split the positions, each keeping its own
+ * maximum, sum and unnormalized output per row, merged at the end, in the kernels' own threads (pool.h: not libgomp's,
+ * whose workers sleep between regions once two threads use it). AVX-512F instructions only, checked at run time.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "pool.h"
 
 #define DIM 64
 #define MAX_ROWS 64
@@ -280,6 +281,26 @@ int mnesio_prefix_limits(const uint8_t *mask, int64_t rows, int64_t n, int64_t r
 /* 1 when this CPU runs the kernel (AVX-512F), else 0: the caller checks it before the first call. */
 int mnesio_decode_attention_supported(void) { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
 
+struct attention_job {
+    const float *q;
+    const void *k, *v;
+    int64_t head_stride, n, per, stride;
+    int heads, rows, kv_bits;
+    const int64_t *limit;
+    float *scores, *part;
+};
+
+static void attention_part(void *ctx, int c) {  /* positions [c * per, (c + 1) * per) of every head */
+    const struct attention_job *j = ctx;
+    int64_t begin = c * j->per, end = begin + j->per < j->n ? begin + j->per : j->n;
+    if (j->kv_bits == 16)
+        heads_bf16(j->q, (const uint16_t *)j->k, (const uint16_t *)j->v, j->head_stride, j->n, begin, end, j->heads, j->rows,
+                   j->limit, j->scores, j->part + c * j->stride);
+    else
+        heads_f32(j->q, (const float *)j->k, (const float *)j->v, j->head_stride, j->n, begin, end, j->heads, j->rows,
+                  j->limit, j->scores, j->part + c * j->stride);
+}
+
 /* out [heads, rows, DIM] = softmax(q k^T) v per head, row r over positions [0, limit[r]) (limit NULL: all n);
  * kv_bits 16 (bf16) or 32 (f32); part: threads * heads * rows * (DIM + 2) floats of scratch. Returns 0, or -1 for a
  * shape it does not take (a limit outside [1, n] included). */
@@ -297,16 +318,8 @@ int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_
     if (n < 256 * (int64_t)threads) threads = 1;  /* a short cache: not worth a second thread */
     int64_t per = (n + threads - 1) / threads;
     int64_t stride = (int64_t)heads * rows * (DIM + 2);
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int c = 0; c < threads; c++) {
-        int64_t begin = c * per, end = begin + per < n ? begin + per : n;
-        if (kv_bits == 16)
-            heads_bf16(q, (const uint16_t *)k, (const uint16_t *)v, head_stride, n, begin, end, heads, rows, limit, scores,
-                       part + c * stride);
-        else
-            heads_f32(q, (const float *)k, (const float *)v, head_stride, n, begin, end, heads, rows, limit, scores,
-                      part + c * stride);
-    }
+    struct attention_job job = {q, k, v, head_stride, n, per, stride, heads, rows, kv_bits, limit, scores, part};
+    run_parts(attention_part, &job, threads);
     for (int64_t hr = 0; hr < (int64_t)heads * rows; hr++) {  /* merge the chunks: the softmax over all positions */
         float m = -INFINITY, total = 0.0f, w[64];
         for (int c = 0; c < threads; c++) m = fmaxf(m, part[c * stride + hr * (DIM + 2) + DIM]);
@@ -325,12 +338,11 @@ int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_
 }
 
 /* y [out] = w x for one row x [in] (float32) and w [out, in] (bf16 or f32, rows contiguous), each weight read once:
- * blocks of 4 output rows over torch's OpenMP threads, two accumulators of 16 per row. Returns 0, or -1 for a shape
+ * blocks of 4 output rows split over `threads` parts, two accumulators of 16 per row. Returns 0, or -1 for a shape
  * it does not take (in not a multiple of 32). */
 #define DEFINE_ROWS(NAME, LOAD, ELEM)                                                                            \
-static void NAME(const float *x, const ELEM *w, int64_t in, int64_t out, int threads, float *y) {                 \
-    _Pragma("omp parallel for num_threads(threads) schedule(static)")                                           \
-    for (int64_t o = 0; o < out; o += 4) {                                                                      \
+static void NAME(const float *x, const ELEM *w, int64_t in, int64_t o0, int64_t out, float *y) {                  \
+    for (int64_t o = o0; o < out; o += 4) {                                                                     \
         int rows = out - o < 4 ? (int)(out - o) : 4;                                                             \
         __m512 a[4][2];                                                                                          \
         for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();                                     \
@@ -349,12 +361,65 @@ static void NAME(const float *x, const ELEM *w, int64_t in, int64_t out, int thr
 DEFINE_ROWS(rows_bf16, load_bf16, uint16_t)
 DEFINE_ROWS(rows_f32, load_f32, float)
 
+/* Int8 codes: torch's _weight_int8pack_mm arithmetic for one row (aten/src/ATen/native/cpu/int8mm_kernel.cpp, AVX-512):
+ * each code widened and times its row's scale in f32, one accumulator of 16 per output, 16 inputs a step, summed as
+ * _mm512_reduce_add_ps sums; so a row's sums are that kernel's bit for bit. */
+static void rows_i8(const float *x, const int8_t *w, const float *scales, int64_t in, int64_t o0, int64_t out, float *y) {
+    for (int64_t o = o0; o < out; o += 4) {
+        int rows = out - o < 4 ? (int)(out - o) : 4;
+        __m512 a[4], s[4];
+        for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps(), s[r] = _mm512_set1_ps(scales[o + r]);
+        for (int64_t i = 0; i < in; i += 16) {
+            __m512 xv = _mm512_loadu_ps(x + i);
+            for (int r = 0; r < rows; r++) {
+                __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + (o + r) * in + i))));
+                a[r] = _mm512_fmadd_ps(xv, _mm512_mul_ps(b, s[r]), a[r]);
+            }
+        }
+        for (int r = 0; r < rows; r++) y[o + r] = _mm512_reduce_add_ps(a[r]);
+    }
+}
+
+struct rows_job {
+    const float *x;
+    const void *w;
+    int64_t in, out, per;
+    int w_bits;
+    float *y;
+    const float *scales;  /* int8 codes: each output row's scale, applied to its sum */
+};
+
+static void rows_part(void *ctx, int p) {  /* output rows [p * per, (p + 1) * per), per a multiple of 4 */
+    const struct rows_job *j = ctx;
+    int64_t o0 = p * j->per, o1 = o0 + j->per < j->out ? o0 + j->per : j->out;
+    if (o0 >= o1) return;
+    if (j->w_bits == 16)
+        rows_bf16(j->x, (const uint16_t *)j->w, j->in, o0, o1, j->y);
+    else if (j->w_bits == 32)
+        rows_f32(j->x, (const float *)j->w, j->in, o0, o1, j->y);
+    else
+        rows_i8(j->x, (const int8_t *)j->w, j->scales, j->in, o0, o1, j->y);
+}
+
 int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
     if (in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
     if (threads < 1) threads = 1;
-    if (w_bits == 16)
-        rows_bf16(x, (const uint16_t *)w, in, out, threads, y);
-    else
-        rows_f32(x, (const float *)w, in, out, threads, y);
+    if (threads > POOL_MAX + 1) threads = POOL_MAX + 1;
+    int64_t blocks = (out + 3) / 4;
+    struct rows_job job = {x, w, in, out, (blocks + threads - 1) / threads * 4, w_bits, y, NULL};
+    run_parts(rows_part, &job, threads);
+    return 0;
+}
+
+/* y [out] = (codes * scales) x for one row x [in] (float32) and int8 codes [out, in] (rows contiguous), a float32
+ * scale per output row: an Int8WeightLinear's product as torch's kernel computes it (rows_i8). Returns 0, or -1. */
+int mnesio_linear_row_int8(const float *x, const int8_t *codes, const float *scales, int64_t in, int64_t out, int threads,
+                           float *y) {
+    if (in < 32 || in % 32 || out < 1) return -1;
+    if (threads < 1) threads = 1;
+    if (threads > POOL_MAX + 1) threads = POOL_MAX + 1;
+    int64_t blocks = (out + 3) / 4;
+    struct rows_job job = {x, codes, in, out, (blocks + threads - 1) / threads * 4, 8, y, scales};
+    run_parts(rows_part, &job, threads);
     return 0;
 }

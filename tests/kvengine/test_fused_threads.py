@@ -1,0 +1,118 @@
+"""The fused kernels' own threads (kvengine/native/pool.h) and the int8 row product: callers on many threads at once,
+a forked child, and every int8 layer's one row bit for bit as its dense forward."""
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import pytest
+import torch
+
+from kvengine import fused
+from kvengine.precision import Int8WeightLinear
+
+AVX512F = "avx512f" in open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else False
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if not AVX512F:
+        pytest.skip("this CPU lacks AVX-512F: torch's kernels serve")
+    lib = fused.kernel()
+    assert lib is not None, "the fused kernel did not build or load (see the kvengine.fused warning)"
+    return lib
+
+
+def _work(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(1, 3, 3, 64, generator=g), torch.randn(1, 3, 4096, 64, generator=g), torch.randn(1, 3, 4096, 64, generator=g)
+    x, w = torch.randn(1, 576, generator=g), torch.randn(1536, 576, generator=g)
+    layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False))
+    return (lambda: fused.decode_attention(q, k, v, 0.125, None), lambda: fused.linear_row(x, w, None, torch.float32),
+            lambda: fused.linear_row_int8(x, layer))
+
+
+def test_callers_on_many_threads_at_once_get_the_bits_of_one_caller(kernel):
+    """A caller that finds the pool busy runs its parts itself: same parts, same bits, no lost or crossed job."""
+    calls = _work(1)
+    expected = [call() for call in calls]
+    assert all(e is not None for e in expected)
+    failures, barrier = [], threading.Barrier(6)
+
+    def hammer():
+        barrier.wait()
+        for _ in range(40):
+            for call, want in zip(calls, expected, strict=True):
+                if not torch.equal(call(), want):
+                    failures.append(1)
+
+    threads = [threading.Thread(target=hammer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not failures
+
+
+def _rows_with_two_parts(seed: int) -> torch.Tensor:
+    """mnesio_linear_row with two parts, called directly (torch's own threads stay at one: libgomp itself is not
+    fork-safe, a child's parallel region after the parent's hangs in its barrier)."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(576, generator=g), torch.randn(1536, 576, generator=g)
+    y = torch.empty(1536)
+    assert fused.kernel().mnesio_linear_row(x.data_ptr(), w.data_ptr(), 576, 1536, 32, 2, y.data_ptr()) == 0
+    return y
+
+
+def _in_child(queue) -> None:
+    torch.set_num_threads(1)
+    queue.put(_rows_with_two_parts(2).tolist())
+
+
+def test_a_forked_child_runs_the_kernels_without_the_parents_workers(kernel):
+    """Celery's prefork children: the parent's pool threads do not exist after fork, and the child must not wait on them."""
+    expected = _rows_with_two_parts(2).tolist()  # the parent's worker is started and running
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0, "the forked child hung or failed in the kernels"
+    assert queue.get(timeout=10) == expected
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (576, 190), (96, 1000)])
+def test_an_int8_row_is_its_dense_forward_bit_for_bit(kernel, shape, out_dtype):
+    """torch's kernel's arithmetic (kernels.c's rows_i8): a row decoded alone and among others keeps its bits."""
+    torch.manual_seed(shape[1])
+    for bias in (False, True):
+        layer = Int8WeightLinear(torch.nn.Linear(*shape, bias=bias), out_dtype=out_dtype)
+        for seed in range(5):
+            x = torch.randn(1, 1, shape[0], generator=torch.Generator().manual_seed(seed))
+            row = fused.linear_row_int8(x, layer)
+            assert row is not None and row.dtype == out_dtype and row.shape == (1, 1, shape[1])
+            assert torch.equal(row, layer(x)), (shape, bias, seed)
+
+
+def test_the_int8_row_kernel_refuses_what_it_does_not_take(kernel):
+    layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False))
+    assert fused.linear_row_int8(torch.randn(2, 576), layer) is None  # two rows: the dense kernel
+    assert fused.linear_row_int8(torch.randn(1, 64), Int8WeightLinear(torch.nn.Linear(64, 64))) is None  # small
+    f32_act = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False), act_dtype=torch.float32)
+    assert fused.linear_row_int8(torch.randn(1, 576), f32_act) is None  # torch's f32 kernel sums in another order
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("dtype", ["f32w8", "bf16w8"])
+def test_every_int8_layer_sends_one_row_to_the_kernel(real_backend, kernel, dtype):
+    model = real_backend.variant(dtype=dtype).model
+    layers = [m for m in model.modules() if isinstance(m, Int8WeightLinear)]
+    assert len(layers) == 7 * model.config.num_hidden_layers
+    assert all(m.forward.__func__ is fused._int8_row_forward for m in layers)
+    with torch.inference_mode():
+        for m in layers[:7]:
+            x = torch.randn(1, 1, m.in_features, generator=torch.Generator().manual_seed(4))
+            assert torch.equal(m(x), m.mnesio_dense_forward(x))
