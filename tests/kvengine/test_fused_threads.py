@@ -32,7 +32,16 @@ def _work(seed: int):
             lambda: fused.linear_row_int8(x, layer))
 
 
-def test_callers_on_many_threads_at_once_get_the_bits_of_one_caller(kernel):
+@pytest.fixture
+def two_threads():
+    """Two parts per call (the suite runs with OMP_NUM_THREADS=1, which would leave the pool unused)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_callers_on_many_threads_at_once_get_the_bits_of_one_caller(kernel, two_threads):
     """A caller that finds the pool busy runs its parts itself: same parts, same bits, no lost or crossed job."""
     calls = _work(1)
     expected = [call() for call in calls]
@@ -40,6 +49,7 @@ def test_callers_on_many_threads_at_once_get_the_bits_of_one_caller(kernel):
     failures, barrier = [], threading.Barrier(6)
 
     def hammer():
+        torch.set_num_threads(2)  # a new thread starts at OMP_NUM_THREADS
         barrier.wait()
         for _ in range(40):
             for call, want in zip(calls, expected, strict=True):
