@@ -182,7 +182,8 @@ def linear_row_int8(x: torch.Tensor, layer) -> torch.Tensor | None:
     arithmetic, kernels.c's rows_i8: the row and the product rounded to bf16, then ``out_dtype``); None when the kernel
     does not take it (bf16 activations only: torch's f32-activation kernel sums in another order)."""
     codes = layer.weight
-    if (x.device.type != "cpu" or layer.act_dtype != torch.bfloat16 or codes.numel() < MIN_ROW_WEIGHTS or x.numel() != layer.in_features or layer.in_features % 32
+    if (x.device.type != "cpu" or layer.act_dtype != torch.bfloat16 or not _torch_int8_kernel_is_avx512()
+            or codes.numel() < MIN_ROW_WEIGHTS or x.numel() != layer.in_features or layer.in_features % 32
             or torch.compiler.is_compiling() or (lib := kernel()) is None):
         return None
     row = x.reshape(-1).to(layer.act_dtype).float().contiguous()
@@ -195,6 +196,13 @@ def linear_row_int8(x: torch.Tensor, layer) -> torch.Tensor | None:
     if layer.bias is not None:
         y = y.float() + layer.bias
     return y.to(layer.out_dtype).reshape(*x.shape[:-1], layer.out_features)
+
+
+@functools.cache
+def _torch_int8_kernel_is_avx512() -> bool:
+    """Whether torch runs its AVX-512 kernels here, whose int8 arithmetic rows_i8 reproduces (its AVX2 one sums 8
+    lanes at a time: ATEN_CPU_CAPABILITY=avx2, or a CPU with AVX-512F but not all that torch's AVX-512 build needs)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def _int8_row_forward(self, x: torch.Tensor) -> torch.Tensor:

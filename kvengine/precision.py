@@ -184,7 +184,8 @@ def weight_int8(model: torch.nn.Module, *, head: bool | None = None, act_dtype: 
                 out_dtype = kv_dtype if name == "v_proj" else torch.float32
                 setattr(module, name, Int8WeightLinear(child, act_dtype=act_dtype, out_dtype=out_dtype))
     if not head and isinstance(lm_head, torch.nn.Linear) and head_dtype != torch.float32:
-        copied = torch.nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None, dtype=head_dtype)
+        copied = torch.nn.utils.skip_init(torch.nn.Linear, lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
+                                          dtype=head_dtype, device=lm_head.weight.device)
         with torch.no_grad():
             copied.weight.copy_(lm_head.weight)
             if lm_head.bias is not None:

@@ -3,6 +3,9 @@ a forked child, and every int8 layer's one row bit for bit as its dense forward.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -11,7 +14,7 @@ import torch
 from kvengine import fused
 from kvengine.precision import Int8WeightLinear
 
-AVX512F = "avx512f" in open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else False
+AVX512F = "avx512f" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else False
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +129,16 @@ def test_every_int8_layer_sends_one_row_to_the_kernel(real_backend, kernel, dtyp
         for m in layers[:7]:
             x = torch.randn(1, 1, m.in_features, generator=torch.Generator().manual_seed(4))
             assert torch.equal(m(x), m.mnesio_dense_forward(x))
+
+
+def test_the_int8_row_kernel_stays_out_where_torch_runs_its_avx2_kernels(kernel):
+    """rows_i8 reproduces torch's AVX-512 int8 kernel; under its AVX2 one (other sums) the dense forward serves."""
+    code = ("import torch; from kvengine import fused; from kvengine.precision import Int8WeightLinear; "
+            "layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False)); x = torch.randn(1, 576); "
+            "print(torch.backends.cpu.get_cpu_capability(), fused.linear_row_int8(x, layer) is None, "
+            "fused.linear_row(x, torch.randn(1536, 576), None, torch.float32) is None)")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["AVX2", "True", "False"]  # the int8 rows go to torch; the f32 rows keep the kernel

@@ -112,6 +112,12 @@ def test_bf16w8_serves_a_bf16_copy_of_the_tied_head_with_f32_logits():
     assert (logits.double() - exact).abs().max().item() < 1e-5 < (logits.double() - x.double() @ embedding.weight.double().T).abs().max().item()
 
 
+def test_bf16w8s_head_copy_is_made_on_the_models_device():
+    model = cast_model(_tiny_llama().to("meta"), "bf16w8")  # "meta": no data, but every tensor's device is checked
+    head = model.get_output_embeddings()
+    assert head.weight.device.type == "meta" and head.weight.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("dtype, kv_dtype", [("f32w8", torch.float32), ("bf16w8", torch.bfloat16)])
 def test_an_int8_dtype_loads_in_f32_and_is_its_own_configuration(dtype, kv_dtype):
     assert dtype in DTYPES and load_dtype(dtype) == torch.float32 and TORCH_DTYPES[dtype] == kv_dtype
