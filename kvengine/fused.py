@@ -93,7 +93,7 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
     lib.mnesio_decode_attention.restype = ctypes.c_int
     lib.mnesio_linear_row.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.mnesio_linear_row.restype = ctypes.c_int
-    lib.mnesio_linear_row_int8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int, ctypes.c_void_p]
+    lib.mnesio_linear_row_int8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
     lib.mnesio_linear_row_int8.restype = ctypes.c_int
     lib.mnesio_prefix_limits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
     lib.mnesio_prefix_limits.restype = ctypes.c_int
@@ -186,15 +186,16 @@ def linear_row_int8(x: torch.Tensor, layer) -> torch.Tensor | None:
             or codes.numel() < MIN_ROW_WEIGHTS or x.numel() != layer.in_features or layer.in_features % 32
             or torch.compiler.is_compiling() or (lib := kernel()) is None):
         return None
-    row = x.reshape(-1).to(layer.act_dtype).float().contiguous()
-    scales = layer.scales.float().contiguous()
-    y = torch.empty(layer.out_features, dtype=torch.float32)
-    if lib.mnesio_linear_row_int8(row.data_ptr(), codes.data_ptr(), scales.data_ptr(), layer.in_features, layer.out_features,
-                                  torch.get_num_threads(), y.data_ptr()) != 0:
+    row = x.reshape(-1)
+    if row.dtype != torch.float32 or not row.is_contiguous():
+        row = row.float().contiguous()
+    bf16_out = layer.out_dtype == torch.bfloat16 and layer.bias is None
+    y = torch.empty(layer.out_features, dtype=torch.bfloat16 if bf16_out else torch.float32)
+    if lib.mnesio_linear_row_int8(row.data_ptr(), codes.data_ptr(), layer.scales.data_ptr(), layer.in_features,
+                                  layer.out_features, torch.get_num_threads(), 16 if bf16_out else 32, y.data_ptr()) != 0:
         return None
-    y = y.to(layer.act_dtype)
     if layer.bias is not None:
-        y = y.float() + layer.bias
+        y = y + layer.bias
     return y.to(layer.out_dtype).reshape(*x.shape[:-1], layer.out_features)
 
 

@@ -361,14 +361,31 @@ static void NAME(const float *x, const ELEM *w, int64_t in, int64_t o0, int64_t 
 DEFINE_ROWS(rows_bf16, load_bf16, uint16_t)
 DEFINE_ROWS(rows_f32, load_f32, float)
 
+/* f32 -> bf16 bits, rounding to nearest even (c10::BFloat16's rounding; a NaN becomes a quiet NaN). */
+static inline uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float bf16_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Int8 codes: torch's _weight_int8pack_mm arithmetic for one row (aten/src/ATen/native/cpu/int8mm_kernel.cpp, AVX-512):
- * each code widened and times its row's scale in f32, one accumulator of 16 per output, 16 inputs a step, summed as
- * _mm512_reduce_add_ps sums; so a row's sums are that kernel's bit for bit. */
-static void rows_i8(const float *x, const int8_t *w, const float *scales, int64_t in, int64_t o0, int64_t out, float *y) {
+ * each code widened and times its row's bf16 scale in f32, one accumulator of 16 per output, 16 inputs a step, summed
+ * as _mm512_reduce_add_ps sums, rounded to bf16; so a row's result is that kernel's bit for bit. Written as bf16 bits
+ * (out_bits 16) or as the bf16 value in f32 (32). */
+static void rows_i8(const float *x, const int8_t *w, const uint16_t *scales, int64_t in, int64_t o0, int64_t out,
+                    int out_bits, void *y) {
     for (int64_t o = o0; o < out; o += 4) {
         int rows = out - o < 4 ? (int)(out - o) : 4;
         __m512 a[4], s[4];
-        for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps(), s[r] = _mm512_set1_ps(scales[o + r]);
+        for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps(), s[r] = _mm512_set1_ps(bf16_float(scales[o + r]));
         for (int64_t i = 0; i < in; i += 16) {
             __m512 xv = _mm512_loadu_ps(x + i);
             for (int r = 0; r < rows; r++) {
@@ -376,7 +393,13 @@ static void rows_i8(const float *x, const int8_t *w, const float *scales, int64_
                 a[r] = _mm512_fmadd_ps(xv, _mm512_mul_ps(b, s[r]), a[r]);
             }
         }
-        for (int r = 0; r < rows; r++) y[o + r] = _mm512_reduce_add_ps(a[r]);
+        for (int r = 0; r < rows; r++) {
+            uint16_t bits = bf16_bits(_mm512_reduce_add_ps(a[r]));
+            if (out_bits == 16)
+                ((uint16_t *)y)[o + r] = bits;
+            else
+                ((float *)y)[o + r] = bf16_float(bits);
+        }
     }
 }
 
@@ -385,8 +408,9 @@ struct rows_job {
     const void *w;
     int64_t in, out, per;
     int w_bits;
-    float *y;
-    const float *scales;  /* int8 codes: each output row's scale, applied to its sum */
+    void *y;
+    const uint16_t *scales;  /* int8 codes: each output row's bf16 scale */
+    int out_bits;  /* int8 codes: the output's bits (rows_i8) */
 };
 
 static void rows_part(void *ctx, int p) {  /* output rows [p * per, (p + 1) * per), per a multiple of 4 */
@@ -394,11 +418,11 @@ static void rows_part(void *ctx, int p) {  /* output rows [p * per, (p + 1) * pe
     int64_t o0 = p * j->per, o1 = o0 + j->per < j->out ? o0 + j->per : j->out;
     if (o0 >= o1) return;
     if (j->w_bits == 16)
-        rows_bf16(j->x, (const uint16_t *)j->w, j->in, o0, o1, j->y);
+        rows_bf16(j->x, (const uint16_t *)j->w, j->in, o0, o1, (float *)j->y);
     else if (j->w_bits == 32)
-        rows_f32(j->x, (const float *)j->w, j->in, o0, o1, j->y);
+        rows_f32(j->x, (const float *)j->w, j->in, o0, o1, (float *)j->y);
     else
-        rows_i8(j->x, (const int8_t *)j->w, j->scales, j->in, o0, o1, j->y);
+        rows_i8(j->x, (const int8_t *)j->w, j->scales, j->in, o0, o1, j->out_bits, j->y);
 }
 
 int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
@@ -406,20 +430,25 @@ int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, in
     if (threads < 1) threads = 1;
     if (threads > POOL_MAX + 1) threads = POOL_MAX + 1;
     int64_t blocks = (out + 3) / 4;
-    struct rows_job job = {x, w, in, out, (blocks + threads - 1) / threads * 4, w_bits, y, NULL};
+    struct rows_job job = {x, w, in, out, (blocks + threads - 1) / threads * 4, w_bits, y, NULL, 32};
     run_parts(rows_part, &job, threads);
     return 0;
 }
 
-/* y [out] = (codes * scales) x for one row x [in] (float32) and int8 codes [out, in] (rows contiguous), a float32
- * scale per output row: an Int8WeightLinear's product as torch's kernel computes it (rows_i8). Returns 0, or -1. */
-int mnesio_linear_row_int8(const float *x, const int8_t *codes, const float *scales, int64_t in, int64_t out, int threads,
-                           float *y) {
-    if (in < 32 || in % 32 || out < 1) return -1;
+/* y [out] = (codes * scales) x for one row x [in] (float32, rounded to bf16 here) and int8 codes [out, in] (rows
+ * contiguous), a bf16 scale per output row: an Int8WeightLinear's product on bf16 activations as torch's kernel
+ * computes and rounds it (rows_i8), written as bf16 (out_bits 16) or its value in f32 (32). Returns 0, or -1. */
+int mnesio_linear_row_int8(const float *x, const int8_t *codes, const uint16_t *scales, int64_t in, int64_t out,
+                           int threads, int out_bits, void *y) {
+    if (in < 32 || in % 32 || out < 1 || (out_bits != 16 && out_bits != 32)) return -1;
     if (threads < 1) threads = 1;
     if (threads > POOL_MAX + 1) threads = POOL_MAX + 1;
+    float local[4096], *row = in <= 4096 ? local : malloc((size_t)in * sizeof(float));
+    if (!row) return -1;
+    for (int64_t i = 0; i < in; i++) row[i] = bf16_float(bf16_bits(x[i]));  /* the row the kernel multiplies */
     int64_t blocks = (out + 3) / 4;
-    struct rows_job job = {x, codes, in, out, (blocks + threads - 1) / threads * 4, 8, y, scales};
+    struct rows_job job = {row, codes, in, out, (blocks + threads - 1) / threads * 4, 8, y, scales, out_bits};
     run_parts(rows_part, &job, threads);
+    if (row != local) free(row);
     return 0;
 }
