@@ -425,13 +425,17 @@ static void rows_part(void *ctx, int p) {  /* output rows [p * per, (p + 1) * pe
         rows_i8(j->x, (const int8_t *)j->w, j->scales, j->in, o0, o1, j->out_bits, j->y);
 }
 
-int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
-    if (in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
+static void run_rows(struct rows_job *job, int threads) {  /* the output rows' blocks of 4 split over `threads` parts */
     if (threads < 1) threads = 1;
     if (threads > POOL_MAX + 1) threads = POOL_MAX + 1;
-    int64_t blocks = (out + 3) / 4;
-    struct rows_job job = {x, w, in, out, (blocks + threads - 1) / threads * 4, w_bits, y, NULL, 32};
-    run_parts(rows_part, &job, threads);
+    job->per = ((job->out + 3) / 4 + threads - 1) / threads * 4;
+    run_parts(rows_part, job, threads);
+}
+
+int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
+    if (in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
+    struct rows_job job = {x, w, in, out, 0, w_bits, y, NULL, 32};
+    run_rows(&job, threads);
     return 0;
 }
 
@@ -441,14 +445,11 @@ int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, in
 int mnesio_linear_row_int8(const float *x, const int8_t *codes, const uint16_t *scales, int64_t in, int64_t out,
                            int threads, int out_bits, void *y) {
     if (in < 32 || in % 32 || out < 1 || (out_bits != 16 && out_bits != 32)) return -1;
-    if (threads < 1) threads = 1;
-    if (threads > POOL_MAX + 1) threads = POOL_MAX + 1;
     float local[4096], *row = in <= 4096 ? local : malloc((size_t)in * sizeof(float));
     if (!row) return -1;
     for (int64_t i = 0; i < in; i++) row[i] = bf16_float(bf16_bits(x[i]));  /* the row the kernel multiplies */
-    int64_t blocks = (out + 3) / 4;
-    struct rows_job job = {row, codes, in, out, (blocks + threads - 1) / threads * 4, 8, y, scales, out_bits};
-    run_parts(rows_part, &job, threads);
+    struct rows_job job = {row, codes, in, out, 0, 8, y, scales, out_bits};
+    run_rows(&job, threads);
     if (row != local) free(row);
     return 0;
 }

@@ -13,19 +13,9 @@ import torch
 
 from kvengine import fused, precision
 from kvengine.attention import packed_gqa_sdpa
+from tests.support.cpu import AVX512F
 
 ROOT = Path(__file__).resolve().parents[2]
-AVX512F = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    """The library, which must build and load on a CPU with AVX-512F (a failed build is a failure, not a skip)."""
-    if not AVX512F:
-        pytest.skip("this CPU lacks AVX-512F: the flash kernel serves (test_unavailable_kernel_leaves_the_flash_kernel)")
-    lib = fused.kernel()
-    assert lib is not None, "the fused kernel did not build or load (see the kvengine.fused warning)"
-    return lib
 
 
 def _cache_view(n: int, dtype: torch.dtype, *, room: int = 40, seed: int = 0):

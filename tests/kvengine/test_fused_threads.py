@@ -14,17 +14,6 @@ import torch
 from kvengine import fused
 from kvengine.precision import Int8WeightLinear
 
-AVX512F = "avx512f" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else False
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    if not AVX512F:
-        pytest.skip("this CPU lacks AVX-512F: torch's kernels serve")
-    lib = fused.kernel()
-    assert lib is not None, "the fused kernel did not build or load (see the kvengine.fused warning)"
-    return lib
-
 
 def _work(seed: int):
     g = torch.Generator().manual_seed(seed)
