@@ -8,7 +8,7 @@ prefill over the cached state; (2) ``--steps`` single decoding steps after it.
 
 Each is profiled (CPU activity, record_shapes=True) with a range around every decoder layer, the final norm, the
 LM head, the embedding and the rotary embedding, and around each call of kvengine.fused's kernels (ctypes calls,
-which the profiler does not see otherwise: ``mnesio::decode_attention``, ``mnesio::linear_row``): a per-op table (self CPU time), a per-layer table, and the
+which the profiler does not see otherwise: ``mnesio::decode_attention``, ``mnesio::linear_rows``): a per-op table (self CPU time), a per-layer table, and the
 "Python overhead" (profiled wall time minus the ops' self time). The same passes are also timed without the
 profiler (median of ``--repeats``), beside the batched answer(), and the load average is recorded.
 
@@ -43,13 +43,13 @@ from kvengine.kvcache import CartridgeCache  # noqa: E402
 FIRST_RANGE, STEP_RANGE = "answer.first_token", "answer.decode_step"
 # the kernels' calls, by kind: torch's ops and kvengine.fused's (ctypes calls, which the profiler sees only in a range)
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "mnesio::decode_attention")
-LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "mnesio::linear_row")
+LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "mnesio::linear_rows")
 
 
 @contextlib.contextmanager
 def fused_ranges():
     """A record_function range around each call of kvengine.fused's kernels, so the profile counts them as ops."""
-    saved = fused.decode_attention, fused.linear_row
+    saved = fused.decode_attention, fused.linear_rows
 
     def ranged(name, kernel):
         def call(*args):
@@ -58,11 +58,11 @@ def fused_ranges():
         return call
 
     fused.decode_attention = ranged("mnesio::decode_attention", saved[0])
-    fused.linear_row = ranged("mnesio::linear_row", saved[1])
+    fused.linear_rows = ranged("mnesio::linear_rows", saved[1])
     try:
         yield
     finally:
-        fused.decode_attention, fused.linear_row = saved
+        fused.decode_attention, fused.linear_rows = saved
 
 
 def add_ranges(model: torch.nn.Module) -> tuple[list[str], list]:

@@ -125,7 +125,7 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
     from kvengine.attention import packed_gqa_sdpa
     from kvengine.kvcache import CartridgeCache, KvState
 
-    fused_kernel, row_kernel, way = kvengine.fused.decode_attention, kvengine.fused.linear_row, {"name": "fused"}
+    fused_kernel, row_kernel, way = kvengine.fused.decode_attention, kvengine.fused.linear_rows, {"name": "fused"}
 
     def candidate(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
         name = way["name"]
@@ -154,7 +154,7 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
     times, logits = {name: [] for name in ways}, {}
 
     def step(token: int) -> torch.Tensor:
-        kvengine.fused.linear_row = (lambda *a: None) if way["name"] == "dense" else row_kernel  # dense: torch's products
+        kvengine.fused.linear_rows = (lambda *a: None) if way["name"] == "dense" else row_kernel  # dense: torch's products
         cache = CartridgeCache(state)
         try:
             return model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1].float()
@@ -175,7 +175,7 @@ def in_model(context: int, steps: int, dtype: str) -> dict:
                         times[name].append(time.perf_counter() - started)
     finally:
         config._attn_implementation, kvengine.fused.decode_attention = served_impl, fused_kernel
-        kvengine.fused.linear_row = row_kernel
+        kvengine.fused.linear_rows = row_kernel
     diff = {f"{name}_max_logit_diff_from_exact": float(f"{float((logits[name] - logits['exact']).abs().max()):.2g}") for name in ways}
     return {"dtype": dtype, "context": context, "steps": steps, **diff,
             **{f"{name}_step_ms": round(1e3 * statistics.median(t), 1) for name, t in times.items()},

@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""The first token from an ~8k cartridge with the question's attention in kvengine's fused kernel or torch's flash one.
+"""The first token from an ~8k cartridge with the question's pass in kvengine's fused kernels or in torch's.
 
-A question's pass runs its few tokens over the cartridge under a causal mask; kvengine.attention sends that
-attention to kvengine.fused's kernel (each token over the positions up to its own), or, in the ``flash`` arm
-(``fused.prefix_limits`` patched to refuse every mask), to torch's CPU flash kernel under the mask, the path before
-the kernel took it. Decoding steps run through the fused kernel in both arms. The default model, f32, a cartridge of
+A question's pass runs its few tokens over the cartridge under a causal mask. ``--compare attention``: its
+attention in kvengine.fused's kernel (each token over the positions up to its own), or, in the ``flash`` arm
+(``fused.prefix_limits`` patched to refuse every mask), in torch's CPU flash kernel under the mask. ``--compare
+linear``: its linear layers' products in the fused few-row kernel (``rows``), or, in the ``one_row`` arm
+(``fused.MAX_LINEAR_ROWS`` set to 1), in torch's matmul (MKL; int8 weights: ``_weight_int8pack_mm``). Decoding steps
+run through the fused kernels in both arms. The default model in ``--dtype``, a cartridge of
 bench/kv_speed.py's synthetic facts, ``--questions`` of its probes; the arms alternate question by question (the
 order flipped every round), so the machine's drift hits them alike. Reported per arm: the median first token
 (``answer()``'s ttft, the batcher's lone-row path) and decoding ms per token after it, and whether the arms' greedy
 answers were the same tokens.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare linear --out bench/results/question_rows_ab.json
 """
 from __future__ import annotations
 
@@ -39,15 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare", choices=("attention", "linear"), default="attention", help="which kernel the arms differ in")
+    parser.add_argument("--dtype", default="f32", help="the model's dtype (kvengine.config.DTYPES)")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    backend = make_backend("transformers", dtype="f32", quant="none", device="cpu")
+    backend = make_backend("transformers", dtype=args.dtype, quant="none", device="cpu")
     texts = memories_for(backend, args.tokens)
     cartridge = backend.compile(texts)
     questions = [q for q, _ in probes(len(texts), args.questions)]
-    limits = fused.prefix_limits
-    arms = {"fused": limits, "flash": lambda *a: None}
+    limits, most_rows = fused.prefix_limits, fused.MAX_LINEAR_ROWS
+    if args.compare == "attention":
+        arms = {"fused": (limits, most_rows), "flash": (lambda *a: None, most_rows)}
+    else:
+        arms = {"rows": (limits, most_rows), "one_row": (limits, 1)}
     first = {name: [] for name in arms}
     per_token = {name: [] for name in arms}
     tokens = {name: {} for name in arms}
@@ -56,21 +64,22 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for q in questions:
                 for name in arms if r % 2 == 0 else list(arms)[::-1]:
-                    fused.prefix_limits = arms[name]
+                    fused.prefix_limits, fused.MAX_LINEAR_ROWS = arms[name]
                     answer = backend.answer(cartridge, q, max_new_tokens=args.max_new_tokens, stop_at_eos=False)
                     first[name].append(answer.ttft_s * 1e3)
                     per_token[name].append((answer.total_s - answer.ttft_s) * 1e3 / max(1, len(answer.token_ids) - 1))
                     tokens[name][q] = answer.token_ids
     finally:
-        fused.prefix_limits = limits
+        fused.prefix_limits, fused.MAX_LINEAR_ROWS = limits, most_rows
+    a, b = arms
     result = {
         "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "cartridge_tokens": cartridge.header.num_tokens, "questions": len(questions), "rounds": args.rounds,
+        "dtype": args.dtype, "compare": args.compare, "cartridge_tokens": cartridge.header.num_tokens, "questions": len(questions), "rounds": args.rounds,
         "question_tokens": [len(backend.layout.encode(backend.layout.suffix_text(q))) for q in questions],
         "first_token_ms": {name: round(statistics.median(v), 1) for name, v in first.items()},
         "decoding_ms_per_token": {name: round(statistics.median(v), 1) for name, v in per_token.items()},
-        "first_token_ratio_fused_to_flash": round(statistics.median(first["fused"]) / statistics.median(first["flash"]), 3),
-        "same_tokens": all(tokens["fused"][q] == tokens["flash"][q] for q in questions),
+        f"first_token_ratio_{a}_to_{b}": round(statistics.median(first[a]) / statistics.median(first[b]), 3),
+        "same_tokens": all(tokens[a][q] == tokens[b][q] for q in questions),
     }
     print(json.dumps(result, indent=1))
     if args.out:

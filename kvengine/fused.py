@@ -1,7 +1,7 @@
 """The engine's fused few-row kernels (kvengine/native/kernels.c): built on first use, called through ctypes.
 
 kvengine.attention sends the attention of a single-token step, and of a question's few tokens under a causal mask,
-to ``decode_attention``; ``row_linears`` makes a model's linear layers send a one-row input to ``linear_row``. Each
+to ``decode_attention``; ``row_linears`` makes a model's linear layers send a few rows to ``linear_rows``. Each
 returns None for what its kernel does not take (then torch's kernel serves: the flash attention, the dense
 matmul). The library is built with the system C compiler (``$CC``, else cc)
 into ``<MNESIO_MODEL_CACHE_DIR>/kernels/``, named by a hash of the source and the flags: into a temporary file,
@@ -9,7 +9,7 @@ then renamed, so processes building at once each load a whole library. The folde
 writable by no one else, or nothing there is loaded. No compiler, a failed build or a CPU without AVX-512F: the
 kernels are unavailable (logged once) and answers are torch's kernels'.
 
-Design and measurements: docs/design/attention.md, "Fused single-row kernels".
+Design and measurements: docs/design/attention.md, "Fused few-row kernels".
 """
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes th
 # the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
 # product costs torch (a 256 x 256 one: ~5 us), while SmolLM2's smallest layer (192 x 576) gains in the model's step
 MIN_ROW_WEIGHTS = 1 << 16
+# the most rows a linear layer sends to its kernel (kernels.c takes 64): a question's pass, a batch's step, a short
+# tail; fewer than a compile's block (blocks.BLOCK_SIZE, 64 tokens), where MKL is as fast on the main thread
+MAX_LINEAR_ROWS = 32
 
 
 def library_path(folder: Path | None = None) -> Path:
@@ -83,7 +86,7 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
         except OSError:  # not a library of this machine's (a copied cache folder, a damaged file): build it anew
             lib = ctypes.CDLL(str(build(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("kvengine: the fused single-row kernels are unavailable (%s); torch's kernels serve", exc)
+        log.warning("kvengine: the fused few-row kernels are unavailable (%s); torch's kernels serve", exc)
         return None
     if not lib.mnesio_decode_attention_supported():
         log.warning("kvengine: this CPU lacks AVX-512F; torch's kernels serve single-token steps")
@@ -91,10 +94,12 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
     lib.mnesio_decode_attention.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
                                           + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3)
     lib.mnesio_decode_attention.restype = ctypes.c_int
-    lib.mnesio_linear_row.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
-    lib.mnesio_linear_row.restype = ctypes.c_int
-    lib.mnesio_linear_row_int8.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 2 + [ctypes.c_void_p]
-    lib.mnesio_linear_row_int8.restype = ctypes.c_int
+    lib.mnesio_linear_rows.argtypes = ([ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int64] * 2
+                                       + [ctypes.c_int] * 2 + [ctypes.c_void_p])
+    lib.mnesio_linear_rows.restype = ctypes.c_int
+    lib.mnesio_linear_rows_int8.argtypes = ([ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+                                            + [ctypes.c_int] * 2 + [ctypes.c_void_p])
+    lib.mnesio_linear_rows_int8.restype = ctypes.c_int
     lib.mnesio_prefix_limits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
     lib.mnesio_prefix_limits.restype = ctypes.c_int
     return lib
@@ -158,41 +163,50 @@ def decode_attention(packed: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out.to(value.dtype).unsqueeze(0)
 
 
-# -- linear layers on one row -------------------------------------------------------------------------------------
-def linear_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """``x @ weight.T (+ bias)`` for an ``x`` of one row (any leading shape of size 1), its inputs rounded to the weights'
-    dtype and the products accumulated in f32, returned in ``out_dtype``; None when the kernel does not take it."""
-    if (x.device.type != "cpu" or weight.dtype not in KV_BITS or weight.dim() != 2 or weight.numel() < MIN_ROW_WEIGHTS
-            or not weight.is_contiguous()
-            or x.shape[-1] != weight.shape[1] or x.numel() != weight.shape[1] or weight.shape[1] % 32
+# -- linear layers on a few rows ----------------------------------------------------------------------------------
+def _rows(x: torch.Tensor, in_features: int) -> int:
+    """How many rows of ``in_features`` an ``x`` holds, when the linear kernels take it (1 to MAX_LINEAR_ROWS); else 0."""
+    if x.device.type != "cpu" or x.dim() < 1 or x.shape[-1] != in_features or in_features % 32 or not x.numel():
+        return 0
+    rows = x.numel() // in_features
+    return rows if rows <= MAX_LINEAR_ROWS else 0
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """``x @ weight.T (+ bias)`` for an ``x`` of at most MAX_LINEAR_ROWS rows, its inputs rounded to the weights' dtype
+    and the products accumulated in f32, returned in ``out_dtype``; each row's result is its one-row product's bit for
+    bit, whatever rows it comes with (kernels.c, DEFINE_ROWS). None when the kernel does not take it."""
+    rows = _rows(x, weight.shape[1]) if weight.dim() == 2 else 0
+    if (not rows or weight.dtype not in KV_BITS or weight.numel() < MIN_ROW_WEIGHTS or not weight.is_contiguous()
             or torch.compiler.is_compiling() or (lib := kernel()) is None):
         return None
-    row = x.reshape(-1).to(weight.dtype).float().contiguous()  # the row the dense matmul would multiply, exactly in f32
-    y = torch.empty(weight.shape[0], dtype=torch.float32)
-    if lib.mnesio_linear_row(row.data_ptr(), weight.data_ptr(), weight.shape[1], weight.shape[0], KV_BITS[weight.dtype],
-                             torch.get_num_threads(), y.data_ptr()) != 0:
+    flat = x.reshape(rows, -1).to(weight.dtype).float().contiguous()  # the rows the dense matmul would multiply, in f32
+    y = torch.empty(rows, weight.shape[0], dtype=torch.float32)
+    if lib.mnesio_linear_rows(flat.data_ptr(), rows, weight.data_ptr(), weight.shape[1], weight.shape[0],
+                              KV_BITS[weight.dtype], torch.get_num_threads(), y.data_ptr()) != 0:
         return None
     if bias is not None:
         y += bias.float()
     return y.to(out_dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 
-def linear_row_int8(x: torch.Tensor, layer) -> torch.Tensor | None:
-    """An Int8WeightLinear's product for an ``x`` of one row, bit for bit its dense forward (torch's kernel's
-    arithmetic, kernels.c's rows_i8: the row and the product rounded to bf16, then ``out_dtype``); None when the kernel
-    does not take it (bf16 activations only: torch's f32-activation kernel sums in another order)."""
+def linear_rows_int8(x: torch.Tensor, layer) -> torch.Tensor | None:
+    """An Int8WeightLinear's product for an ``x`` of at most MAX_LINEAR_ROWS rows, bit for bit its dense forward
+    (torch's kernel's arithmetic, kernels.c's rows_i8: the rows and the product rounded to bf16, then ``out_dtype``);
+    None when the kernel does not take it (bf16 activations only: torch's f32-activation kernel sums in another
+    order)."""
     codes = layer.weight
-    if (x.device.type != "cpu" or layer.act_dtype != torch.bfloat16 or not _torch_int8_kernel_is_avx512()
-            or codes.numel() < MIN_ROW_WEIGHTS or x.numel() != layer.in_features or layer.in_features % 32
-            or torch.compiler.is_compiling() or (lib := kernel()) is None):
+    rows = _rows(x, layer.in_features)
+    if (not rows or layer.act_dtype != torch.bfloat16 or not _torch_int8_kernel_is_avx512()
+            or codes.numel() < MIN_ROW_WEIGHTS or torch.compiler.is_compiling() or (lib := kernel()) is None):
         return None
-    row = x.reshape(-1)
-    if row.dtype != torch.float32 or not row.is_contiguous():
-        row = row.float().contiguous()
+    flat = x.reshape(rows, -1)
+    if flat.dtype != torch.float32 or not flat.is_contiguous():
+        flat = flat.float().contiguous()
     bf16_out = layer.out_dtype == torch.bfloat16 and layer.bias is None
-    y = torch.empty(layer.out_features, dtype=torch.bfloat16 if bf16_out else torch.float32)
-    if lib.mnesio_linear_row_int8(row.data_ptr(), codes.data_ptr(), layer.scales.data_ptr(), layer.in_features,
-                                  layer.out_features, torch.get_num_threads(), 16 if bf16_out else 32, y.data_ptr()) != 0:
+    y = torch.empty(rows, layer.out_features, dtype=torch.bfloat16 if bf16_out else torch.float32)
+    if lib.mnesio_linear_rows_int8(flat.data_ptr(), rows, codes.data_ptr(), layer.scales.data_ptr(), layer.in_features,
+                                   layer.out_features, torch.get_num_threads(), 16 if bf16_out else 32, y.data_ptr()) != 0:
         return None
     if layer.bias is not None:
         y = y + layer.bias
@@ -207,23 +221,24 @@ def _torch_int8_kernel_is_avx512() -> bool:
 
 
 def _int8_row_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """A wrapped int8 layer's forward: one row through ``linear_row_int8``, anything else through its dense forward."""
-    y = linear_row_int8(x, self)
+    """A wrapped int8 layer's forward: a few rows through ``linear_rows_int8``, more through its dense forward."""
+    y = linear_rows_int8(x, self)
     return self.mnesio_dense_forward(x) if y is None else y
 
 
 def _row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A wrapped linear layer's forward: one row through ``linear_row``, anything else through its dense forward."""
-    y = linear_row(x, self.weight, self.bias, self.mnesio_row_dtype)
+    """A wrapped linear layer's forward: a few rows through ``linear_rows``, more through its dense forward."""
+    y = linear_rows(x, self.weight, self.bias, self.mnesio_row_dtype)
     return self.mnesio_dense_forward(x) if y is None else y
 
 
 def row_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """Route every nn.Linear of ``model`` with bf16 or f32 weights through ``linear_row`` for one-row inputs, in place.
+    """Route every nn.Linear of ``model`` with bf16 or f32 weights through ``linear_rows`` for inputs of at most
+    MAX_LINEAR_ROWS rows, in place.
 
-    A layer keeps the forward it had (bf16r's exact-output one included) for everything else; its one-row output
+    A layer keeps the forward it had (bf16r's exact-output one included) for everything else; its few-row output
     has that forward's dtype: f32 for bf16r's exact outputs (kvengine.precision), the weights' dtype otherwise.
-    Int8 layers (f32w8, bf16w8) send one row to ``linear_row_int8`` the same way. Bound as methods, so a deep copy binds its
+    Int8 layers (f32w8, bf16w8) send a few rows to ``linear_rows_int8`` the same way. Bound as methods, so a deep copy binds its
     copy; call it again after casting such a copy (kvengine.precision.cast_model).
     """
     from . import precision

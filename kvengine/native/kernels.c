@@ -1,8 +1,8 @@
 /* The engine's fused kernels for a few rows, each reading its operands once with float32 arithmetic: the attention of a
- * decoding step or a question's pass over the cache (mnesio_decode_attention) and a linear layer's product for one
- * row (mnesio_linear_row; int8 codes: mnesio_linear_row_int8).
+ * decoding step or a question's pass over the cache (mnesio_decode_attention) and a linear layer's product for a few
+ * rows (mnesio_linear_rows; int8 codes: mnesio_linear_rows_int8).
  *
- * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "Fused single-row kernels"). Per key/value
+ * Built and loaded by kvengine/fused.py (design: docs/design/attention.md, "Fused few-row kernels"). Per key/value
  * head: the packed query rows' scores over every position (one pass over the keys; with many rows, sixteen rows to
  * a vector), their softmax, then the probabilities times the values (one pass over the values); each row sees the
  * positions before its limit (all of them for a decoding step, the cache and the question up to its own token for a
@@ -337,29 +337,51 @@ int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_
     return 0;
 }
 
-/* y [out] = w x for one row x [in] (float32) and w [out, in] (bf16 or f32, rows contiguous), each weight read once:
- * blocks of 4 output rows split over `threads` parts, two accumulators of 16 per row. Returns 0, or -1 for a shape
- * it does not take (in not a multiple of 32). */
-#define DEFINE_ROWS(NAME, LOAD, ELEM)                                                                            \
-static void NAME(const float *x, const ELEM *w, int64_t in, int64_t o0, int64_t out, float *y) {                  \
-    for (int64_t o = o0; o < out; o += 4) {                                                                     \
-        int rows = out - o < 4 ? (int)(out - o) : 4;                                                             \
-        __m512 a[4][2];                                                                                          \
-        for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();                                     \
-        for (int64_t i = 0; i < in; i += 32) {                                                                   \
-            __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);                                \
-            for (int r = 0; r < rows; r++) {                                                                     \
-                const ELEM *wr = w + (o + r) * in + i;                                                           \
-                a[r][0] = _mm512_fmadd_ps(LOAD(wr), x0, a[r][0]);                                                \
-                a[r][1] = _mm512_fmadd_ps(LOAD(wr + 16), x1, a[r][1]);                                           \
+/* y [m, out] = x w^T for a few rows x [m, in] (float32, rows `in` apart) and w [out, in] (bf16 or f32, rows
+ * contiguous), each weight read once from memory: blocks of 4 output rows split over `threads` parts; within a block
+ * (its weights in L1) the input rows three at a time, two accumulators of 16 per output and input row, the even
+ * sixteens of `in` into the first and the odd into the second, added and summed across lanes at the end. Every
+ * output is so the same arithmetic whatever m and whatever row group it falls in: a row's result is its one-row
+ * product's bit for bit (batched or alone). Returns 0, or -1 for a shape it does not take (in not a multiple of 32). */
+#define DEFINE_BLOCK(NAME, LOAD, ELEM, G)                                                                        \
+static inline void NAME(const float *x, const ELEM *w, int64_t in, int64_t o, int outs, float *y, int64_t ldy) {  \
+    __m512 a[G][4][2];                                                                                           \
+    for (int g = 0; g < G; g++)                                                                                  \
+        for (int r = 0; r < 4; r++) a[g][r][0] = a[g][r][1] = _mm512_setzero_ps();                               \
+    for (int64_t i = 0; i < in; i += 32) {                                                                       \
+        for (int h = 0; h < 2; h++) {                                                                            \
+            __m512 wv[4];                                                                                        \
+            for (int r = 0; r < 4; r++) wv[r] = r < outs ? LOAD(w + (o + r) * in + i + 16 * h) : _mm512_setzero_ps(); \
+            for (int g = 0; g < G; g++) {                                                                        \
+                __m512 xv = _mm512_loadu_ps(x + g * in + i + 16 * h);                                            \
+                for (int r = 0; r < 4; r++) a[g][r][h] = _mm512_fmadd_ps(wv[r], xv, a[g][r][h]);                 \
             }                                                                                                    \
         }                                                                                                        \
-        for (int r = 0; r < rows; r++) y[o + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r][0], a[r][1]));         \
+    }                                                                                                            \
+    for (int g = 0; g < G; g++)                                                                                  \
+        for (int r = 0; r < outs; r++) y[g * ldy + o + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[g][r][0], a[g][r][1])); \
+}
+#define DEFINE_ROWS(SUFFIX, LOAD, ELEM)                                                                          \
+DEFINE_BLOCK(block1_##SUFFIX, LOAD, ELEM, 1) DEFINE_BLOCK(block2_##SUFFIX, LOAD, ELEM, 2)                        \
+DEFINE_BLOCK(block3_##SUFFIX, LOAD, ELEM, 3)                                                                     \
+static void rows_##SUFFIX(const float *x, int m, const ELEM *w, int64_t in, int64_t o0, int64_t o1, int64_t ldy, \
+                          float *y) {  /* outputs [o0, o1) of y [m, ldy] */                                       \
+    for (int64_t o = o0; o < o1; o += 4) {                                                                       \
+        int outs = o1 - o < 4 ? (int)(o1 - o) : 4;                                                               \
+        for (int g = 0; g < m; g += 3) {                                                                         \
+            const float *xg = x + g * in;                                                                        \
+            float *yg = y + g * ldy;                                                                             \
+            switch (m - g < 3 ? m - g : 3) {                                                                     \
+            case 1: block1_##SUFFIX(xg, w, in, o, outs, yg, ldy); break;                                         \
+            case 2: block2_##SUFFIX(xg, w, in, o, outs, yg, ldy); break;                                         \
+            default: block3_##SUFFIX(xg, w, in, o, outs, yg, ldy);                                               \
+            }                                                                                                    \
+        }                                                                                                        \
     }                                                                                                            \
 }
 
-DEFINE_ROWS(rows_bf16, load_bf16, uint16_t)
-DEFINE_ROWS(rows_f32, load_f32, float)
+DEFINE_ROWS(bf16, load_bf16, uint16_t)
+DEFINE_ROWS(f32, load_f32, float)
 
 /* f32 -> bf16 bits, rounding to nearest even (c10::BFloat16's rounding; a NaN becomes a quiet NaN). */
 static inline uint16_t bf16_bits(float f) {
@@ -376,35 +398,59 @@ static inline float bf16_float(uint16_t b) {
     return f;
 }
 
-/* Int8 codes: torch's _weight_int8pack_mm arithmetic for one row (aten/src/ATen/native/cpu/int8mm_kernel.cpp, AVX-512):
- * each code widened and times its row's bf16 scale in f32, one accumulator of 16 per output, 16 inputs a step, summed
- * as _mm512_reduce_add_ps sums, rounded to bf16; so a row's result is that kernel's bit for bit. Written as bf16 bits
- * (out_bits 16) or as the bf16 value in f32 (32). */
-static void rows_i8(const float *x, const int8_t *w, const uint16_t *scales, int64_t in, int64_t o0, int64_t out,
-                    int out_bits, void *y) {
-    for (int64_t o = o0; o < out; o += 4) {
-        int rows = out - o < 4 ? (int)(out - o) : 4;
-        __m512 a[4], s[4];
-        for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps(), s[r] = _mm512_set1_ps(bf16_float(scales[o + r]));
-        for (int64_t i = 0; i < in; i += 16) {
-            __m512 xv = _mm512_loadu_ps(x + i);
-            for (int r = 0; r < rows; r++) {
-                __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + (o + r) * in + i))));
-                a[r] = _mm512_fmadd_ps(xv, _mm512_mul_ps(b, s[r]), a[r]);
+/* Int8 codes: torch's _weight_int8pack_mm arithmetic (aten/src/ATen/native/cpu/int8mm_kernel.cpp, AVX-512): each
+ * code widened and times its row's bf16 scale in f32, one accumulator of 16 per output and input row, 16 inputs a
+ * step, summed as _mm512_reduce_add_ps sums, rounded to bf16; so every result is that kernel's bit for bit, whatever
+ * m. Written as bf16 bits (out_bits 16) or as the bf16 value in f32 (32). Input rows four at a time per block. */
+#define DEFINE_BLOCK_I8(NAME, G)                                                                                 \
+static inline void NAME(const float *x, const int8_t *w, const uint16_t *scales, int64_t in, int64_t o, int outs, \
+                        int out_bits, void *y, int64_t ldy) {                                                    \
+    __m512 a[G][4], s[4];                                                                                        \
+    for (int r = 0; r < 4; r++) s[r] = _mm512_set1_ps(r < outs ? bf16_float(scales[o + r]) : 0.0f);              \
+    for (int g = 0; g < G; g++)                                                                                  \
+        for (int r = 0; r < 4; r++) a[g][r] = _mm512_setzero_ps();                                               \
+    for (int64_t i = 0; i < in; i += 16) {                                                                       \
+        __m512 ws[4];                                                                                            \
+        for (int r = 0; r < 4; r++) {                                                                            \
+            const int8_t *wr = w + (o + (r < outs ? r : 0)) * in + i;                                            \
+            ws[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)wr))), s[r]); \
+        }                                                                                                        \
+        for (int g = 0; g < G; g++) {                                                                            \
+            __m512 xv = _mm512_loadu_ps(x + g * in + i);                                                         \
+            for (int r = 0; r < 4; r++) a[g][r] = _mm512_fmadd_ps(xv, ws[r], a[g][r]);                           \
+        }                                                                                                        \
+    }                                                                                                            \
+    for (int g = 0; g < G; g++)                                                                                  \
+        for (int r = 0; r < outs; r++) {                                                                         \
+            uint16_t bits = bf16_bits(_mm512_reduce_add_ps(a[g][r]));                                            \
+            if (out_bits == 16)                                                                                  \
+                ((uint16_t *)y)[g * ldy + o + r] = bits;                                                         \
+            else                                                                                                 \
+                ((float *)y)[g * ldy + o + r] = bf16_float(bits);                                                \
+        }                                                                                                        \
+}
+DEFINE_BLOCK_I8(block1_i8, 1) DEFINE_BLOCK_I8(block2_i8, 2) DEFINE_BLOCK_I8(block3_i8, 3) DEFINE_BLOCK_I8(block4_i8, 4)
+
+static void rows_i8(const float *x, int m, const int8_t *w, const uint16_t *scales, int64_t in, int64_t o0,
+                    int64_t o1, int64_t ldy, int out_bits, void *y) {  /* outputs [o0, o1) of y [m, ldy] */
+    for (int64_t o = o0; o < o1; o += 4) {
+        int outs = o1 - o < 4 ? (int)(o1 - o) : 4;
+        for (int g = 0; g < m; g += 4) {
+            const float *xg = x + g * in;
+            void *yg = (char *)y + (int64_t)g * ldy * (out_bits / 8);
+            switch (m - g < 4 ? m - g : 4) {
+            case 1: block1_i8(xg, w, scales, in, o, outs, out_bits, yg, ldy); break;
+            case 2: block2_i8(xg, w, scales, in, o, outs, out_bits, yg, ldy); break;
+            case 3: block3_i8(xg, w, scales, in, o, outs, out_bits, yg, ldy); break;
+            default: block4_i8(xg, w, scales, in, o, outs, out_bits, yg, ldy);
             }
-        }
-        for (int r = 0; r < rows; r++) {
-            uint16_t bits = bf16_bits(_mm512_reduce_add_ps(a[r]));
-            if (out_bits == 16)
-                ((uint16_t *)y)[o + r] = bits;
-            else
-                ((float *)y)[o + r] = bf16_float(bits);
         }
     }
 }
 
 struct rows_job {
     const float *x;
+    int m;  /* input rows, `in` apart */
     const void *w;
     int64_t in, out, per;
     int w_bits;
@@ -418,11 +464,11 @@ static void rows_part(void *ctx, int p) {  /* output rows [p * per, (p + 1) * pe
     int64_t o0 = p * j->per, o1 = o0 + j->per < j->out ? o0 + j->per : j->out;
     if (o0 >= o1) return;
     if (j->w_bits == 16)
-        rows_bf16(j->x, (const uint16_t *)j->w, j->in, o0, o1, (float *)j->y);
+        rows_bf16(j->x, j->m, (const uint16_t *)j->w, j->in, o0, o1, j->out, (float *)j->y);
     else if (j->w_bits == 32)
-        rows_f32(j->x, (const float *)j->w, j->in, o0, o1, (float *)j->y);
+        rows_f32(j->x, j->m, (const float *)j->w, j->in, o0, o1, j->out, (float *)j->y);
     else
-        rows_i8(j->x, (const int8_t *)j->w, j->scales, j->in, o0, o1, j->out_bits, j->y);
+        rows_i8(j->x, j->m, (const int8_t *)j->w, j->scales, j->in, o0, o1, j->out, j->out_bits, j->y);
 }
 
 static void run_rows(struct rows_job *job, int threads) {  /* the output rows' blocks of 4 split over `threads` parts */
@@ -432,24 +478,28 @@ static void run_rows(struct rows_job *job, int threads) {  /* the output rows' b
     run_parts(rows_part, job, threads);
 }
 
-int mnesio_linear_row(const float *x, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
-    if (in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
-    struct rows_job job = {x, w, in, out, 0, w_bits, y, NULL, 32};
+#define MAX_LINEAR_ROWS 64  /* the most input rows the linear kernels take */
+
+/* y [m, out] = x w^T (DEFINE_ROWS): m rows of x [m, in] float32, w_bits 16 (bf16) or 32 (f32). Returns 0, or -1. */
+int mnesio_linear_rows(const float *x, int m, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
+    if (m < 1 || m > MAX_LINEAR_ROWS || in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
+    struct rows_job job = {x, m, w, in, out, 0, w_bits, y, NULL, 32};
     run_rows(&job, threads);
     return 0;
 }
 
-/* y [out] = (codes * scales) x for one row x [in] (float32, rounded to bf16 here) and int8 codes [out, in] (rows
+/* y [m, out] = x (codes * scales)^T for m rows x [m, in] (float32, rounded to bf16 here) and int8 codes [out, in] (rows
  * contiguous), a bf16 scale per output row: an Int8WeightLinear's product on bf16 activations as torch's kernel
  * computes and rounds it (rows_i8), written as bf16 (out_bits 16) or its value in f32 (32). Returns 0, or -1. */
-int mnesio_linear_row_int8(const float *x, const int8_t *codes, const uint16_t *scales, int64_t in, int64_t out,
-                           int threads, int out_bits, void *y) {
-    if (in < 32 || in % 32 || out < 1 || (out_bits != 16 && out_bits != 32)) return -1;
-    float local[4096], *row = in <= 4096 ? local : malloc((size_t)in * sizeof(float));
-    if (!row) return -1;
-    for (int64_t i = 0; i < in; i++) row[i] = bf16_float(bf16_bits(x[i]));  /* the row the kernel multiplies */
-    struct rows_job job = {row, codes, in, out, 0, 8, y, scales, out_bits};
+int mnesio_linear_rows_int8(const float *x, int m, const int8_t *codes, const uint16_t *scales, int64_t in, int64_t out,
+                            int threads, int out_bits, void *y) {
+    if (m < 1 || m > MAX_LINEAR_ROWS || in < 32 || in % 32 || out < 1 || (out_bits != 16 && out_bits != 32)) return -1;
+    int64_t n = (int64_t)m * in;
+    float local[4096], *rows = n <= 4096 ? local : malloc((size_t)n * sizeof(float));
+    if (!rows) return -1;
+    for (int64_t i = 0; i < n; i++) rows[i] = bf16_float(bf16_bits(x[i]));  /* the rows the kernel multiplies */
+    struct rows_job job = {rows, m, codes, in, out, 0, 8, y, scales, out_bits};
     run_rows(&job, threads);
-    if (row != local) free(row);
+    if (rows != local) free(rows);
     return 0;
 }

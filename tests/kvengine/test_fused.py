@@ -220,7 +220,7 @@ def test_a_folder_others_may_write_is_not_loaded_from(tmp_path, caplog):
 def test_a_linear_row_is_the_dense_product(kernel, dtype, out_dtype):
     g = torch.Generator().manual_seed(1)
     weight, x = torch.randn(200, 576, generator=g).to(dtype), torch.randn(1, 1, 576, generator=g)  # 115,200 weights
-    got = fused.linear_row(x, weight, None, out_dtype)
+    got = fused.linear_rows(x, weight, None, out_dtype)
     exact = (x.to(dtype).double() @ weight.double().T).reshape(1, 1, 200)  # bf16 inputs, products summed exactly
     assert got.dtype == out_dtype and got.shape == (1, 1, 200)
     if out_dtype == torch.float32:
@@ -228,18 +228,39 @@ def test_a_linear_row_is_the_dense_product(kernel, dtype, out_dtype):
     else:  # rounded once to bf16, as the dense bf16 product rounds its accumulator
         torch.testing.assert_close(got, torch.nn.functional.linear(x.to(dtype), weight), rtol=2**-8, atol=1e-3)
     bias = torch.randn(200, generator=g)
-    torch.testing.assert_close(fused.linear_row(x, weight, bias, out_dtype).float(), got.float() + bias.to(out_dtype).float(),
+    torch.testing.assert_close(fused.linear_rows(x, weight, bias, out_dtype).float(), got.float() + bias.to(out_dtype).float(),
                                rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 3, 4, 7, 13, 32])
+def test_a_few_rows_are_each_their_own_one_row_product(kernel, dtype, rows):
+    """A question's few rows, or a batch's, through DEFINE_ROWS: each row gets the bits it gets alone (so a batched
+    answer's products are the lone answer's), and the dense product's values."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # two parts: the outputs split between the caller and a worker
+    try:
+        g = torch.Generator().manual_seed(rows)
+        weight, x = torch.randn(1536, 576, generator=g).to(dtype), torch.randn(rows, 576, generator=g)
+        got = fused.linear_rows(x, weight, None, torch.float32)
+        alone = torch.cat([fused.linear_rows(x[r:r + 1], weight, None, torch.float32) for r in range(rows)])
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == (rows, 1536) and torch.equal(got, alone)
+    exact = x.to(dtype).double() @ weight.double().T
+    assert (got.double() - exact).abs().max() <= 1e-4
 
 
 def test_a_linear_row_refuses_what_it_does_not_take(kernel):
     weight, x = torch.randn(1024, 96), torch.randn(1, 96)
-    assert fused.linear_row(x, weight, None, torch.float32) is not None
-    assert fused.linear_row(torch.randn(2, 96), weight, None, torch.float32) is None  # two rows: the dense matmul
-    assert fused.linear_row(x, weight.T.contiguous().T, None, torch.float32) is None  # strided weights
-    assert fused.linear_row(torch.randn(1, 80), torch.randn(1024, 80), None, torch.float32) is None  # not a multiple of 32
-    assert fused.linear_row(torch.randn(1, 96), torch.randn(64, 96), None, torch.float32) is None  # small: torch's is faster
-    assert fused.linear_row(x, weight.half(), None, torch.float16) is None
+    assert fused.linear_rows(x, weight, None, torch.float32) is not None
+    assert fused.linear_rows(torch.randn(fused.MAX_LINEAR_ROWS + 1, 96), weight, None, torch.float32) is None  # many: torch's
+    assert fused.linear_rows(torch.randn(2, 3, 96), weight, None, torch.float32) is not None  # six rows, any leading shape
+    assert fused.linear_rows(torch.randn(0, 96), weight, None, torch.float32) is None  # no row
+    assert fused.linear_rows(x, weight.T.contiguous().T, None, torch.float32) is None  # strided weights
+    assert fused.linear_rows(torch.randn(1, 80), torch.randn(1024, 80), None, torch.float32) is None  # not a multiple of 32
+    assert fused.linear_rows(torch.randn(1, 96), torch.randn(64, 96), None, torch.float32) is None  # small: torch's is faster
+    assert fused.linear_rows(x, weight.half(), None, torch.float16) is None
 
 
 @pytest.mark.model
@@ -264,14 +285,14 @@ def test_every_linear_layer_answers_one_row_as_its_dense_forward(real_backend, k
 def test_the_real_models_answer_is_the_same_through_the_kernels(real_backend, kernel, monkeypatch):
     cartridge = real_backend.compile(["Alice lives in Lisbon.", "Bob keeps the key under the pot."])
     calls = {"attention": 0, "rows": 0}
-    attention, rows = fused.decode_attention, fused.linear_row
+    attention, rows = fused.decode_attention, fused.linear_rows
     monkeypatch.setattr(fused, "decode_attention", lambda *a: calls.__setitem__("attention", calls["attention"] + 1) or attention(*a))
-    monkeypatch.setattr(fused, "linear_row", lambda *a: calls.__setitem__("rows", calls["rows"] + 1) or rows(*a))
+    monkeypatch.setattr(fused, "linear_rows", lambda *a: calls.__setitem__("rows", calls["rows"] + 1) or rows(*a))
     through = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
     layers = real_backend.model.config.num_hidden_layers
     assert calls["attention"] == 6 * layers  # every layer of the question's pass and of the 5 steps after it
     assert calls["rows"] >= 5 * (7 * layers + 1)  # q, k, v, o, gate, up, down and the head, in each step
     monkeypatch.setattr(fused, "decode_attention", lambda *a: None)
-    monkeypatch.setattr(fused, "linear_row", lambda *a: None)
+    monkeypatch.setattr(fused, "linear_rows", lambda *a: None)
     dense = real_backend.answer_unbatched(cartridge, "Where does Bob keep the key?", max_new_tokens=6, stop_at_eos=False)
     assert through.token_ids == dense.token_ids

@@ -20,8 +20,8 @@ def _work(seed: int):
     q, k, v = torch.randn(1, 3, 3, 64, generator=g), torch.randn(1, 3, 4096, 64, generator=g), torch.randn(1, 3, 4096, 64, generator=g)
     x, w = torch.randn(1, 576, generator=g), torch.randn(1536, 576, generator=g)
     layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False))
-    return (lambda: fused.decode_attention(q, k, v, 0.125, None), lambda: fused.linear_row(x, w, None, torch.float32),
-            lambda: fused.linear_row_int8(x, layer))
+    return (lambda: fused.decode_attention(q, k, v, 0.125, None), lambda: fused.linear_rows(x, w, None, torch.float32),
+            lambda: fused.linear_rows_int8(x, layer))
 
 
 @pytest.fixture
@@ -57,12 +57,12 @@ def test_callers_on_many_threads_at_once_get_the_bits_of_one_caller(kernel, two_
 
 
 def _rows_with_two_parts(seed: int) -> torch.Tensor:
-    """mnesio_linear_row with two parts, called directly (torch's own threads stay at one: libgomp itself is not
+    """mnesio_linear_rows with two parts, called directly (torch's own threads stay at one: libgomp itself is not
     fork-safe, a child's parallel region after the parent's hangs in its barrier)."""
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(576, generator=g), torch.randn(1536, 576, generator=g)
     y = torch.empty(1536)
-    assert fused.kernel().mnesio_linear_row(x.data_ptr(), w.data_ptr(), 576, 1536, 32, 2, y.data_ptr()) == 0
+    assert fused.kernel().mnesio_linear_rows(x.data_ptr(), 1, w.data_ptr(), 576, 1536, 32, 2, y.data_ptr()) == 0
     return y
 
 
@@ -94,17 +94,29 @@ def test_an_int8_row_is_its_dense_forward_bit_for_bit(kernel, shape, out_dtype):
         layer = Int8WeightLinear(torch.nn.Linear(*shape, bias=bias), out_dtype=out_dtype)
         for seed in range(5):
             x = torch.randn(1, 1, shape[0], generator=torch.Generator().manual_seed(seed))
-            row = fused.linear_row_int8(x, layer)
+            row = fused.linear_rows_int8(x, layer)
             assert row is not None and row.dtype == out_dtype and row.shape == (1, 1, shape[1])
             assert torch.equal(row, layer(x)), (shape, bias, seed)
 
 
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 13, 32])
+def test_a_few_int8_rows_are_their_dense_forward_bit_for_bit(kernel, two_threads, rows):
+    """A question's pass (its few rows) through rows_i8 gets torch's kernel's bits, so a cartridge's question and
+    re-reading's stay alike; each row also keeps the bits it gets alone."""
+    layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False), out_dtype=torch.bfloat16)
+    x = torch.randn(1, rows, 576, generator=torch.Generator().manual_seed(rows))
+    got = fused.linear_rows_int8(x, layer)
+    assert got is not None and got.shape == (1, rows, 1536)
+    assert torch.equal(got, layer(x))  # the layer as made: its dense forward
+    assert torch.equal(got[0], torch.cat([fused.linear_rows_int8(x[:, r], layer) for r in range(rows)]))
+
+
 def test_the_int8_row_kernel_refuses_what_it_does_not_take(kernel):
     layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False))
-    assert fused.linear_row_int8(torch.randn(2, 576), layer) is None  # two rows: the dense kernel
-    assert fused.linear_row_int8(torch.randn(1, 64), Int8WeightLinear(torch.nn.Linear(64, 64))) is None  # small
+    assert fused.linear_rows_int8(torch.randn(fused.MAX_LINEAR_ROWS + 1, 576), layer) is None  # many rows: the dense kernel
+    assert fused.linear_rows_int8(torch.randn(1, 64), Int8WeightLinear(torch.nn.Linear(64, 64))) is None  # small
     f32_act = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False), act_dtype=torch.float32)
-    assert fused.linear_row_int8(torch.randn(1, 576), f32_act) is None  # torch's f32 kernel sums in another order
+    assert fused.linear_rows_int8(torch.randn(1, 576), f32_act) is None  # torch's f32 kernel sums in another order
 
 
 @pytest.mark.model
@@ -124,8 +136,8 @@ def test_the_int8_row_kernel_stays_out_where_torch_runs_its_avx2_kernels(kernel)
     """rows_i8 reproduces torch's AVX-512 int8 kernel; under its AVX2 one (other sums) the dense forward serves."""
     code = ("import torch; from kvengine import fused; from kvengine.precision import Int8WeightLinear; "
             "layer = Int8WeightLinear(torch.nn.Linear(576, 1536, bias=False)); x = torch.randn(1, 576); "
-            "print(torch.backends.cpu.get_cpu_capability(), fused.linear_row_int8(x, layer) is None, "
-            "fused.linear_row(x, torch.randn(1536, 576), None, torch.float32) is None)")
+            "print(torch.backends.cpu.get_cpu_capability(), fused.linear_rows_int8(x, layer) is None, "
+            "fused.linear_rows(x, torch.randn(1536, 576), None, torch.float32) is None)")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
