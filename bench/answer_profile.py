@@ -12,7 +12,11 @@ which the profiler does not see otherwise: ``mnesio::decode_attention``, ``mnesi
 "Python overhead" (profiled wall time minus the ops' self time). The same passes are also timed without the
 profiler (median of ``--repeats``), beside the batched answer(), and the load average is recorded.
 
+``--pass native`` (default): the product's passes, the decoder's layers in one library call (kvengine.native_pass; one
+range, ``mnesio::layers_pass``); ``--pass model``: the model's own forward op by op, on the same kernels.
+
     OMP_NUM_THREADS=2 .venv/bin/python bench/answer_profile.py --tokens 8000 --out-dir bench/results
+    OMP_NUM_THREADS=2 .venv/bin/python bench/answer_profile.py --tokens 8000 --pass model --out-dir bench/results/per_op
 
 Writes answer_profile.txt (the report with the tables) and answer_profile.json (numbers only) under --out-dir.
 """
@@ -44,12 +48,15 @@ FIRST_RANGE, STEP_RANGE = "answer.first_token", "answer.decode_step"
 # the kernels' calls, by kind: torch's ops and kvengine.fused's (ctypes calls, which the profiler sees only in a range)
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "mnesio::decode_attention")
 LINEAR_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "mnesio::linear_rows")
+LAYERS_OP = "mnesio::layers_pass"  # kvengine.native_pass's library call: every decoder layer, attention and products
 
 
 @contextlib.contextmanager
 def fused_ranges():
     """A record_function range around each call of kvengine.fused's kernels, so the profile counts them as ops."""
     saved = fused.decode_attention, fused.linear_rows
+    lib = fused.kernel()
+    layers = lib.mnesio_layers_pass if lib is not None else None
 
     def ranged(name, kernel):
         def call(*args):
@@ -59,10 +66,14 @@ def fused_ranges():
 
     fused.decode_attention = ranged("mnesio::decode_attention", saved[0])
     fused.linear_rows = ranged("mnesio::linear_rows", saved[1])
+    if layers is not None:
+        lib.mnesio_layers_pass = ranged(LAYERS_OP, layers)
     try:
         yield
     finally:
         fused.decode_attention, fused.linear_rows = saved
+        if layers is not None:
+            lib.mnesio_layers_pass = layers
 
 
 def add_ranges(model: torch.nn.Module) -> tuple[list[str], list]:
@@ -92,8 +103,10 @@ def add_ranges(model: torch.nn.Module) -> tuple[list[str], list]:
 class Passes:
     """The lone-question passes over one cartridge's scratch tail (what the batcher's solo path runs)."""
 
-    def __init__(self, backend, cartridge, question: str, steps: int):
-        self.backend, self.model = backend, backend.model
+    def __init__(self, backend, cartridge, question: str, steps: int, *, native: bool):
+        self.backend = backend
+        # the product's passes (the decoder's pass in one call, kvengine.native_pass) or the model's own forward
+        self.model, self.step_forward = (backend._prompt_pass, backend._decode_step) if native else (backend.model, backend.model)
         self.state = backend._payload(cartridge).state
         layout = backend.layout
         self.suffix = layout.encode(layout.suffix_text(layout.clean_question(question)))
@@ -118,7 +131,7 @@ class Passes:
     def step(self, cache, token: int, *, label: bool = False) -> int:
         with record_function(STEP_RANGE) if label else contextlib.nullcontext():
             input_ids = torch.tensor([[token]], device=self.backend.device)
-            logits = self.model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1].float()
+            logits = self.step_forward(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1].float()
             return int(logits.argmax())
 
     def timed(self, repeats: int) -> dict[str, float]:
@@ -167,6 +180,7 @@ def split(prof, names: list[str], wall_s: float, count: int, outer: str) -> dict
         "top_ops": [{"op": e.key, "calls": e.count / count, "self_ms": e.self_cpu_time_total / 1e3 / count} for e in top],
         "attention_ms": sum(e.self_cpu_time_total for e in ops if e.key in ATTENTION_OPS) / 1e3 / count,
         "linear_ms": sum(e.self_cpu_time_total for e in ops if e.key in LINEAR_OPS) / 1e3 / count,
+        "layers_pass_ms": sum(e.self_cpu_time_total for e in ops if e.key == LAYERS_OP) / 1e3 / count,
     }
 
 
@@ -188,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-repeats", type=int, default=3, help="first-token passes under the profiler (averaged)")
     parser.add_argument("--out-dir", default="bench/results")
     parser.add_argument("--model", default=None, help="model id (default: the backend's)")
+    parser.add_argument("--pass", dest="passes", choices=("native", "model"), default="native",
+                        help="native: the product's passes (the decoder's layers in one library call); model: the model's own forward, op by op")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -199,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     cartridge = backend.compile(texts)
     compile_s = time.perf_counter() - started
-    passes = Passes(backend, cartridge, question, args.steps)
+    passes = Passes(backend, cartridge, question, args.steps, native=args.passes == "native")
     for _ in range(2):  # warm up the passes themselves
         passes.timed(1)
     plain = passes.timed(args.repeats)
@@ -243,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_run)), "cpu": machine_info()["cpu"],
         "tokens": cartridge.header.num_tokens, "question_tokens": len(passes.suffix), "steps": args.steps, "threads": torch.get_num_threads(),
-        "repeats": args.repeats, "profile_repeats": args.profile_repeats, "compile_s": compile_s,
+        "passes": args.passes, "repeats": args.repeats, "profile_repeats": args.profile_repeats, "compile_s": compile_s,
         "loadavg_before": list(load_before), "loadavg_after": list(load_after), "run_s": time.time() - started_run,
         "weights_mb": weight_bytes / 1e6, "kv_bytes_per_token": kv_per_token, "kv_mb": kv_per_token * cartridge.header.num_tokens / 1e6,
         "plain": plain, "plain_after": plain_after, "with_ranges": hooked, "batched_answer": batched,
@@ -278,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             f"summed op self time {numbers['op_self_ms']:.1f} ms, Python overhead (wall - ops) {numbers['python_overhead_ms']:.1f} ms",
             f"  decoder layers {numbers['layers_total_ms']:.1f} ms (of it Python between ops {numbers['layers_python_ms']:.1f} ms); "
             f"outside the layers (embedding, rotary, norm, LM head, model glue) {numbers['outside_layers_ms']:.1f} ms",
+            f"  the decoder's layers in one library call ({LAYERS_OP}) {numbers['layers_pass_ms']:.1f} ms; "
+            f"attention {numbers['attention_ms']:.1f} ms and linear layers {numbers['linear_ms']:.1f} ms outside it",
             "", "per range (ms per pass):", layer_table(numbers), "",
             "per op (totals over all passes):",
             prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25),

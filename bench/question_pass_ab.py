@@ -6,7 +6,9 @@ attention in kvengine.fused's kernel (each token over the positions up to its ow
 (``fused.prefix_limits`` patched to refuse every mask), in torch's CPU flash kernel under the mask. ``--compare
 linear``: its linear layers' products in the fused few-row kernel (``rows``), or, in the ``one_row`` arm
 (``fused.MAX_LINEAR_ROWS`` set to 1), in torch's matmul (MKL; int8 weights: ``_weight_int8pack_mm``). Decoding steps
-run through the fused kernels in both arms. The default model in ``--dtype``, a cartridge of
+run through the fused kernels in both arms, and through the model's own forward (``native_pass.ENABLED`` off) in
+these two comparisons. ``--compare layers``: the question's pass and the decoding steps through the decoder's pass
+in one call (``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``). The default model in ``--dtype``, a cartridge of
 bench/kv_speed.py's synthetic facts, ``--questions`` of its probes; the arms alternate question by question (the
 order flipped every round), so the machine's drift hits them alike. Reported per arm: the median first token
 (``answer()``'s ttft, the batcher's lone-row path) and decoding ms per token after it, and whether the arms' greedy
@@ -14,6 +16,7 @@ answers were the same tokens.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare linear --out bench/results/question_rows_ab.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare layers --out bench/results/question_layers_ab.json
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from kv_speed import machine_info, memories_for, probes  # noqa: E402
 
-from kvengine import fused, make_backend  # noqa: E402
+from kvengine import fused, make_backend, native_pass  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare", choices=("attention", "linear"), default="attention", help="which kernel the arms differ in")
+    parser.add_argument("--compare", choices=("attention", "linear", "layers"), default="attention", help="which kernel the arms differ in")
     parser.add_argument("--dtype", default="f32", help="the model's dtype (kvengine.config.DTYPES)")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -51,11 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     texts = memories_for(backend, args.tokens)
     cartridge = backend.compile(texts)
     questions = [q for q, _ in probes(len(texts), args.questions)]
-    limits, most_rows = fused.prefix_limits, fused.MAX_LINEAR_ROWS
+    saved = limits, most_rows, _ = fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED
     if args.compare == "attention":
-        arms = {"fused": (limits, most_rows), "flash": (lambda *a: None, most_rows)}
+        arms = {"fused": (limits, most_rows, False), "flash": (lambda *a: None, most_rows, False)}
+    elif args.compare == "linear":
+        arms = {"rows": (limits, most_rows, False), "one_row": (limits, 1, False)}
     else:
-        arms = {"rows": (limits, most_rows), "one_row": (limits, 1)}
+        arms = {"one_call": (limits, most_rows, True), "per_op": (limits, most_rows, False)}
     first = {name: [] for name in arms}
     per_token = {name: [] for name in arms}
     tokens = {name: {} for name in arms}
@@ -64,13 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for q in questions:
                 for name in arms if r % 2 == 0 else list(arms)[::-1]:
-                    fused.prefix_limits, fused.MAX_LINEAR_ROWS = arms[name]
+                    fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED = arms[name]
                     answer = backend.answer(cartridge, q, max_new_tokens=args.max_new_tokens, stop_at_eos=False)
                     first[name].append(answer.ttft_s * 1e3)
                     per_token[name].append((answer.total_s - answer.ttft_s) * 1e3 / max(1, len(answer.token_ids) - 1))
                     tokens[name][q] = answer.token_ids
     finally:
-        fused.prefix_limits, fused.MAX_LINEAR_ROWS = limits, most_rows
+        fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED = saved
     a, b = arms
     result = {
         "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -79,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "first_token_ms": {name: round(statistics.median(v), 1) for name, v in first.items()},
         "decoding_ms_per_token": {name: round(statistics.median(v), 1) for name, v in per_token.items()},
         f"first_token_ratio_{a}_to_{b}": round(statistics.median(first[a]) / statistics.median(first[b]), 3),
+        f"decoding_ratio_{a}_to_{b}": round(statistics.median(per_token[a]) / statistics.median(per_token[b]), 3),
         "same_tokens": all(tokens[a][q] == tokens[b][q] for q in questions),
     }
     print(json.dumps(result, indent=1))

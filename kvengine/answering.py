@@ -23,6 +23,7 @@ from .format import (
     check_compatible,
 )
 from .kvcache import CartridgeCache, KvState
+from .native_pass import NativePass
 from .sampling import decode_steps
 
 
@@ -99,6 +100,7 @@ class AnsweringMixin:
         choices, ttft = decode_choices(
             self.model, self.tokenizer, state, suffix, [decoding.for_choice(i) for i in range(num_choices)],
             max_new_tokens=max_new_tokens, eos_ids=self._eos_ids, device=self.device, stop_at_eos=stop_at_eos, start=start,
+            prompt=self._prompt_pass,
         )
         return [self._answer(c.ids, "cartridge", state.num_tokens, len(suffix), ttft, c.total_s, watcher=c.watcher,
                              max_new_tokens=max_new_tokens, logprobs=c.logprobs) for c in choices]
@@ -109,7 +111,8 @@ class AnsweringMixin:
         with box["lock"]:
             if box["batcher"] is None:
                 box["batcher"] = Batcher(self.model, eos_ids=self._eos_ids, device=self.device, max_batch=self.max_batch,
-                                         max_waiting=self.max_waiting, step=self._decode_step)
+                                         max_waiting=self.max_waiting, step=self._decode_step,
+                                         prompt=self._prompt_pass)
             return box["batcher"]
 
     def answer_unbatched(self, cartridge: Cartridge, question: Prompt, *, max_new_tokens: int = 32, stop_at_eos: bool = True,
@@ -157,7 +160,7 @@ class AnsweringMixin:
     def _step_tokens(self, ids: list[int], cache, max_new_tokens: int, decoding: Decoding, logprobs: list[TokenLogprob],
                      *, stop_at_eos: bool = True) -> Iterator[int]:
         """sampling.decode_steps' token ids, collecting their log-prob entries into ``logprobs``."""
-        for step in decode_steps(self.model, self.tokenizer, ids, cache, max_new_tokens=max_new_tokens, decoding=decoding,
+        for step in decode_steps(self._prompt_pass, self.tokenizer, ids, cache, max_new_tokens=max_new_tokens, decoding=decoding,
                                  eos_ids=self._eos_ids, device=self.device, stop_at_eos=stop_at_eos, forward=self._step_over(cache)):
             if step.logprob is not None:
                 logprobs.append(step.logprob)
@@ -238,7 +241,7 @@ class AnsweringMixin:
             cache = self._fresh_cache(len(ids) + max_new_tokens)
         step = self._step_over(cache)
         input_ids = torch.tensor([ids], device=self.device)  # (1, num_ids)
-        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
+        logits = self._prompt_pass(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
         yield torch.log_softmax(logits, dim=-1)
         token = int(logits.argmax())
         num_out = 0
@@ -254,11 +257,17 @@ class AnsweringMixin:
     def _fresh_cache(self, num_positions: int) -> DynamicCache:
         """An empty cache for re-reading: transformers' own, or under a compiled step (compile_step) a CartridgeCache over
         empty buffers of ``num_positions``, so the re-reading decodes through the very compiled step a cartridge does."""
-        if not self.compile_step:
+        if not self.compile_step and not isinstance(self._decode_step, NativePass):
             return DynamicCache(config=self.model.config)
         num_layers = self.model.config.get_text_config().num_hidden_layers
         return CartridgeCache(KvState.blank(num_layers, self.kv_shape, capacity=num_positions, dtype=self.torch_dtype,
                                             device=self.device))
+
+    @property
+    def _prompt_pass(self):
+        """What runs a prompt's pass: the decoder's pass in one call where it serves (it hands a pass it does not take
+        to the model), else the model (the compiled step takes single tokens only)."""
+        return self._decode_step if isinstance(self._decode_step, NativePass) else self.model
 
     def _step_over(self, cache):
         """What runs a single-token step on ``cache``: the compiled step takes a CartridgeCache only (compiled.py)."""

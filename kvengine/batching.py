@@ -93,11 +93,12 @@ class Batcher:
     """Decodes concurrently submitted questions of one model together (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, eos_ids: set[int], device: str, max_batch: int = DEFAULT_MAX_BATCH,
-                 max_waiting: int = DEFAULT_MAX_WAITING, gather_s: float = DEFAULT_GATHER_S, step=None):
+                 max_waiting: int = DEFAULT_MAX_WAITING, gather_s: float = DEFAULT_GATHER_S, step=None, prompt=None):
         if max_batch < 1 or max_waiting < 0 or not gather_s >= 0:
             raise ValueError(f"max_batch has to be >= 1, max_waiting >= 0 and gather_s >= 0 but got {max_batch}, {max_waiting} and {gather_s}")
         self.model, self.eos_ids, self.device = model, set(eos_ids), torch.device(device)
         self.step = model if step is None else step  # a lone row's single-token steps (the backend's compiled step, kvengine.compiled)
+        self.prompt = model if prompt is None else prompt  # a lone row's prompt pass (kvengine.native_pass)
         self.max_batch, self.max_waiting, self.gather_s = max_batch, max_waiting, gather_s
         self.base = getattr(model, "base_model", None)  # the decoder stack, without the LM head
         self.lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -317,7 +318,7 @@ class Batcher:
 
     def _emit_solo(self, row: _Row, input_ids: torch.Tensor, **kwargs) -> None:
         """One pass of the lone row over its cartridge tail, exactly as TransformersKvBackend._greedy_tokens runs it."""
-        forward = self.step if input_ids.shape[1] == 1 and not kwargs else self.model
+        forward = self.step if input_ids.shape[1] == 1 and not kwargs else self.prompt
         logits = forward(input_ids=input_ids, cache=row.solo, use_cache=True, **kwargs).logits[0, -1].float()
         self.steps += 1
         row.length += input_ids.shape[1]

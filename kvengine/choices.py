@@ -103,8 +103,9 @@ class ChoicesStep:
 
 def decode_choices(model: Any, tokenizer: Any, state: KvState, suffix: list[int], decodings: Sequence[Decoding], *,
                    max_new_tokens: int, eos_ids: set[int], device: str, stop_at_eos: bool = True,
-                   start: float | None = None) -> tuple[list[Choice], float]:
-    """Run ``suffix`` on top of ``state`` once, then decode one choice per decoding together (module docstring).
+                   start: float | None = None, prompt: Any = None) -> tuple[list[Choice], float]:
+    """Run ``suffix`` on top of ``state`` once (through ``prompt``, by default ``model``: the backend's prompt pass, as a
+    single ask runs it), then decode one choice per decoding together (module docstring).
 
     Returns the choices, in order, and the time to the first token (seconds since ``start``)."""
     start = time.perf_counter() if start is None else start
@@ -117,7 +118,7 @@ def decode_choices(model: Any, tokenizer: Any, state: KvState, suffix: list[int]
         cache = CartridgeCache(state)
         try:
             input_ids = torch.tensor([suffix], device=device)  # (1, num_suffix)
-            logits = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()  # (vocab,)
+            logits = (prompt or model)(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
             ttft = time.perf_counter() - start
             for row in rows:
                 row.take(logits, max_new_tokens=max_new_tokens, start=start)

@@ -32,8 +32,10 @@ from .config import default_cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).resolve().parent / "native" / "kernels.c"
-HEADERS = (SOURCE.parent / "pool.h",)  # included by SOURCE: part of the library's digest
-FLAGS = ("-O3", "-mavx512f", "-mfma", "-pthread", "-shared", "-fPIC", "-std=c11")
+SOURCES = (SOURCE, SOURCE.parent / "layers.c")  # layers.c: the decoder's pass in one call (kvengine.native_pass)
+HEADERS = (SOURCE.parent / "pool.h", SOURCE.parent / "kernels.h")  # included by SOURCES: part of the library's digest
+# ISO C (-std=c11) contracts no a * b + c into an FMA: layers.c's elementwise ops round as torch's do
+FLAGS = ("-O3", "-mavx512f", "-mfma", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c11")
 HEAD_DIM, MAX_ROWS = 64, 64  # the shapes the attention kernel takes (kernels.c): packed query rows at most
 KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes the kernels read
 # the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
@@ -46,7 +48,7 @@ MAX_LINEAR_ROWS = 32
 
 def library_path(folder: Path | None = None) -> Path:
     """Where the library of this source and these flags is (or would be) built."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (SOURCE, *HEADERS)) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return (folder or default_cache_dir() / "kernels") / f"kernels-{digest}.so"
 
 
@@ -65,7 +67,7 @@ def build(path: Path) -> Path:
     fd, temporary = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", temporary, str(SOURCE), "-lm"], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, *FLAGS, "-o", temporary, *map(str, SOURCES), "-lm"], check=True, capture_output=True, timeout=120)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
@@ -102,6 +104,9 @@ def load(folder: Path | None = None) -> ctypes.CDLL | None:
     lib.mnesio_linear_rows_int8.restype = ctypes.c_int
     lib.mnesio_prefix_limits.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
     lib.mnesio_prefix_limits.restype = ctypes.c_int
+    lib.mnesio_layers_pass.argtypes = ([ctypes.c_void_p] + [ctypes.c_int] * 7 + [ctypes.c_float] * 2 + [ctypes.c_int64] * 2
+                                       + [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_void_p])
+    lib.mnesio_layers_pass.restype = ctypes.c_int
     return lib
 
 
@@ -230,6 +235,22 @@ def _row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A wrapped linear layer's forward: a few rows through ``linear_rows``, more through its dense forward."""
     y = linear_rows(x, self.weight, self.bias, self.mnesio_row_dtype)
     return self.mnesio_dense_forward(x) if y is None else y
+
+
+def row_weight_bits(linear: torch.nn.Module) -> int | None:
+    """How row_linears' wrapper runs this layer's few rows: 8 for int8 codes on rows_i8 (torch's kernel's bits), 32 for
+    f32 weights on the plain product (nn.Linear's own forward, not bf16r's exact one), no bias; None for anything else."""
+    from . import precision
+
+    if isinstance(linear, precision.Int8WeightLinear):
+        ok = (linear.act_dtype == torch.bfloat16 and linear.bias is None and linear.weight.is_contiguous()
+              and getattr(linear.forward, "__func__", None) is _int8_row_forward and _torch_int8_kernel_is_avx512())
+        return 8 if ok else None
+    if (type(linear) is torch.nn.Linear and linear.bias is None and linear.weight.dtype == torch.float32
+            and linear.weight.is_contiguous() and getattr(linear.forward, "__func__", None) is _row_forward
+            and getattr(linear.mnesio_dense_forward, "__func__", None) is torch.nn.Linear.forward):
+        return 32
+    return None
 
 
 def row_linears(model: torch.nn.Module) -> torch.nn.Module:

@@ -62,6 +62,7 @@ from .fused import row_linears
 from .kvcache import DEFAULT_ROOM
 from .layout import PromptLayout
 from .models import DEFAULT_MODEL, load_model, max_context, rope_config
+from .native_pass import native_pass
 from .payload import KvPayload, part_serve, part_store, payload_of, raw_layers
 from .precision import TORCH_DTYPES, cast_model, load_dtype
 from .prefill_cache import PrefillCache
@@ -133,9 +134,11 @@ class TransformersKvBackend(AnsweringMixin, CheckingMixin, RoutedMixin, KvBacken
         self._decode_step = self._step_for_model()
 
     def _step_for_model(self):
-        """What runs a single-token decoding step: the model itself, or its compiled step, warmed up here (compiled.py)."""
+        """What runs a single-token decoding step: the decoder's pass in one call where it takes the model
+        (native_pass.py; it runs a question's pass too), else the model itself; or its compiled step, warmed up here
+        (compiled.py)."""
         if not self.compile_step:
-            return self.model
+            return native_pass(self.model) or self.model
         from .compiled import compiled_step, warm_up
 
         step = compiled_step(self.model)

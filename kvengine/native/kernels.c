@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "pool.h"
 
 #define DIM 64
@@ -382,21 +383,6 @@ static void rows_##SUFFIX(const float *x, int m, const ELEM *w, int64_t in, int6
 
 DEFINE_ROWS(bf16, load_bf16, uint16_t)
 DEFINE_ROWS(f32, load_f32, float)
-
-/* f32 -> bf16 bits, rounding to nearest even (c10::BFloat16's rounding; a NaN becomes a quiet NaN). */
-static inline uint16_t bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7FC0;
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-static inline float bf16_float(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* Int8 codes: torch's _weight_int8pack_mm arithmetic (aten/src/ATen/native/cpu/int8mm_kernel.cpp, AVX-512): each
  * code widened and times its row's bf16 scale in f32, one accumulator of 16 per output and input row, 16 inputs a

@@ -81,6 +81,9 @@ def test_mixed_dtypes_run_attention_in_the_value_dtype():
 @pytest.mark.model
 def test_a_real_cartridge_question_and_its_decoding_take_the_packed_path(real_backend, monkeypatch):
     import kvengine.attention as attention
+    from kvengine import native_pass
+
+    monkeypatch.setattr(native_pass, "ENABLED", False)  # the model's own forward (the decoder's pass in one call: test_native_pass.py)
 
     assert real_backend.model.config._attn_implementation == ATTN_IMPLEMENTATION
     decisions = []

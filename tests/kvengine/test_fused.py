@@ -283,6 +283,9 @@ def test_every_linear_layer_answers_one_row_as_its_dense_forward(real_backend, k
 
 @pytest.mark.model
 def test_the_real_models_answer_is_the_same_through_the_kernels(real_backend, kernel, monkeypatch):
+    from kvengine import native_pass
+
+    monkeypatch.setattr(native_pass, "ENABLED", False)  # the model's own forward (the decoder's pass in one call: test_native_pass.py)
     cartridge = real_backend.compile(["Alice lives in Lisbon.", "Bob keeps the key under the pot."])
     calls = {"attention": 0, "rows": 0}
     attention, rows = fused.decode_attention, fused.linear_rows

@@ -1,0 +1,196 @@
+"""The decoder's pass in one call (kvengine.native_pass, kvengine/native/layers.c) on the real model: what it computes
+against the model's own forward, where it hands a pass back to the model, and what the library refuses."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from transformers.models.llama import modeling_llama
+
+from kvengine import fused, native_pass
+from kvengine.kvcache import CartridgeCache
+from kvengine.native_pass import NativePass
+from tests.support.cpu import AVX512F
+
+pytestmark = pytest.mark.skipif(not AVX512F, reason="the fused kernels need AVX-512F (torch's kernels serve)")
+
+MEMORIES = [f"Fact {i}: person {i} lives in city {i * 7} and likes the colour number {i % 5}." for i in range(24)]
+QUESTION = "Where does person 3 live?"
+STEPS = 6
+
+
+@pytest.fixture(scope="module", params=["f32", "f32w8", "bf16w8"])
+def backend(request, real_backend):
+    return real_backend if request.param == "f32" else real_backend.variant(dtype=request.param)
+
+
+def _state(backend):
+    state = backend._payload(backend.compile(MEMORIES)).state
+    state.ensure_capacity(state.num_tokens + 64)
+    return state
+
+
+def _question(backend) -> list[int]:
+    return backend.layout.encode(backend.layout.suffix_text(backend.layout.clean_question(QUESTION)))
+
+
+def _greedy(forward, state, ids):
+    """The question's pass and STEPS greedy steps over a fresh cache: per pass the logits, the tokens, and the cache."""
+    cache = CartridgeCache(state)
+    logits = [forward(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()]
+    tokens = [int(logits[-1].argmax())]
+    for _ in range(STEPS):
+        logits.append(forward(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[0, -1].float())
+        tokens.append(int(logits[-1].argmax()))
+    return logits, tokens, cache
+
+
+def _c_norm(self, hidden):
+    """LlamaRMSNorm as layers.c computes it (the f32 squares summed in double)."""
+    x = hidden.float()
+    variance = ((x * x).double().sum(-1, keepdim=True) / x.shape[-1]).float()
+    return self.weight * (x * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def test_the_backend_serves_questions_and_steps_through_it(backend):
+    step = backend._decode_step
+    assert isinstance(step, NativePass) and backend._prompt_pass is step
+    assert step.w_bits == (32 if backend.dtype == "f32" else 8)
+    assert step.kv_dtype == backend.torch_dtype
+    assert isinstance(backend._fresh_cache(8), CartridgeCache), "re-reading decodes through the same pass"
+    assert step.max_tokens == 21  # 64 packed attention rows over SmolLM2's 3 query heads per KV head
+
+
+def test_the_pass_answers_as_the_model_does(backend):
+    state, ids = _state(backend), _question(backend)
+    with torch.inference_mode():
+        ours, our_tokens, our_cache = _greedy(backend._decode_step, state, ids)
+        our_keys = [layer.kbuf[:, :, : layer.length].clone() for layer in our_cache.layers]
+        our_values = [layer.vbuf[:, :, : layer.length].clone() for layer in our_cache.layers]
+        our_lengths = {layer.length for layer in our_cache.layers}
+        our_cache.crop_back()
+        theirs, their_tokens, their_cache = _greedy(backend.model, state, ids)
+    assert our_tokens == their_tokens
+    assert our_lengths == {state.num_tokens + len(ids) + STEPS}
+    # f32: float rounding (the norms' sums, SiLU's exp); int8: a bf16 rounding of an activation may tip the other way
+    tolerance = 1e-3 if backend.dtype == "f32" else 1.0
+    assert max(float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True)) < tolerance
+    if backend.dtype == "f32":  # the control: the pass ran (it sums the norms in another order than torch)
+        assert not all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    for layer, keys, values in zip(their_cache.layers, our_keys, our_values, strict=True):
+        assert torch.equal(keys[:, :, : state.num_tokens], layer.kbuf[:, :, : state.num_tokens]), "the cartridge is never written"
+        atol = 1e-3 if backend.dtype == "f32" else 0.5
+        torch.testing.assert_close(keys, layer.kbuf[:, :, : layer.length], atol=atol, rtol=0.05)
+        torch.testing.assert_close(values, layer.vbuf[:, :, : layer.length], atol=atol, rtol=0.05)
+
+
+def test_a_layer_is_the_models_bit_for_bit_given_its_norm(backend, monkeypatch):
+    """With the model's RMSNorm summing as layers.c does, the pass's first layers give the model's layers' outputs bit
+    for bit: projections, rotary embedding, cache write, attention, residuals (only SiLU's exp is libm's here)."""
+    if backend.dtype == "f32":
+        pytest.skip("f32 activations carry SiLU's last-bit differences on; the int8 layers round them to bf16")
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _c_norm)
+    state, ids, step = _state(backend), _question(backend), backend._decode_step
+    caught = {}
+    handles = [layer.register_forward_hook(lambda module, args, out, i=i: caught.__setitem__(i, out.detach().clone()))
+               for i, layer in enumerate(backend.model.model.layers[:2])]
+    try:
+        with torch.inference_mode():
+            cache = CartridgeCache(state)
+            backend.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+            theirs_k = cache.layers[1].kbuf[:, :, state.num_tokens : cache.layers[1].length].clone()
+            cache.crop_back()
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.inference_mode():
+        for num_layers in (1, 2):
+            cache = CartridgeCache(state)
+            h = _run_c(step, cache, ids, num_layers)
+            assert torch.equal(h, caught[num_layers - 1][0]), f"the first {num_layers} layer(s)"
+    assert torch.equal(cache.layers[1].kbuf[:, :, state.num_tokens : state.num_tokens + len(ids)], theirs_k)
+
+
+def _run_c(step: NativePass, cache: CartridgeCache, ids: list[int], num_layers: int, **change) -> torch.Tensor | int:
+    """layers.c's pass of ``ids`` through the first ``num_layers`` layers: the residual stream (or the return code)."""
+    length, capacity = cache.layers[0].length, cache.layers[0].kbuf.shape[2]
+    h = step.embed(torch.tensor([ids]))[0].float().contiguous()
+    cos, sin = step.rotary(h[None], torch.arange(length, length + len(ids))[None])
+    cos, sin = cos[0].contiguous(), sin[0].contiguous()
+    args = dict(w_bits=step.w_bits, kv_bits=fused.KV_BITS[step.kv_dtype], heads=step.heads, kv_heads=step.kv_heads,
+                capacity=capacity, length=length, m=len(ids), hidden=step.hidden)
+    args.update(change)
+    rc = fused.kernel().mnesio_layers_pass(step._table(cache), num_layers, args["w_bits"], args["kv_bits"], args["hidden"],
+                                           args["heads"], args["kv_heads"], step.inter, step.eps, step.scale, args["capacity"],
+                                           args["length"], args["m"], cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(),
+                                           h.data_ptr())
+    return h if not change else rc
+
+
+@pytest.mark.parametrize("change", [
+    {"m": 22},  # 66 packed attention rows: more than the attention kernel takes
+    {"m": 0}, {"w_bits": 16}, {"kv_bits": 8}, {"kv_heads": 2}, {"heads": 0}, {"hidden": 100},
+    {"length": -1}, {"capacity": 10},  # the pass's positions past the buffers
+])
+def test_the_library_refuses_what_it_does_not_take(real_backend, change):
+    state, ids, step = _state(real_backend), _question(real_backend), real_backend._decode_step
+    with torch.inference_mode():
+        cache = CartridgeCache(state)
+        before = [layer.kbuf.clone() for layer in cache.layers[:2]]
+        assert _run_c(step, cache, ids * 2 if change.get("m") == 22 else ids, 2, **change) == -1
+        assert all(torch.equal(a, layer.kbuf) for a, layer in zip(before, cache.layers, strict=False)), "nothing written"
+
+
+def _models_own(backend, input_ids, cache, **kwargs):
+    return backend.model(input_ids=input_ids, cache=cache, use_cache=True, **kwargs).logits
+
+
+@pytest.mark.parametrize("case", ["long", "dynamic", "all_logits", "disabled"])
+def test_what_it_does_not_take_goes_to_the_model(real_backend, case, monkeypatch):
+    """A pass the library does not run is the model's own, bit for bit (the pass's own f32 logits are not)."""
+    state, ids, step = _state(real_backend), _question(real_backend), real_backend._decode_step
+    kwargs = {"logits_to_keep": 1}
+    if case == "long":
+        ids = (ids * 2)[: step.max_tokens + 1]
+    elif case == "all_logits":
+        kwargs = {}
+    elif case == "disabled":
+        monkeypatch.setattr(native_pass, "ENABLED", False)
+    input_ids = torch.tensor([ids])
+    with torch.inference_mode():
+        if case == "dynamic":
+            from transformers import DynamicCache
+
+            ours = step(input_ids=input_ids, cache=DynamicCache(config=real_backend.model.config), use_cache=True, **kwargs).logits
+            theirs = _models_own(real_backend, input_ids, DynamicCache(config=real_backend.model.config), **kwargs)
+        else:
+            cache = CartridgeCache(state)
+            ours = step(input_ids=input_ids, cache=cache, use_cache=True, **kwargs).logits
+            cache.crop_back()
+            theirs = _models_own(real_backend, input_ids, CartridgeCache(state), **kwargs)
+    assert torch.equal(ours, theirs)
+    if case in ("long", "disabled"):  # the control: the pass itself, on what it takes, is not the model's bit for bit
+        monkeypatch.setattr(native_pass, "ENABLED", True)
+        with torch.inference_mode():
+            short = torch.tensor([_question(real_backend)])
+            cache = CartridgeCache(state)
+            own = step(input_ids=short, cache=cache, use_cache=True, logits_to_keep=1).logits
+            cache.crop_back()
+            assert not torch.equal(own, _models_own(real_backend, short, CartridgeCache(state), logits_to_keep=1))
+
+
+def test_models_it_does_not_take(real_backend):
+    """bf16r's hooks and a bf16 model's weights: the model's own forward serves them."""
+    assert native_pass.native_pass(real_backend.variant(dtype="bf16r").model) is None
+    assert native_pass.native_pass(real_backend.variant(dtype="bf16").model) is None
+
+
+def test_the_table_holds_the_caches_buffers(real_backend):
+    state, step = _state(real_backend), real_backend._decode_step
+    cache = CartridgeCache(state)
+    table = step._table(cache)
+    assert step._table(cache) is table, "built once per cache"
+    assert [entry.k for entry in table] == [k.data_ptr() for k in state.keys]
+    assert [entry.v for entry in table] == [v.data_ptr() for v in state.values]
+    assert ctypes.sizeof(table) == len(state.keys) * ctypes.sizeof(native_pass._Layer)
