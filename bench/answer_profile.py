@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from kv_speed import machine_info, memories_for, probes  # noqa: E402
 
-from kvengine import fused, make_backend  # noqa: E402
+from kvengine import fused, make_backend, native_pass  # noqa: E402
 from kvengine.kvcache import CartridgeCache  # noqa: E402
 
 FIRST_RANGE, STEP_RANGE = "answer.first_token", "answer.decode_step"
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     cartridge = backend.compile(texts)
     compile_s = time.perf_counter() - started
-    passes = Passes(backend, cartridge, question, args.steps, native=args.passes == "native")
+    native_pass.ENABLED = args.passes == "native"  # --pass model: answer() below runs the model's forward too
+    passes = Passes(backend, cartridge, question, args.steps, native=native_pass.ENABLED)
     for _ in range(2):  # warm up the passes themselves
         passes.timed(1)
     plain = passes.timed(args.repeats)
