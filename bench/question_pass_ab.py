@@ -12,7 +12,8 @@ in one call (``one_call``, kvengine.native_pass) or through the model's forward 
 bench/kv_speed.py's synthetic facts, ``--questions`` of its probes; the arms alternate question by question (the
 order flipped every round), so the machine's drift hits them alike. Reported per arm: the median first token
 (``answer()``'s ttft, the batcher's lone-row path) and decoding ms per token after it, and whether the arms' greedy
-answers were the same tokens.
+answers were the same tokens. ``--lead`` puts a clause before every question: questions of 22-42 tokens, which
+the one-call pass runs in two parts.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare linear --out bench/results/question_rows_ab.json
@@ -47,13 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compare", choices=("attention", "linear", "layers"), default="attention", help="which kernel the arms differ in")
     parser.add_argument("--dtype", default="f32", help="the model's dtype (kvengine.config.DTYPES)")
+    parser.add_argument("--lead", default="", help="a clause put before each question, for longer questions (e.g. one "
+                        "that the one-call pass takes in two parts)")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     backend = make_backend("transformers", dtype=args.dtype, quant="none", device="cpu")
     texts = memories_for(backend, args.tokens)
     cartridge = backend.compile(texts)
-    questions = [q for q, _ in probes(len(texts), args.questions)]
+    questions = [args.lead + q for q, _ in probes(len(texts), args.questions)]
     saved = limits, most_rows, _ = fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED
     if args.compare == "attention":
         arms = {"fused": (limits, most_rows, False), "flash": (lambda *a: None, most_rows, False)}
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     a, b = arms
     result = {
         "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "dtype": args.dtype, "compare": args.compare, "cartridge_tokens": cartridge.header.num_tokens, "questions": len(questions), "rounds": args.rounds,
+        "dtype": args.dtype, "compare": args.compare, "cartridge_tokens": cartridge.header.num_tokens, "questions": len(questions), "rounds": args.rounds, "lead": args.lead,
         "question_tokens": [len(backend.layout.encode(backend.layout.suffix_text(q))) for q in questions],
         "first_token_ms": {name: round(statistics.median(v), 1) for name, v in first.items()},
         "decoding_ms_per_token": {name: round(statistics.median(v), 1) for name, v in per_token.items()},

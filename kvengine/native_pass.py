@@ -3,8 +3,9 @@
 ``native_pass(model)`` wraps a Llama-style model whose linear layers run on kvengine.fused's few-row kernels (f32
 weights over f32 KV, or f32w8's and bf16w8's int8 codes): called as the model is (``input_ids``, ``cache``,
 ``use_cache``, ``logits_to_keep``), a pass of at most ``max_tokens`` tokens of one sequence over a CartridgeCache runs
-every decoder layer in C, with no Python between the layers' ops; the embedding, the rotary table, the final norm and
-the LM head stay the model's own modules. Any other call goes to the model unchanged. None for a model it does not
+every decoder layer in C, with no Python between the layers' ops (a question of up to twice that in two parts); the
+embedding, the rotary table, the final norm and the LM head stay the model's own modules. Any other call goes to the
+model unchanged. None for a model it does not
 take (bf16, bf16r, f16, another architecture, hooks, biases, a GPU, no kernels).
 
 The products and the attention are the kernels the model's forward calls for these rows, so they are its results bit
@@ -26,6 +27,8 @@ from .kvcache import BufferLayer, CartridgeCache
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
 ENABLED = True  # bench/question_pass_ab.py's other arm turns it off: every pass through the model's own forward
+CHUNKS = 2  # a question of up to this many times max_tokens runs in as many parts; a longer prompt (a re-read memory
+# text) is the model's own prefill, its products over all its rows at once
 
 
 class _Layer(ctypes.Structure):
@@ -99,9 +102,10 @@ class NativePass:
         return self.model(input_ids=input_ids, cache=cache, use_cache=use_cache, **kwargs)
 
     def _table(self, cache: CartridgeCache) -> _Layer * int | None:
-        """The layers' operands with this cache's buffers (kept on the cache: its buffers are fixed for its life)."""
-        table = getattr(cache, "mnesio_native_table", None)
-        if table is None:
+        """The layers' operands with this cache's buffers (kept on the cache for this pass: its buffers are fixed for its
+        life; another pass over the same cache, another model's weights, builds its own)."""
+        owner, table = getattr(cache, "mnesio_native_table", (None, None))
+        if owner is not self:
             layers = cache.layers
             shape = layers[0].kbuf.shape
             if (len(layers) != len(self._weights) or not all(type(layer) is BufferLayer for layer in layers)
@@ -113,7 +117,7 @@ class NativePass:
             ctypes.memmove(table, self._weights, ctypes.sizeof(table))
             for entry, layer in zip(table, layers, strict=True):
                 entry.k, entry.v = layer.kbuf.data_ptr(), layer.vbuf.data_ptr()
-            cache.mnesio_native_table = table
+            cache.mnesio_native_table = (self, table)
         return table
 
     def _run(self, input_ids: torch.Tensor, cache, logits_to_keep: int | None) -> CausalLMOutputWithPast | None:
@@ -121,7 +125,7 @@ class NativePass:
         if not isinstance(cache, CartridgeCache) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or torch.compiler.is_compiling():
             return None
         m = input_ids.shape[1]
-        if not 1 <= m <= self.max_tokens or (logits_to_keep != 1 and m != 1):  # logits of one position only
+        if not 1 <= m <= CHUNKS * self.max_tokens or (logits_to_keep != 1 and m != 1):  # logits of one position only
             return None
         if (table := self._table(cache)) is None:
             return None
@@ -132,12 +136,16 @@ class NativePass:
         h = self.embed(input_ids)[0].float().contiguous()  # [m, hidden], the residual stream, updated in place
         cos, sin = self.rotary(h[None], torch.arange(length, length + m, device=h.device)[None])
         cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
-        rc = fused.kernel().mnesio_layers_pass(
-            table, len(layers), self.w_bits, fused.KV_BITS[self.kv_dtype], self.hidden, self.heads, self.kv_heads,
-            self.inter, self.eps, self.scale, capacity, length, m, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads(),
-            h.data_ptr())
-        if rc != 0:
-            return None
+        parts = -(-m // self.max_tokens)
+        size = -(-m // parts)  # a longer question in even parts, each part through all the layers before the next
+        for start in range(0, m, size):
+            rows = min(size, m - start)
+            rc = fused.kernel().mnesio_layers_pass(
+                table, len(layers), self.w_bits, fused.KV_BITS[self.kv_dtype], self.hidden, self.heads, self.kv_heads,
+                self.inter, self.eps, self.scale, capacity, length + start, rows, cos[start].data_ptr(),
+                sin[start].data_ptr(), torch.get_num_threads(), h[start].data_ptr())
+            if rc != 0:  # before any write of this part; the model's pass rewrites the earlier parts' positions
+                return None
         end = length + m
         for layer in layers:  # BufferLayer.update's bookkeeping: the new positions are written
             layer.length, layer.keys, layer.values = end, layer.kbuf[:, :, :end], layer.vbuf[:, :, :end]

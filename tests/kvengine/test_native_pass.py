@@ -128,6 +128,28 @@ def _run_c(step: NativePass, cache: CartridgeCache, ids: list[int], num_layers: 
     return h if not change else rc
 
 
+def test_a_longer_question_runs_in_two_parts(backend):
+    """A question of 22 to 42 tokens: two parts through the one-call pass, each part through all the layers before the
+    next; its logits are the two calls' bit for bit, its greedy tokens the model's."""
+    state, step = _state(backend), backend._decode_step
+    ids = (_question(backend) * 4)[: 2 * step.max_tokens - 1]
+    with torch.inference_mode():
+        ours, our_tokens, cache = _greedy(step, state, ids)
+        assert {layer.length for layer in cache.layers} == {state.num_tokens + len(ids) + STEPS}
+        cache.crop_back()
+        cache = CartridgeCache(state)
+        step(input_ids=torch.tensor([ids[: step.max_tokens]]), cache=cache, use_cache=True, logits_to_keep=1)
+        parts = step(input_ids=torch.tensor([ids[step.max_tokens :]]), cache=cache, use_cache=True, logits_to_keep=1)
+        cache.crop_back()
+        theirs, their_tokens, _ = _greedy(backend.model, state, ids)
+    assert torch.equal(ours[0], parts.logits[0, -1].float())
+    assert our_tokens == their_tokens
+    tolerance = 1e-3 if backend.dtype == "f32" else 1.0
+    assert max(float((a - b).abs().max()) for a, b in zip(ours, theirs, strict=True)) < tolerance
+    if backend.dtype == "f32":  # the control: the parts ran in the pass, not in the model's forward
+        assert not torch.equal(ours[0], theirs[0])
+
+
 @pytest.mark.parametrize("change", [
     {"m": 22},  # 66 packed attention rows: more than the attention kernel takes
     {"m": 0}, {"w_bits": 16}, {"kv_bits": 8}, {"kv_heads": 2}, {"heads": 0}, {"hidden": 100},
@@ -152,7 +174,7 @@ def test_what_it_does_not_take_goes_to_the_model(real_backend, case, monkeypatch
     state, ids, step = _state(real_backend), _question(real_backend), real_backend._decode_step
     kwargs = {"logits_to_keep": 1}
     if case == "long":
-        ids = (ids * 2)[: step.max_tokens + 1]
+        ids = (ids * 4)[: native_pass.CHUNKS * step.max_tokens + 1]
     elif case == "all_logits":
         kwargs = {}
     elif case == "disabled":
@@ -194,3 +216,60 @@ def test_the_table_holds_the_caches_buffers(real_backend):
     assert [entry.k for entry in table] == [k.data_ptr() for k in state.keys]
     assert [entry.v for entry in table] == [v.data_ptr() for v in state.values]
     assert ctypes.sizeof(table) == len(state.keys) * ctypes.sizeof(native_pass._Layer)
+
+
+def test_another_pass_over_the_same_cache_uses_its_own_weights(real_backend):
+    """A cache first passed through f32 weights, then through f32w8's (both over f32 KV): the second pass's table holds
+    its own weights, and its answer is the one it gives over a cache of its own."""
+    f32, f32w8 = real_backend._decode_step, real_backend.variant(dtype="f32w8")._decode_step
+    state, ids = _state(real_backend), _question(real_backend)
+    with torch.inference_mode():
+        shared = CartridgeCache(state)
+        assert f32._table(shared)[0].w[0] == f32.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+        assert f32w8._table(shared)[0].w[0] == f32w8.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+        after_f32 = f32w8(input_ids=torch.tensor([ids]), cache=shared, use_cache=True, logits_to_keep=1).logits
+        shared.crop_back()
+        alone = f32w8(input_ids=torch.tensor([ids]), cache=CartridgeCache(state), use_cache=True, logits_to_keep=1).logits
+    assert torch.equal(after_f32, alone)
+
+
+def test_passes_on_several_threads_at_once_answer_as_alone(backend):
+    """Three answers' passes at once, each over its own cartridge, on three threads (the kernels' pool busy, callers
+    running their parts themselves): each thread's logits are the lone run's bit for bit."""
+    import threading
+
+    step, ids = backend._decode_step, _question(backend)
+    states = [_state(backend) for _ in range(3)]
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the pass splits its kernels' work in two parts (the suite runs one thread)
+    try:
+        with torch.inference_mode():
+            alone, alone_tokens, cache = _greedy(step, states[0], ids)
+            cache.crop_back()
+    finally:
+        torch.set_num_threads(threads_before)
+    got, errors = {}, []
+
+    def run(i):
+        try:
+            torch.set_num_threads(2)
+            with torch.inference_mode():
+                for _ in range(3):
+                    logits, tokens, c = _greedy(step, states[i], ids)
+                    c.crop_back()
+                    got.setdefault(i, []).append((logits, tokens))
+        except Exception as exc:  # noqa: BLE001 - reported below, on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.set_num_threads(threads_before)  # MKL's count is process-wide
+    assert not errors
+    assert sorted(got) == [0, 1, 2]
+    for runs in got.values():
+        for logits, tokens in runs:
+            assert tokens == alone_tokens
+            assert all(torch.equal(a, b) for a, b in zip(logits, alone, strict=True))
