@@ -13,7 +13,8 @@ bench/results/ or the repository root, JSON):
   or repeats it once per element when that is a list; ``FILE[key][*]`` repeats it once per value of an object, with
   ``{_key}`` the value's key.
 - ``{= EXPR :SPEC}`` inside a formatted line: a Python expression over the object's keys, formatted with SPEC, for
-  a figure the results hold only in parts, e.g. ``{= batched["tokens_per_s"] / sequential["tokens_per_s"] :.1f}x``.
+  a figure the results hold only in parts, e.g. ``{= batched["tokens_per_s"] / sequential["tokens_per_s"] :.1f}x``
+  (of the builtins, only ``min`` and ``max``).
 
 A section whose figures have no results file keeps its table as text in its template, with its command, machine and
 date. Superseded figures leave the templates (git keeps them).
@@ -109,7 +110,7 @@ def fill(line: str, data: dict[str, Any], source: str) -> str:
 
     def evaluate(match: re.Match[str]) -> str:
         # the templates are this repository's own files; no builtins, the object's keys are the only names
-        return format(eval(match.group(1), {"__builtins__": {}}, dict(values)), match.group(2) or "")
+        return format(eval(match.group(1), {"__builtins__": {"min": min, "max": max}}, dict(values)), match.group(2) or "")
 
     try:
         return EXPRESSION.sub(evaluate, line).format_map(values)

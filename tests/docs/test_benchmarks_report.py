@@ -43,3 +43,9 @@ def test_a_missing_key_or_file_stops_the_report_naming_it(results):
         report.render("<!-- rows run.json[rows] -->\n| {missing} |\n", "t.md")
     with pytest.raises(FileNotFoundError, match="gone.json"):
         report.render("{{ gone.json | {x} }}\n", "t.md")
+
+
+def test_an_expression_has_min_and_max_and_no_other_builtin(results):
+    assert report.render("{{ run.json | {= min(r['s'] for r in rows)}-{= max(r['n'] for r in rows)} }}\n", "t.md") == "0.25-2\n"
+    with pytest.raises(ValueError, match="name 'open' is not defined"):
+        report.render("{{ run.json | {= open('/etc/passwd')} }}\n", "t.md")
