@@ -239,9 +239,12 @@ def _row_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def row_weight_bits(linear: torch.nn.Module) -> int | None:
     """How row_linears' wrapper runs this layer's few rows: 8 for int8 codes on rows_i8 (torch's kernel's bits), 32 for
-    f32 weights on the plain product (nn.Linear's own forward, not bf16r's exact one), no bias; None for anything else."""
+    f32 weights on the plain product (nn.Linear's own forward, not bf16r's exact one), no bias, at least
+    MIN_ROW_WEIGHTS weights (a smaller layer goes to torch's product); None for anything else."""
     from . import precision
 
+    if linear.weight.numel() < MIN_ROW_WEIGHTS:
+        return None
     if isinstance(linear, precision.Int8WeightLinear):
         ok = (linear.act_dtype == torch.bfloat16 and linear.bias is None and linear.weight.is_contiguous()
               and getattr(linear.forward, "__func__", None) is _int8_row_forward and _torch_int8_kernel_is_avx512())

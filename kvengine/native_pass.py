@@ -44,6 +44,15 @@ def _module(layer: torch.nn.Module, path: str) -> torch.nn.Module:
     return layer
 
 
+def _hooked(model: torch.nn.Module) -> bool:
+    """Whether a forward hook sits on any of the model's modules (the pass would not call it)."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def _global_hooks() -> bool:
+    return bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+
+
 def native_pass(model: torch.nn.Module) -> NativePass | None:
     """The model's one-call pass (module docstring), or None where it does not take the model."""
     config = model.config.get_text_config()
@@ -51,7 +60,7 @@ def native_pass(model: torch.nn.Module) -> NativePass | None:
     if (getattr(config, "model_type", None) != "llama" or getattr(config, "hidden_act", None) != "silu" or base is None
             or any(p.device.type != "cpu" for p in model.parameters())
             or getattr(config, "attention_bias", True) or getattr(config, "mlp_bias", True) or fused.kernel() is None
-            or any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())):
+            or _hooked(model)):
         return None
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if (getattr(config, "head_dim", None) or config.hidden_size // heads) != fused.HEAD_DIM or heads % kv_heads:
@@ -74,6 +83,9 @@ class NativePass:
         config = model.config.get_text_config()
         base = model.model
         self.model, self.w_bits, self.kv_dtype = model, w_bits, kv_dtype
+        # hooks added or weights replaced since: checked at every pass of several tokens (each answer's first), not
+        # at every decoding step; then every pass goes to the model
+        self._changed = False
         self.config = model.config
         self.embed, self.rotary, self.norm, self.lm_head = base.embed_tokens, base.rotary_emb, base.norm, model.lm_head
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -84,6 +96,7 @@ class NativePass:
         self.max_tokens = min(fused.MAX_LINEAR_ROWS, fused.MAX_ROWS // (self.heads // self.kv_heads))
         self._weights = (_Layer * len(base.layers))()
         self._keep = []  # the float32 norm weights handed to C by address
+        self._operands = []  # each projection with the tensors handed to C by address (held: never freed under C)
         for entry, layer in zip(self._weights, base.layers, strict=True):
             norms = [layer.input_layernorm.weight.detach().float().contiguous(), layer.post_attention_layernorm.weight.detach().float().contiguous()]
             self._keep.extend(norms)
@@ -92,14 +105,25 @@ class NativePass:
                 linear = _module(layer, path)
                 entry.w[i] = linear.weight.data_ptr()
                 entry.scales[i] = linear.scales.data_ptr() if w_bits == 8 else None
+                self._operands.append((linear, linear.weight, linear.scales if w_bits == 8 else None))
+        self._norms = [(layer.input_layernorm, layer.input_layernorm.weight, layer.post_attention_layernorm,
+                        layer.post_attention_layernorm.weight) for layer in base.layers]
 
     def __call__(self, *, input_ids: torch.Tensor, cache=None, use_cache: bool = True, logits_to_keep: int | None = None, **kwargs):
-        out = self._run(input_ids, cache, logits_to_keep) if ENABLED and not kwargs and use_cache else None
+        if input_ids.dim() != 2 or input_ids.shape[1] != 1:  # a question's or a prompt's pass: check the model again
+            self._changed = _hooked(self.model) or not self._same_operands()
+        out = (self._run(input_ids, cache, logits_to_keep)
+               if ENABLED and not kwargs and use_cache and not self._changed and not _global_hooks() else None)
         if out is not None:
             return out
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
         return self.model(input_ids=input_ids, cache=cache, use_cache=use_cache, **kwargs)
+
+    def _same_operands(self) -> bool:
+        """Whether the model still holds the weight tensors whose addresses the pass hands to C."""
+        return (all(linear.weight is w and (s is None or linear.scales is s) for linear, w, s in self._operands)
+                and all(a.weight is wa and b.weight is wb for a, wa, b, wb in self._norms))
 
     def _table(self, cache: CartridgeCache) -> _Layer * int | None:
         """The layers' operands with this cache's buffers (kept on the cache for this pass: its buffers are fixed for its
@@ -125,7 +149,9 @@ class NativePass:
         if not isinstance(cache, CartridgeCache) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or torch.compiler.is_compiling():
             return None
         m = input_ids.shape[1]
-        if not 1 <= m <= CHUNKS * self.max_tokens or (logits_to_keep != 1 and m != 1):  # logits of one position only
+        keep = logits_to_keep if type(logits_to_keep) is int else None  # a tensor (positions to keep): the model's
+        last_only = keep == 1 or (m == 1 and (logits_to_keep is None or keep == 0))  # what the pass returns
+        if not 1 <= m <= CHUNKS * self.max_tokens or not last_only:
             return None
         if (table := self._table(cache)) is None:
             return None
@@ -150,4 +176,4 @@ class NativePass:
         for layer in layers:  # BufferLayer.update's bookkeeping: the new positions are written
             layer.length, layer.keys, layer.values = end, layer.kbuf[:, :, :end], layer.vbuf[:, :, :end]
         logits = self.lm_head(self.norm(h[-1:][None]))  # [1, 1, vocab]
-        return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(logits=logits, cache=cache)

@@ -170,7 +170,7 @@ def _models_own(backend, input_ids, cache, **kwargs):
     return backend.model(input_ids=input_ids, cache=cache, use_cache=True, **kwargs).logits
 
 
-@pytest.mark.parametrize("case", ["long", "dynamic", "all_logits", "disabled"])
+@pytest.mark.parametrize("case", ["long", "dynamic", "all_logits", "positions", "disabled"])
 def test_what_it_does_not_take_goes_to_the_model(real_backend, case, monkeypatch):
     """A pass the library does not run is the model's own, bit for bit (the pass's own f32 logits are not)."""
     state, ids, step = _state(real_backend), _question(real_backend), real_backend._decode_step
@@ -179,6 +179,8 @@ def test_what_it_does_not_take_goes_to_the_model(real_backend, case, monkeypatch
         ids = (ids * 4)[: native_pass.CHUNKS * step.max_tokens + 1]
     elif case == "all_logits":
         kwargs = {}
+    elif case == "positions":  # a tensor: the positions whose logits to keep (here the second), not the last
+        kwargs = {"logits_to_keep": torch.tensor([1])}
     elif case == "disabled":
         monkeypatch.setattr(native_pass, "ENABLED", False)
     input_ids = torch.tensor([ids])
@@ -275,3 +277,40 @@ def test_passes_on_several_threads_at_once_answer_as_alone(backend):
         for logits, tokens in runs:
             assert tokens == alone_tokens
             assert all(torch.equal(a, b) for a, b in zip(logits, alone, strict=True))
+
+
+def test_a_hook_or_a_weight_changed_after_it_was_built_sends_passes_to_the_model(real_backend, monkeypatch):
+    """Hooks and weights are looked at again at every pass of several tokens: a hook added since is called (the model
+    runs the pass and the steps after it), and a layer whose weight tensor was replaced is not run from the old one."""
+    state, ids = _state(real_backend), _question(real_backend)
+    step = NativePass(real_backend.model, w_bits=32, kv_dtype=torch.float32)
+    calls = []
+    with torch.inference_mode():
+        own, _, cache = _greedy(step, state, ids)
+        cache.crop_back()
+        model_logits, _, cache = _greedy(real_backend.model, state, ids)
+        cache.crop_back()
+        handle = real_backend.model.model.layers[3].register_forward_hook(lambda *a: calls.append(1))
+        try:
+            hooked, _, cache = _greedy(step, state, ids)
+            cache.crop_back()
+        finally:
+            handle.remove()
+        assert len(calls) == 1 + STEPS, "the question's pass and every step after it"
+        assert all(torch.equal(a, b) for a, b in zip(hooked, model_logits, strict=True))
+        again, _, cache = _greedy(step, state, ids)  # the hook gone: the pass again
+        cache.crop_back()
+        assert all(torch.equal(a, b) for a, b in zip(again, own, strict=True))
+        linear = real_backend.model.model.layers[0].mlp.down_proj
+        monkeypatch.setattr(linear, "weight", torch.nn.Parameter(linear.weight.detach().clone()))
+        replaced, _, cache = _greedy(step, state, ids)
+        cache.crop_back()
+    assert all(torch.equal(a, b) for a, b in zip(replaced, model_logits, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(own, model_logits, strict=True)), "the control: the pass is not the model"
+
+
+def test_a_layer_too_small_for_the_row_kernels_is_not_taken():
+    small, large = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(576, 576, bias=False)
+    fused.row_linears(torch.nn.Sequential(small, large))
+    assert fused.row_weight_bits(large) == 32
+    assert fused.row_weight_bits(small) is None, "its rows go to torch's product: the pass would not be the model's"
