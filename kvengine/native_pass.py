@@ -49,6 +49,13 @@ def _hooked(model: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
+def _held(module: torch.nn.Module, name: str) -> tuple[dict, str, torch.Tensor]:
+    """The dict that holds a module's parameter or buffer ``name``, the name, and the tensor: what _same_operands
+    compares without nn.Module's attribute lookup."""
+    holder = module._parameters if name in module._parameters else module._buffers
+    return holder, name, holder[name]
+
+
 def _global_hooks() -> bool:
     return bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
@@ -96,7 +103,7 @@ class NativePass:
         self.max_tokens = min(fused.MAX_LINEAR_ROWS, fused.MAX_ROWS // (self.heads // self.kv_heads))
         self._weights = (_Layer * len(base.layers))()
         self._keep = []  # the float32 norm weights handed to C by address
-        self._operands = []  # each projection with the tensors handed to C by address (held: never freed under C)
+        self._operands = []  # (holder, name, tensor) of each tensor handed to C by address (held: never freed under C)
         for entry, layer in zip(self._weights, base.layers, strict=True):
             norms = [layer.input_layernorm.weight.detach().float().contiguous(), layer.post_attention_layernorm.weight.detach().float().contiguous()]
             self._keep.extend(norms)
@@ -105,13 +112,16 @@ class NativePass:
                 linear = _module(layer, path)
                 entry.w[i] = linear.weight.data_ptr()
                 entry.scales[i] = linear.scales.data_ptr() if w_bits == 8 else None
-                self._operands.append((linear, linear.weight, linear.scales if w_bits == 8 else None))
-        self._norms = [(layer.input_layernorm, layer.input_layernorm.weight, layer.post_attention_layernorm,
-                        layer.post_attention_layernorm.weight) for layer in base.layers]
+                self._operands.append(_held(linear, "weight"))
+                if w_bits == 8:
+                    self._operands.append(_held(linear, "scales"))
+            self._operands += [_held(layer.input_layernorm, "weight"), _held(layer.post_attention_layernorm, "weight")]
+        # every module's hook dicts (register_forward_hook adds to them in place): looked at per question, not walked
+        self._hook_dicts = [d for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
 
     def __call__(self, *, input_ids: torch.Tensor, cache=None, use_cache: bool = True, logits_to_keep: int | None = None, **kwargs):
         if input_ids.dim() != 2 or input_ids.shape[1] != 1:  # a question's or a prompt's pass: check the model again
-            self._changed = _hooked(self.model) or not self._same_operands()
+            self._changed = any(self._hook_dicts) or not self._same_operands()
         out = (self._run(input_ids, cache, logits_to_keep)
                if ENABLED and not kwargs and use_cache and not self._changed and not _global_hooks() else None)
         if out is not None:
@@ -122,8 +132,7 @@ class NativePass:
 
     def _same_operands(self) -> bool:
         """Whether the model still holds the weight tensors whose addresses the pass hands to C."""
-        return (all(linear.weight is w and (s is None or linear.scales is s) for linear, w, s in self._operands)
-                and all(a.weight is wa and b.weight is wb for a, wa, b, wb in self._norms))
+        return all(holder.get(name) is tensor for holder, name, tensor in self._operands)
 
     def _table(self, cache: CartridgeCache) -> _Layer * int | None:
         """The layers' operands with this cache's buffers (kept on the cache for this pass: its buffers are fixed for its
