@@ -5,8 +5,8 @@ weights over f32 KV, or f32w8's and bf16w8's int8 codes): called as the model is
 ``use_cache``, ``logits_to_keep``), a pass of at most ``max_tokens`` tokens of one sequence over a CartridgeCache runs
 every decoder layer in C, with no Python between the layers' ops (a question of up to twice that in two parts); the
 embedding, the rotary table, the final norm and the LM head stay the model's own modules. Any other call goes to the
-model unchanged. None for a model it does not
-take (bf16, bf16r, f16, another architecture, hooks, biases, a GPU, no kernels).
+model unchanged. None for a model it does not take (bf16, bf16r, f16, another architecture, hooks, biases, a GPU, no
+kernels).
 
 The products and the attention are the kernels the model's forward calls for these rows, so they are its results bit
 for bit given the same inputs; the RMSNorms' sums and SiLU's exp are C's, not torch's vectorized ones, so logits

@@ -377,7 +377,7 @@ static void rows_##SUFFIX(const float *x, int m, const ELEM *w, int64_t in, int6
                           float *y) {  /* outputs [o0, o1) of y [m, ldy] */                                       \
     for (int64_t o = o0; o < o1; o += 4) {                                                                       \
         int outs = o1 - o < 4 ? (int)(o1 - o) : 4;                                                               \
-        int groups = (m + 2) / 3;  /* the row groups share the prefetch of a later block's 4 weight rows */      \
+        int groups = (m + 2) / 3;  /* the row groups share the prefetch of the next block's 4 weight rows */      \
         const ELEM *pf = o + 8 <= o1 ? w + (o + 4) * in : NULL;  /* the next block, when this part has it */     \
         for (int g = 0; g < m; g += 3) {                                                                         \
             const float *xg = x + g * in;                                                                        \
