@@ -8,7 +8,10 @@ linear``: its linear layers' products in the fused few-row kernel (``rows``), or
 (``fused.MAX_LINEAR_ROWS`` set to 1), in torch's matmul (MKL; int8 weights: ``_weight_int8pack_mm``). Decoding steps
 run through the fused kernels in both arms, and through the model's own forward (``native_pass.ENABLED`` off) in
 these two comparisons. ``--compare layers``: the question's pass and the decoding steps through the decoder's pass
-in one call (``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``). The default model in ``--dtype``, a cartridge of
+in one call (``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``).
+``--compare parts``: a question through the one-call pass in as few parts as it takes (``one_part``: up to 42 tokens
+in one) or in parts of at most 21 tokens (``two_parts``: a question of 22-42 tokens then reads every weight and the
+cache twice). The default model in ``--dtype``, a cartridge of
 bench/kv_speed.py's synthetic facts, ``--questions`` of its probes; the arms alternate question by question (the
 order flipped every round), so the machine's drift hits them alike. Reported per arm: the median first token
 (``answer()``'s ttft, the batcher's lone-row path) and decoding ms per token after it, and whether the arms' greedy
@@ -18,6 +21,7 @@ the one-call pass runs in two parts.
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare linear --out bench/results/question_rows_ab.json
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare layers --out bench/results/question_layers_ab.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare parts --lead "..." --out bench/results/question_parts_ab.json
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare", choices=("attention", "linear", "layers"), default="attention", help="which kernel the arms differ in")
+    parser.add_argument("--compare", choices=("attention", "linear", "layers", "parts"), default="attention", help="which kernel the arms differ in")
     parser.add_argument("--dtype", default="f32", help="the model's dtype (kvengine.config.DTYPES)")
     parser.add_argument("--lead", default="", help="a clause put before each question, for longer questions (e.g. one "
                         "that the one-call pass takes in two parts)")
@@ -57,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     texts = memories_for(backend, args.tokens)
     cartridge = backend.compile(texts)
     questions = [args.lead + q for q, _ in probes(len(texts), args.questions)]
-    saved = limits, most_rows, _ = fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED
+    step = backend._decode_step  # the one-call pass (kvengine.native_pass.NativePass)
+    saved = limits, most_rows, _, part = fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED, getattr(step, "max_tokens", None)
     if args.compare == "attention":
-        arms = {"fused": (limits, most_rows, False), "flash": (lambda *a: None, most_rows, False)}
+        arms = {"fused": (limits, most_rows, False, part), "flash": (lambda *a: None, most_rows, False, part)}
     elif args.compare == "linear":
-        arms = {"rows": (limits, most_rows, False), "one_row": (limits, 1, False)}
+        arms = {"rows": (limits, most_rows, False, part), "one_row": (limits, 1, False, part)}
+    elif args.compare == "parts":
+        arms = {"one_part": (limits, most_rows, True, part), "two_parts": (limits, most_rows, True, min(part, 21))}
     else:
-        arms = {"one_call": (limits, most_rows, True), "per_op": (limits, most_rows, False)}
+        arms = {"one_call": (limits, most_rows, True, part), "per_op": (limits, most_rows, False, part)}
     first = {name: [] for name in arms}
     per_token = {name: [] for name in arms}
     tokens = {name: {} for name in arms}
@@ -72,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for q in questions:
                 for name in arms if r % 2 == 0 else list(arms)[::-1]:
-                    fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED = arms[name]
+                    fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED, step.max_tokens = arms[name]
                     answer = backend.answer(cartridge, q, max_new_tokens=args.max_new_tokens, stop_at_eos=False)
                     first[name].append(answer.ttft_s * 1e3)
                     per_token[name].append((answer.total_s - answer.ttft_s) * 1e3 / max(1, len(answer.token_ids) - 1))
                     tokens[name][q] = answer.token_ids
     finally:
-        fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED = saved
+        fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED, step.max_tokens = saved
     a, b = arms
     result = {
         "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

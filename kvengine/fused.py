@@ -36,7 +36,7 @@ SOURCES = (SOURCE, SOURCE.parent / "layers.c")  # layers.c: the decoder's pass i
 HEADERS = (SOURCE.parent / "pool.h", SOURCE.parent / "kernels.h")  # included by SOURCES: part of the library's digest
 # ISO C (-std=c11) contracts no a * b + c into an FMA: layers.c's elementwise ops round as torch's do
 FLAGS = ("-O3", "-mavx512f", "-mfma", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=c11")
-HEAD_DIM, MAX_ROWS = 64, 64  # the shapes the attention kernel takes (kernels.c): packed query rows at most
+HEAD_DIM, MAX_ROWS = 64, 128  # the shapes the attention kernel takes (kernels.c): packed query rows at most
 KV_BITS = {torch.bfloat16: 16, torch.float32: 32}  # the KV and weight dtypes the kernels read
 # the fewest weights a linear layer sends a row to the kernel with: a call's fixed cost (~8 us) is more than a small
 # product costs torch (a 256 x 256 one: ~5 us), while SmolLM2's smallest layer (192 x 576) gains in the model's step
@@ -44,6 +44,7 @@ MIN_ROW_WEIGHTS = 1 << 16
 # the most rows a linear layer sends to its kernel (kernels.c takes 64): a question's pass, a batch's step, a short
 # tail; fewer than a compile's block (blocks.BLOCK_SIZE, 64 tokens), where MKL is as fast on the main thread
 MAX_LINEAR_ROWS = 32
+KERNEL_LINEAR_ROWS = 64  # the most rows kernels.c's linear kernels take: kvengine.native_pass's products
 
 
 def library_path(folder: Path | None = None) -> Path:

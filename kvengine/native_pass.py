@@ -100,7 +100,7 @@ class NativePass:
         self.eps = float(base.layers[0].input_layernorm.variance_epsilon)
         self.scale = float(base.layers[0].self_attn.scaling)
         # a question's pass: rows the linear kernels take, packed attention rows (tokens x query heads per KV head)
-        self.max_tokens = min(fused.MAX_LINEAR_ROWS, fused.MAX_ROWS // (self.heads // self.kv_heads))
+        self.max_tokens = min(fused.KERNEL_LINEAR_ROWS, fused.MAX_ROWS // (self.heads // self.kv_heads))
         self._weights = (_Layer * len(base.layers))()
         self._keep = []  # the float32 norm weights handed to C by address
         self._operands = []  # (holder, name, tensor) of each tensor handed to C by address (held: never freed under C)

@@ -16,7 +16,7 @@
 #include "kernels.h"
 
 #define HEAD 64
-#define MAX_PASS_ROWS 64  /* the attention kernel's packed query rows: a pass's tokens times the query heads per KV head */
+#define MAX_PASS_ROWS 128  /* the attention kernel's packed query rows: a pass's tokens times the query heads per KV head */
 
 enum { Q, K, V, O, GATE, UP, DOWN, PROJECTIONS };
 

@@ -64,7 +64,7 @@ def test_the_kernel_refuses_what_it_does_not_take(kernel):
     refused = {
         "two rows": (query.expand(2, -1, -1, -1), key.expand(2, -1, -1, -1), value.expand(2, -1, -1, -1)),
         "head dim 32": (query[..., :32], key[..., :32], value[..., :32]),
-        "65 query rows": (query.repeat(1, 1, 22, 1)[:, :, :65], key, value),
+        "129 query rows": (query.repeat(1, 1, 43, 1)[:, :, :129], key, value),
         "f16": (query.half(), key.half(), value.half()),
         "mixed dtypes": (query, key, value.float()),
         "strided positions": (query, key.transpose(2, 3).contiguous().transpose(2, 3), value),
@@ -75,7 +75,7 @@ def test_the_kernel_refuses_what_it_does_not_take(kernel):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("threads", "rows"), [(1, 64), (3, 64), (3, 11), (2, 12), (2, 17)])  # row-major, by lanes
+@pytest.mark.parametrize(("threads", "rows"), [(1, 64), (3, 64), (3, 11), (2, 12), (2, 17), (2, 128)])  # row-major, by lanes
 def test_each_row_sees_the_positions_before_its_limit(kernel, dtype, threads, rows):
     g = torch.Generator().manual_seed(threads + rows)
     n = 3001
@@ -83,7 +83,7 @@ def test_each_row_sees_the_positions_before_its_limit(kernel, dtype, threads, ro
     key, value = kb[:, :, :n], vb[:, :, :n]
     query = (3 * torch.randn(1, 3, rows, 64, generator=g)).to(dtype)
     # one position, a few, one thread's chunk and a bit, all but one, all: chunks a row sees nothing of included
-    limits = torch.tensor(([1, 2, 17, 1001, 1002, n - 1, n] * 10)[:rows]).to(torch.int64)
+    limits = torch.tensor(([1, 2, 17, 1001, 1002, n - 1, n] * 20)[:rows]).to(torch.int64)
     mask = torch.arange(n)[None, :] < limits[:, None]  # [rows, n]
     exact = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask, scale=0.125)
     before = torch.get_num_threads()
@@ -135,9 +135,9 @@ def test_a_questions_pass_under_a_causal_mask_goes_to_the_kernel(kernel, monkeyp
     holed[..., 10] = False  # not each row's first positions: flash, under that mask
     masked, _ = packed_gqa_sdpa(module, heads, key, value, holed, scaling=0.125)
     assert calls == [1] and (masked.double() - exact).abs().max() > 1e-3
-    long = torch.randn(1, 9, 22, 64, generator=g)  # 66 packed rows: more than the kernel takes, flash
-    causal22 = (torch.arange(300)[None, :] <= torch.arange(278, 300)[:, None])[None, None]
-    packed_gqa_sdpa(module, long, key, value, causal22, scaling=0.125)
+    long = torch.randn(1, 9, 43, 64, generator=g)  # 129 packed rows: more than the kernel takes, flash
+    causal43 = (torch.arange(300)[None, :] <= torch.arange(257, 300)[:, None])[None, None]
+    packed_gqa_sdpa(module, long, key, value, causal43, scaling=0.125)
     assert calls == [1]
     got16, _ = packed_gqa_sdpa(module, heads.bfloat16(), key.bfloat16(), value.bfloat16(), causal, scaling=0.125)
     assert calls == [1, 1] and got16.dtype == torch.bfloat16 and (got16.double() - exact).abs().max() <= 5e-2  # bf16 inputs

@@ -27,7 +27,7 @@ def backend(request, real_backend):
 
 def _state(backend):
     state = backend._payload(backend.compile(MEMORIES)).state
-    state.ensure_capacity(state.num_tokens + 64)
+    state.ensure_capacity(state.num_tokens + 128)  # room for the longest question below and its steps
     return state
 
 
@@ -59,7 +59,7 @@ def test_the_backend_serves_questions_and_steps_through_it(backend):
     assert step.w_bits == (32 if backend.dtype == "f32" else 8)
     assert step.kv_dtype == backend.torch_dtype
     assert isinstance(backend._fresh_cache(8), CartridgeCache), "re-reading decodes through the same pass"
-    assert step.max_tokens == 21  # 64 packed attention rows over SmolLM2's 3 query heads per KV head
+    assert step.max_tokens == 42  # 128 packed attention rows over SmolLM2's 3 query heads per KV head
 
 
 def test_the_pass_answers_as_the_model_does(backend):
@@ -129,10 +129,10 @@ def _run_c(step: NativePass, cache: CartridgeCache, ids: list[int], num_layers: 
 
 
 def test_a_longer_question_runs_in_two_parts(backend):
-    """A question of 22 to 42 tokens: two parts through the one-call pass, each part through all the layers before the
+    """A question of 43 to 84 tokens: two parts through the one-call pass, each part through all the layers before the
     next; its logits are the two calls' bit for bit, its greedy tokens the model's."""
     state, step = _state(backend), backend._decode_step
-    ids = (_question(backend) * 4)[: 2 * step.max_tokens - 1]
+    ids = (_question(backend) * 8)[: 2 * step.max_tokens - 1]
     with torch.inference_mode():
         ours, our_tokens, cache = _greedy(step, state, ids)
         assert {layer.length for layer in cache.layers} == {state.num_tokens + len(ids) + STEPS}
@@ -150,8 +150,21 @@ def test_a_longer_question_runs_in_two_parts(backend):
         assert not torch.equal(ours[0], theirs[0])
 
 
+@pytest.mark.parametrize(("tokens", "calls"), [(42, 1), (43, 2)])
+def test_a_question_of_up_to_42_tokens_is_one_call(real_backend, tokens, calls, monkeypatch):
+    """42 tokens (126 packed attention rows) go through every layer in one library call, so every weight and the
+    cache are read once for the question; one more token and the pass takes two parts."""
+    state, step, lib = _state(real_backend), real_backend._decode_step, fused.kernel()
+    ids, seen = (_question(real_backend) * 8)[:tokens], []
+    whole = lib.mnesio_layers_pass
+    monkeypatch.setattr(lib, "mnesio_layers_pass", lambda *args: seen.append(args[12]) or whole(*args))
+    with torch.inference_mode():
+        step(input_ids=torch.tensor([ids]), cache=CartridgeCache(state), use_cache=True, logits_to_keep=1)
+    assert len(seen) == calls and sum(seen) == tokens  # args[12]: the part's tokens (m)
+
+
 @pytest.mark.parametrize("change", [
-    {"m": 22},  # 66 packed attention rows: more than the attention kernel takes
+    {"m": 43},  # 129 packed attention rows: more than the attention kernel takes
     {"m": 0}, {"w_bits": 16}, {"kv_bits": 8}, {"kv_heads": 2}, {"heads": 0}, {"hidden": 100},
     {"length": -1}, {"capacity": 10},  # the pass's positions past the buffers
 ])
@@ -160,7 +173,7 @@ def test_the_library_refuses_what_it_does_not_take(real_backend, change):
     with torch.inference_mode():
         cache = CartridgeCache(state)
         before = [layer.kbuf.clone() for layer in cache.layers[:2]]
-        assert _run_c(step, cache, ids * 2 if change.get("m") == 22 else ids, 2, **change) == -1
+        assert _run_c(step, cache, (ids * 4)[:43] if change.get("m") == 43 else ids, 2, **change) == -1
         # the bytes: the room past the cartridge is torch.empty's, where a NaN is not equal to itself
         assert all(torch.equal(a.view(torch.uint8), layer.kbuf.view(torch.uint8))
                    for a, layer in zip(before, cache.layers, strict=False)), "nothing written"
@@ -176,7 +189,7 @@ def test_what_it_does_not_take_goes_to_the_model(real_backend, case, monkeypatch
     state, ids, step = _state(real_backend), _question(real_backend), real_backend._decode_step
     kwargs = {"logits_to_keep": 1}
     if case == "long":
-        ids = (ids * 4)[: native_pass.CHUNKS * step.max_tokens + 1]
+        ids = (ids * 8)[: native_pass.CHUNKS * step.max_tokens + 1]
     elif case == "all_logits":
         kwargs = {}
     elif case == "positions":  # a tensor: the positions whose logits to keep (here the second), not the last
