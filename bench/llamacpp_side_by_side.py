@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
     import torch
-    from kv_speed import memories_for, probes
+    from kv_speed import cpu_name, memories_for, probes
 
     from kvengine import make_backend
 
@@ -299,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["answers_agree_with_llamacpp"] = agreement(row["answers"], ref["answers"])
     result = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
-                    "cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()},
+                    "cpu": cpu_name()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "seconds": round(time.time() - started, 1),
         "interleaved": True, "engines": engines,
     }
