@@ -1,22 +1,17 @@
 #!/usr/bin/env python
 """The first token from an ~8k cartridge with the question's pass in kvengine's fused kernels or in torch's.
 
-A question's pass runs its few tokens over the cartridge under a causal mask. ``--compare attention``: its
-attention in kvengine.fused's kernel (each token over the positions up to its own), or, in the ``flash`` arm
-(``fused.prefix_limits`` patched to refuse every mask), in torch's CPU flash kernel under the mask. ``--compare
-linear``: its linear layers' products in the fused few-row kernel (``rows``), or, in the ``one_row`` arm
-(``fused.MAX_LINEAR_ROWS`` set to 1), in torch's matmul (MKL; int8 weights: ``_weight_int8pack_mm``). Decoding steps
-run through the fused kernels in both arms, and through the model's own forward (``native_pass.ENABLED`` off) in
-these two comparisons. ``--compare layers``: the question's pass and the decoding steps through the decoder's pass
-in one call (``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``).
-``--compare parts``: a question through the one-call pass in as few parts as it takes (``one_part``: up to 42 tokens
-in one) or in parts of at most 21 tokens (``two_parts``: a question of 22-42 tokens then reads every weight and the
-cache twice). The default model in ``--dtype``, a cartridge of
-bench/kv_speed.py's synthetic facts, ``--questions`` of its probes; the arms alternate question by question (the
-order flipped every round), so the machine's drift hits them alike. Reported per arm: the median first token
-(``answer()``'s ttft, the batcher's lone-row path) and decoding ms per token after it, and whether the arms' greedy
-answers were the same tokens. ``--lead`` puts a clause before every question: questions of 22-42 tokens, which
-the one-call pass runs in two parts.
+``--compare attention``: the question's attention in kvengine.fused's kernel (each token over the positions up to
+its own), or in torch's CPU flash kernel under the causal mask (``flash``: ``fused.prefix_limits`` refuses every
+mask). ``--compare linear``: its products in the fused few-row kernel (``rows``) or in torch's matmul (``one_row``:
+``fused.MAX_LINEAR_ROWS`` 1). In those two, every pass runs through the model's own forward (``native_pass.ENABLED``
+off). ``--compare layers``: the question's pass and the decoding steps through the decoder's pass in one call
+(``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``). ``--compare
+parts``: the one-call pass in as few parts as a question needs (``one_part``: up to 42 tokens in one) or in parts
+of at most 21 tokens (``two_parts``). The default model in ``--dtype``, a cartridge of bench/kv_speed.py's synthetic
+facts, ``--questions`` of its probes (``--lead``: a clause before each, for longer questions); the arms alternate
+question by question, the order flipped every round. Reported per arm: the median first token (``answer()``'s ttft)
+and decoding ms per token after it, and whether the arms' greedy answers were the same tokens.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --compare linear --out bench/results/question_rows_ab.json
