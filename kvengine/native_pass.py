@@ -8,9 +8,10 @@ embedding, the rotary table, the final norm and the LM head stay the model's own
 model unchanged. None for a model it does not take (bf16, bf16r, f16, another architecture, hooks, biases, a GPU, no
 kernels).
 
-The products and the attention are the kernels the model's forward calls for these rows, so they are its results bit
-for bit given the same inputs; the RMSNorms' sums and SiLU's exp are C's, not torch's vectorized ones, so logits
-agree with the model's to float rounding, not bit for bit. Cartridges and re-reading both decode through it
+The products and the attention are the kernels the model's forward calls for up to 32 rows, so they are its results
+bit for bit given the same inputs (33-42 rows the model sends to torch's matmul: int8 the same bits, f32 each row's
+one-row bits); the RMSNorms' sums and SiLU's exp are C's, not torch's vectorized ones, so logits agree with the
+model's to float rounding, not bit for bit. Cartridges and re-reading both decode through it
 (TransformersKvBackend). Design and figures: docs/design/attention.md, "The decoder's pass in one call".
 """
 from __future__ import annotations

@@ -72,10 +72,16 @@ def test_the_kernel_refuses_what_it_does_not_take(kernel):
     }
     for case, (q, k, v) in refused.items():
         assert fused.decode_attention(q, k, v, 0.125) is None, case
+    lib, rows = fused.kernel(), fused.MAX_ROWS + 1  # past takes(): the library refuses the rows itself
+    q, part, out = torch.randn(3, rows, 64), torch.empty(3 * rows * 66), torch.full((3, rows, 64), 7.0)
+    assert lib.mnesio_decode_attention(q.data_ptr(), key.data_ptr(), value.data_ptr(), key.stride(1), key.shape[2], 3, rows,
+                                       None, 64, 16, 1, torch.empty(144 * key.shape[2]).data_ptr(), part.data_ptr(),
+                                       out.data_ptr()) == -1
+    assert bool((out == 7.0).all()), "nothing written"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("threads", "rows"), [(1, 64), (3, 64), (3, 11), (2, 12), (2, 17), (2, 128)])  # row-major, by lanes
+@pytest.mark.parametrize(("threads", "rows"), [(1, 64), (3, 64), (3, 11), (2, 12), (2, 17), (3, 126), (2, 128)])  # row-major, by lanes
 def test_each_row_sees_the_positions_before_its_limit(kernel, dtype, threads, rows):
     g = torch.Generator().manual_seed(threads + rows)
     n = 3001
@@ -233,10 +239,11 @@ def test_a_linear_row_is_the_dense_product(kernel, dtype, out_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [2, 3, 4, 7, 13, 32])
-def test_a_few_rows_are_each_their_own_one_row_product(kernel, dtype, rows):
+@pytest.mark.parametrize("rows", [2, 3, 4, 7, 13, 32, 42, 64])
+def test_a_few_rows_are_each_their_own_one_row_product(kernel, dtype, rows, monkeypatch):
     """A question's few rows, or a batch's, through DEFINE_ROWS: each row gets the bits it gets alone (so a batched
     answer's products are the lone answer's), and the dense product's values."""
+    monkeypatch.setattr(fused, "MAX_LINEAR_ROWS", fused.KERNEL_LINEAR_ROWS)  # the one-call pass's rows, up to the kernel's
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # two parts: the outputs split between the caller and a worker
     try:
@@ -253,6 +260,10 @@ def test_a_few_rows_are_each_their_own_one_row_product(kernel, dtype, rows):
 
 def test_a_linear_row_refuses_what_it_does_not_take(kernel):
     weight, x = torch.randn(1024, 96), torch.randn(1, 96)
+    lib, y = fused.kernel(), torch.empty(fused.KERNEL_LINEAR_ROWS + 1, 1024)
+    for rows, rc in ((fused.KERNEL_LINEAR_ROWS, 0), (fused.KERNEL_LINEAR_ROWS + 1, -1)):  # the library's own limit
+        many = torch.randn(rows, 96)
+        assert lib.mnesio_linear_rows(many.data_ptr(), rows, weight.data_ptr(), 96, 1024, 32, 1, y.data_ptr()) == rc
     assert fused.linear_rows(x, weight, None, torch.float32) is not None
     assert fused.linear_rows(torch.randn(fused.MAX_LINEAR_ROWS + 1, 96), weight, None, torch.float32) is None  # many: torch's
     assert fused.linear_rows(torch.randn(2, 3, 96), weight, None, torch.float32) is not None  # six rows, any leading shape

@@ -151,16 +151,24 @@ def test_a_longer_question_runs_in_two_parts(backend):
 
 
 @pytest.mark.parametrize(("tokens", "calls"), [(42, 1), (43, 2)])
-def test_a_question_of_up_to_42_tokens_is_one_call(real_backend, tokens, calls, monkeypatch):
+def test_a_question_of_up_to_42_tokens_is_one_call(backend, tokens, calls, monkeypatch):
     """42 tokens (126 packed attention rows) go through every layer in one library call, so every weight and the
     cache are read once for the question; one more token and the pass takes two parts."""
-    state, step, lib = _state(real_backend), real_backend._decode_step, fused.kernel()
-    ids, seen = (_question(real_backend) * 8)[:tokens], []
+    state, step, lib = _state(backend), backend._decode_step, fused.kernel()
+    ids, seen = (_question(backend) * 8)[:tokens], []
     whole = lib.mnesio_layers_pass
-    monkeypatch.setattr(lib, "mnesio_layers_pass", lambda *args: seen.append(args[12]) or whole(*args))
+
+    def counted(*args):
+        rc = whole(*args)
+        seen.append((args[12], rc))  # args[12]: the part's tokens (m)
+        return rc
+
+    monkeypatch.setattr(lib, "mnesio_layers_pass", counted)
     with torch.inference_mode():
-        step(input_ids=torch.tensor([ids]), cache=CartridgeCache(state), use_cache=True, logits_to_keep=1)
-    assert len(seen) == calls and sum(seen) == tokens  # args[12]: the part's tokens (m)
+        cache = CartridgeCache(state)
+        step(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+        cache.crop_back()
+    assert [rc for _, rc in seen] == [0] * calls and sum(m for m, _ in seen) == tokens  # taken, not handed to the model
 
 
 @pytest.mark.parametrize("change", [
