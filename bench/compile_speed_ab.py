@@ -37,16 +37,25 @@ texts = memories_for(backend, int(sys.argv[2]))
 backend.compile(texts[:50])
 started = time.perf_counter()
 cartridge = backend.compile(texts)
-print("RESULT", cartridge.header.num_tokens, cartridge.header.num_tokens / (time.perf_counter() - started))
+per_s = cartridge.header.num_tokens / (time.perf_counter() - started)
+try:  # whether this tree's fused kernels loaded (a revision from before them has none)
+    from kvengine import fused
+    kernels = "loaded" if fused.kernel() is not None else "unavailable"
+except ImportError:
+    kernels = "none"
+print("RESULT", cartridge.header.num_tokens, per_s, kernels)
 """
 
 
-def run_once(tree: Path, tokens: int, threads: int) -> tuple[int, float]:
+def run_once(tree: Path, tokens: int, threads: int) -> tuple[int, float, str]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads), "PYTHONDONTWRITEBYTECODE": "1"}
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(tree), str(tokens), str(threads)], cwd=tree, env=env,
-                         capture_output=True, text=True, check=True).stdout
-    _, num_tokens, per_s = next(line for line in out.splitlines() if line.startswith("RESULT")).split()
-    return int(num_tokens), float(per_s)
+    done = subprocess.run([sys.executable, "-c", ONE_RUN, str(tree), str(tokens), str(threads)], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"the run under {tree} failed (exit {done.returncode})")
+    _, num_tokens, per_s, kernels = next(line for line in done.stdout.splitlines() if line.startswith("RESULT")).split()
+    return int(num_tokens), float(per_s), kernels
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,22 +68,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     base = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    # the working tree is what runs as "head": say whether it had changes git does not have
+    clean = not subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
     runs: dict[str, list[float]] = {"head": [], "base": []}
+    kernels: dict[str, set[str]] = {"head": set(), "base": set()}
     with tempfile.TemporaryDirectory(prefix="mnesio-base-") as folder:
         tree = Path(folder) / "tree"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), base], cwd=ROOT, check=True)
         try:
             for r in range(args.rounds):
                 for side in ("head", "base") if r % 2 == 0 else ("base", "head"):
-                    num_tokens, per_s = run_once(ROOT if side == "head" else tree, args.tokens, args.threads)
+                    num_tokens, per_s, loaded = run_once(ROOT if side == "head" else tree, args.tokens, args.threads)
                     runs[side].append(round(per_s, 1))
+                    kernels[side].add(loaded)
                     print(f"round {r + 1} {side}: {per_s:.1f} tok/s ({num_tokens} tokens)", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
     medians = {side: round(statistics.median(v), 1) for side, v in runs.items()}
     result = {
         "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "head": head, "base": base, "cartridge_tokens": num_tokens, "rounds": args.rounds, "threads": args.threads,
+        "head": head, "head_clean": clean, "base": base, "cartridge_tokens": num_tokens,
+        "fused_kernels": {side: sorted(v) for side, v in kernels.items()}, "rounds": args.rounds, "threads": args.threads,
         "tokens_per_s": runs, "median_tokens_per_s": medians, "ratio_head_to_base": round(medians["head"] / medians["base"], 3),
     }
     print(json.dumps(result, indent=1))

@@ -8,7 +8,7 @@ mask). ``--compare linear``: its products in the fused few-row kernel (``rows``)
 off). ``--compare layers``: the question's pass and the decoding steps through the decoder's pass in one call
 (``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``). ``--compare
 parts``: the one-call pass in as few parts as a question needs (``one_part``: up to 42 tokens in one) or in parts
-of at most 21 tokens (``two_parts``). The default model in ``--dtype``, a cartridge of bench/kv_speed.py's synthetic
+of at most 21 tokens (``two_parts``, as before 30a8843: over 42 tokens, the model's forward). The default model in ``--dtype``, a cartridge of bench/kv_speed.py's synthetic
 facts, ``--questions`` of its probes (``--lead``: a clause before each, for longer questions); the arms alternate
 question by question, the order flipped every round. Reported per arm: the median first token (``answer()``'s ttft)
 and decoding ms per token after it, and whether the arms' greedy answers were the same tokens.
@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -56,13 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     texts = memories_for(backend, args.tokens)
     cartridge = backend.compile(texts)
     questions = [args.lead + q for q, _ in probes(len(texts), args.questions)]
-    step = backend._decode_step  # the one-call pass (kvengine.native_pass.NativePass)
-    saved = limits, most_rows, _, part = fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED, getattr(step, "max_tokens", None)
+    step = backend._decode_step  # the one-call pass (kvengine.native_pass.NativePass), or a stand-in where there is none
+    step = step if isinstance(step, native_pass.NativePass) else types.SimpleNamespace(max_tokens=None)
+    saved = limits, most_rows, _, part = fused.prefix_limits, fused.MAX_LINEAR_ROWS, native_pass.ENABLED, step.max_tokens
     if args.compare == "attention":
         arms = {"fused": (limits, most_rows, False, part), "flash": (lambda *a: None, most_rows, False, part)}
     elif args.compare == "linear":
         arms = {"rows": (limits, most_rows, False, part), "one_row": (limits, 1, False, part)}
     elif args.compare == "parts":
+        if part is None:
+            parser.error("--compare parts needs the one-call pass (kvengine.native_pass): this model and CPU have none")
         arms = {"one_part": (limits, most_rows, True, part), "two_parts": (limits, most_rows, True, min(part, 21))}
     else:
         arms = {"one_call": (limits, most_rows, True, part), "per_op": (limits, most_rows, False, part)}
