@@ -13,7 +13,6 @@ warms up), and the answer paths' excess over the bare passes.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from answer_profile import Passes  # noqa: E402
-from kv_speed import machine_info, memories_for, probes  # noqa: E402
+from kv_speed import emit, machine_info, memories_for, probes  # noqa: E402
 
 from kvengine import make_backend  # noqa: E402
 
@@ -62,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps, "ways": medians,
         "excess": {name: {key: round(value - base[key], 1) for key, value in m.items()} for name, m in medians.items() if name != "passes"},
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, args.out)
     return 0
 
 

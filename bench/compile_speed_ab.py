@@ -12,7 +12,6 @@ run's tokens/s, each side's median and the ratio of the medians (this checkout's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from kv_speed import machine_info  # noqa: E402
+from kv_speed import emit, machine_info  # noqa: E402
 
 ONE_RUN = """
 import sys, time, torch
@@ -92,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "fused_kernels": {side: sorted(v) for side, v in kernels.items()}, "rounds": args.rounds, "threads": args.threads,
         "tokens_per_s": runs, "median_tokens_per_s": medians, "ratio_head_to_base": round(medians["head"] / medians["base"], 3),
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -77,6 +77,14 @@ def probes(num_facts: int, k: int) -> list[tuple[str, str]]:
     return [(f"Where does {fact(i)[1]} live?", fact(i)[2]) for i in picks]
 
 
+def emit(result: dict[str, Any], out: str) -> None:
+    """Print a benchmark's result as JSON, and write it to ``out`` too when one is given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

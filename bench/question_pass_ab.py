@@ -21,7 +21,6 @@ and decoding ms per token after it, and whether the arms' greedy answers were th
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from kv_speed import machine_info, memories_for, probes  # noqa: E402
+from kv_speed import emit, machine_info, memories_for, probes  # noqa: E402
 
 from kvengine import fused, make_backend, native_pass  # noqa: E402
 
@@ -96,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         f"decoding_ratio_{a}_to_{b}": round(statistics.median(per_token[a]) / statistics.median(per_token[b]), 3),
         "same_tokens": all(tokens[a][q] == tokens[b][q] for q in questions),
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, args.out)
     return 0
 
 
