@@ -67,6 +67,9 @@ def machine() -> str:
 # machine() -> the pins computed there; "kind@N" pins hold only with N torch threads (and win over "kind")
 PINNED = {
     "AuthenticAMD 25 17 torch 2.13.0+cpu": {"tiny": TINY_ZEN4, "smollm2": SMOLLM2_ZEN4},
+    # an AMD EPYC of family 26 model 2 (Zen 5) computes the Zen 4 bytes, every one (recorded at bc04cd8 and at
+    # da01320, with 1 and 2 torch threads)
+    "AuthenticAMD 26 2 torch 2.13.0+cpu": {"tiny": TINY_ZEN4, "smollm2": SMOLLM2_ZEN4},
 }
 
 
