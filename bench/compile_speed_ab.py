@@ -7,7 +7,7 @@ folder, removed after; the same virtualenv), the two alternating and the order f
 drift falls on both alike. Each process compiles a short warm-up first, then times one whole compile. Reported: every
 run's tokens/s, each side's median and the ratio of the medians (this checkout's to the base's).
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/compile_speed_ab.py --base 67d6144 --rounds 6 --out bench/results/compile_speed_ab.json
+    OMP_NUM_THREADS=2 .venv/bin/python bench/compile_speed_ab.py --base 159ccba --rounds 5 --out bench/results/compile_speed_ab.json
 """
 from __future__ import annotations
 
@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds has to be at least 1")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     base = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     # the working tree is what runs as "head": say whether it had changes git does not have

@@ -8,9 +8,9 @@ mask). ``--compare linear``: its products in the fused few-row kernel (``rows``)
 off). ``--compare layers``: the question's pass and the decoding steps through the decoder's pass in one call
 (``one_call``, kvengine.native_pass) or through the model's forward on the same kernels (``per_op``). ``--compare
 parts``: the one-call pass in as few parts as a question needs (``one_part``: up to 42 tokens in one) or in parts
-of at most 21 tokens (``two_parts``, as before 30a8843: over 42 tokens, the model's forward). The default model in ``--dtype``, a cartridge of bench/kv_speed.py's synthetic
-facts, ``--questions`` of its probes (``--lead``: a clause before each, for longer questions); the arms alternate
-question by question, the order flipped every round. Reported per arm: the median first token (``answer()``'s ttft)
+of at most 21 tokens (``two_parts``, OLD_PART_TOKENS, as before 30a8843: over 42 tokens, the model's forward). The default
+model in ``--dtype``, a cartridge of bench/kv_speed.py's synthetic facts, ``--questions`` of its probes (``--lead``:
+a clause before each, for longer questions); the arms alternate question by question, the order flipped every round. Reported per arm: the median first token (``answer()``'s ttft)
 and decoding ms per token after it, and whether the arms' greedy answers were the same tokens.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/question_pass_ab.py --tokens 8000 --rounds 5 --out bench/results/question_pass_ab.json
@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from kv_speed import emit, machine_info, memories_for, probes  # noqa: E402
 
 from kvengine import fused, make_backend, native_pass  # noqa: E402
+
+OLD_PART_TOKENS = 21  # the one-call pass's part before 30a8843: 64 packed attention rows over 3 query heads per KV head
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.compare == "parts":
         if part is None:
             parser.error("--compare parts needs the one-call pass (kvengine.native_pass): this model and CPU have none")
-        arms = {"one_part": (limits, most_rows, True, part), "two_parts": (limits, most_rows, True, min(part, 21))}
+        arms = {"one_part": (limits, most_rows, True, part), "two_parts": (limits, most_rows, True, min(part, OLD_PART_TOKENS))}
     else:
         arms = {"one_call": (limits, most_rows, True, part), "per_op": (limits, most_rows, False, part)}
     first = {name: [] for name in arms}

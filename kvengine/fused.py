@@ -44,7 +44,7 @@ MIN_ROW_WEIGHTS = 1 << 16
 # the most rows a linear layer sends to its kernel (kernels.c takes 64): a question's pass, a batch's step, a short
 # tail; fewer than a compile's block (blocks.BLOCK_SIZE, 64 tokens), where MKL is as fast on the main thread
 MAX_LINEAR_ROWS = 32
-KERNEL_LINEAR_ROWS = 64  # the most rows kernels.c's linear kernels take: kvengine.native_pass's products
+KERNEL_LINEAR_ROWS = 64  # kernels.h's LINEAR_MAX_ROWS: the most rows kvengine.native_pass sends a product
 
 
 def library_path(folder: Path | None = None) -> Path:

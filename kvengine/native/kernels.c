@@ -476,11 +476,9 @@ static void run_rows(struct rows_job *job, int threads) {  /* the output rows' b
     run_parts(rows_part, job, threads);
 }
 
-#define MAX_LINEAR_ROWS 64  /* the most input rows the linear kernels take */
-
 /* y [m, out] = x w^T (DEFINE_ROWS): m rows of x [m, in] float32, w_bits 16 (bf16) or 32 (f32). Returns 0, or -1. */
 int mnesio_linear_rows(const float *x, int m, const void *w, int64_t in, int64_t out, int w_bits, int threads, float *y) {
-    if (m < 1 || m > MAX_LINEAR_ROWS || in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
+    if (m < 1 || m > LINEAR_MAX_ROWS || in < 32 || in % 32 || out < 1 || (w_bits != 16 && w_bits != 32)) return -1;
     struct rows_job job = {x, m, w, in, out, 0, w_bits, y, NULL, 32};
     run_rows(&job, threads);
     return 0;
@@ -491,7 +489,7 @@ int mnesio_linear_rows(const float *x, int m, const void *w, int64_t in, int64_t
  * computes and rounds it (rows_i8), written as bf16 (out_bits 16) or its value in f32 (32). Returns 0, or -1. */
 int mnesio_linear_rows_int8(const float *x, int m, const int8_t *codes, const uint16_t *scales, int64_t in, int64_t out,
                             int threads, int out_bits, void *y) {
-    if (m < 1 || m > MAX_LINEAR_ROWS || in < 32 || in % 32 || out < 1 || (out_bits != 16 && out_bits != 32)) return -1;
+    if (m < 1 || m > LINEAR_MAX_ROWS || in < 32 || in % 32 || out < 1 || (out_bits != 16 && out_bits != 32)) return -1;
     int64_t n = (int64_t)m * in;
     float local[4096], *rows = n <= 4096 ? local : malloc((size_t)n * sizeof(float));
     if (!rows) return -1;

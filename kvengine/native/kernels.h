@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#define LINEAR_MAX_ROWS 64  /* the most input rows the linear kernels take (a pass's tokens in layers.c) */
+
 int mnesio_decode_attention(const float *q, const void *k, const void *v, int64_t head_stride, int64_t n, int heads,
                             int rows, const int64_t *limits, int dim, int kv_bits, int threads, float *scores,
                             float *part, float *out);

@@ -149,7 +149,8 @@ int mnesio_layers_pass(const struct mnesio_layer *layers, int num_layers, int w_
                        int kv_heads, int inter, float eps, float scale, int64_t capacity, int64_t length, int m,
                        const float *cos, const float *sin, int threads, float *h) {
     if (num_layers < 1 || (w_bits != 8 && w_bits != 32) || (kv_bits != 16 && kv_bits != 32) || (w_bits == 32 && kv_bits != 32)
-        || kv_heads < 1 || heads < kv_heads || heads % kv_heads || m < 1 || (int64_t)m * (heads / kv_heads) > MAX_PASS_ROWS
+        || kv_heads < 1 || heads < kv_heads || heads % kv_heads || m < 1 || m > LINEAR_MAX_ROWS
+        || (int64_t)m * (heads / kv_heads) > MAX_PASS_ROWS
         || hidden < 32 || hidden % 32 || inter < 32 || inter % 32 || (heads * HEAD) % 32 || length < 0
         || length + m > capacity)
         return -1;
